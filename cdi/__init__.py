@@ -1,0 +1,1 @@
+"""Control plane of the CDI-compatible storage service: API contract, gateway, reconcilers, webhooks, CLI."""

@@ -1,0 +1,95 @@
+"""Typed errors shared by the workers and the control plane.
+
+Every failure the data plane can report carries a machine-readable ``reason`` (it becomes the
+DataVolume condition reason verbatim) and says whether retrying can help. Callers branch on
+the type or on ``transient``, never on message text (CONVENTIONS.md, httpx's exception tree).
+"""
+
+from __future__ import annotations
+
+
+class ImportError_(Exception):
+    """Base of every data-plane failure. ``reason`` is a CamelCase word, ``transient`` says
+    whether the controller should retry the pod."""
+
+    reason = "ImportFailed"
+    transient = False
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class SourceUnavailable(ImportError_):
+    """The source could not be reached or answered with an error (retry may help)."""
+
+    reason = "SourceUnavailable"
+    transient = True
+
+
+class SourceNotFound(ImportError_):
+    """The source answered 404/410: the image is not there."""
+
+    reason = "SourceNotFound"
+    transient = False
+
+
+class SourceForbidden(ImportError_):
+    """The source refused our credentials (401/403 on GET)."""
+
+    reason = "SourceForbidden"
+    transient = False
+
+
+class ChecksumMismatch(ImportError_):
+    reason = "ChecksumMismatch"
+
+
+class UnsupportedFormat(ImportError_):
+    reason = "UnsupportedFormat"
+
+
+class UnsafeImage(ImportError_):
+    """Backing file, external data file, encryption, hostile tables or archive escapes."""
+
+    reason = "UnsafeImage"
+
+
+class InvalidImage(ImportError_):
+    """The bytes are not a well-formed image of the detected format (truncated, corrupt)."""
+
+    reason = "InvalidImage"
+
+
+class InsufficientSpace(ImportError_):
+    """The image does not fit the target volume."""
+
+    reason = "InsufficientSpace"
+
+
+class InvalidConfig(ImportError_):
+    """The worker was started with configuration it cannot act on."""
+
+    reason = "InvalidConfig"
+
+
+class TargetError(ImportError_):
+    """Writing the target failed for a reason other than space (I/O error, missing device)."""
+
+    reason = "TargetError"
+    transient = True
+
+
+ALL_ERRORS: tuple[type[ImportError_], ...] = (
+    ImportError_,
+    SourceUnavailable,
+    SourceNotFound,
+    SourceForbidden,
+    ChecksumMismatch,
+    UnsupportedFormat,
+    UnsafeImage,
+    InvalidImage,
+    InsufficientSpace,
+    InvalidConfig,
+    TargetError,
+)

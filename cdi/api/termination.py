@@ -1,0 +1,61 @@
+"""The typed termination message a worker leaves for the controller.
+
+Written in exactly one place (``TerminationMessage.write``) to the path the pod spec names as
+``terminationMessagePath``; the controller reads it back with ``from_json``. Kubernetes keeps at
+most 4096 bytes of it, so ``to_json`` trims the free-text message to stay under that bound.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+MAX_BYTES = 4096
+
+REASON_COMPLETED = "Completed"
+
+
+@dataclass(frozen=True)
+class TerminationMessage:
+    reason: str  # "Completed" on success, else an error reason (cdi.api.errors)
+    message: str
+    transient: bool = False
+    bytes_read: int = 0
+    bytes_written: int = 0
+    virtual_size: int = 0
+    format_chain: tuple[str, ...] = ()
+    checksum: str | None = None  # "<algo>:<hex>" of the source bytes, when computed
+    duration_seconds: float = 0.0
+    scratch_used: bool = False
+    preallocation_applied: bool = False
+    labels: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def succeeded(self) -> bool:
+        return self.reason == REASON_COMPLETED
+
+    def to_json(self) -> str:
+        data: dict[str, Any] = asdict(self)
+        data["format_chain"] = list(self.format_chain)
+        text = json.dumps(data, separators=(",", ":"), sort_keys=True)
+        overflow = len(text.encode()) - MAX_BYTES
+        if overflow > 0:
+            data["message"] = self.message[: max(0, len(self.message) - overflow - 3)] + "..."
+            text = json.dumps(data, separators=(",", ":"), sort_keys=True)
+        return text
+
+    @classmethod
+    def from_json(cls, text: str) -> TerminationMessage:
+        data = json.loads(text)
+        data["format_chain"] = tuple(data.get("format_chain", ()))
+        known = {f for f in cls.__dataclass_fields__}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+    def write(self, path: str) -> None:
+        """Write atomically so a reader never sees half a message."""
+        tmp = f"{path}.tmp"
+        with open(tmp, "w", encoding="utf-8") as fh:
+            fh.write(self.to_json())
+        os.replace(tmp, path)

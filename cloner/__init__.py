@@ -1,0 +1,1 @@
+"""Cloner worker (data plane). Reuses the importer pipeline; see docs/architecture.md."""

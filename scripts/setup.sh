@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Install what this project needs on a fresh Debian machine (run as root), then the Python
+# environment at .venv. Idempotent: a second run only checks.
+#   scripts/setup.sh          runtime only (what `cdi import` needs)
+#   scripts/setup.sh --test   runtime + test, lint and benchmark tools
+set -euo pipefail
+cd "$(dirname "$0")/.."
+mode=${1:-}
+
+apt_pkgs=(qemu-utils libmagic1 xz-utils zstd bzip2 gzip curl ca-certificates e2fsprogs util-linux)
+if [[ "$mode" == "--test" ]]; then
+  apt_pkgs+=(pigz iproute2 hyperfine time mount tar)
+fi
+missing=()
+for p in "${apt_pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "setup: installing Debian packages: ${missing[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+if [[ ! -x .venv/bin/python ]]; then
+  python3 -m venv .venv
+fi
+extra=""
+[[ "$mode" == "--test" ]] && extra="[test]"
+stamp=".venv/.installed${extra:+-test}"
+if [[ ! -f "$stamp" || pyproject.toml -nt "$stamp" ]]; then
+  .venv/bin/pip install -q --upgrade pip >/dev/null
+  .venv/bin/pip install -q -e ".${extra}"
+  touch "$stamp"
+fi

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Install everything and run the whole test suite: lint, types, import-layer contracts, then
+# pytest (unit, component and integration tiers). This is what .ci/run calls.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh --test
+if [[ -x hack/kube/build.sh ]]; then
+  bash hack/kube/build.sh            # real kube-apiserver/etcd from Go modules (cached)
+fi
+echo "== ruff";        .venv/bin/ruff check .
+echo "== mypy";        .venv/bin/mypy
+echo "== import-linter"; .venv/bin/lint-imports
+echo "== pytest"
+.venv/bin/pytest -q -p no:cacheprovider "$@"

@@ -1,0 +1,1 @@
+"""Uploader worker (data plane). Reuses the importer pipeline; see docs/architecture.md."""
