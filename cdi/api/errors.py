@@ -8,7 +8,7 @@ the type or on ``transient``, never on message text (CONVENTIONS.md, httpx's exc
 from __future__ import annotations
 
 
-class ImportError_(Exception):
+class WorkerError(Exception):
     """Base of every data-plane failure. ``reason`` is a CamelCase word, ``transient`` says
     whether the controller should retry the pod."""
 
@@ -20,68 +20,68 @@ class ImportError_(Exception):
         self.message = message
 
 
-class SourceUnavailable(ImportError_):
+class SourceUnavailable(WorkerError):
     """The source could not be reached or answered with an error (retry may help)."""
 
     reason = "SourceUnavailable"
     transient = True
 
 
-class SourceNotFound(ImportError_):
+class SourceNotFound(WorkerError):
     """The source answered 404/410: the image is not there."""
 
     reason = "SourceNotFound"
     transient = False
 
 
-class SourceForbidden(ImportError_):
+class SourceForbidden(WorkerError):
     """The source refused our credentials (401/403 on GET)."""
 
     reason = "SourceForbidden"
     transient = False
 
 
-class ChecksumMismatch(ImportError_):
+class ChecksumMismatch(WorkerError):
     reason = "ChecksumMismatch"
 
 
-class UnsupportedFormat(ImportError_):
+class UnsupportedFormat(WorkerError):
     reason = "UnsupportedFormat"
 
 
-class UnsafeImage(ImportError_):
+class UnsafeImage(WorkerError):
     """Backing file, external data file, encryption, hostile tables or archive escapes."""
 
     reason = "UnsafeImage"
 
 
-class InvalidImage(ImportError_):
+class InvalidImage(WorkerError):
     """The bytes are not a well-formed image of the detected format (truncated, corrupt)."""
 
     reason = "InvalidImage"
 
 
-class InsufficientSpace(ImportError_):
+class InsufficientSpace(WorkerError):
     """The image does not fit the target volume."""
 
     reason = "InsufficientSpace"
 
 
-class InvalidConfig(ImportError_):
+class InvalidConfig(WorkerError):
     """The worker was started with configuration it cannot act on."""
 
     reason = "InvalidConfig"
 
 
-class TargetError(ImportError_):
+class TargetError(WorkerError):
     """Writing the target failed for a reason other than space (I/O error, missing device)."""
 
     reason = "TargetError"
     transient = True
 
 
-ALL_ERRORS: tuple[type[ImportError_], ...] = (
-    ImportError_,
+ALL_ERRORS: tuple[type[WorkerError], ...] = (
+    WorkerError,
     SourceUnavailable,
     SourceNotFound,
     SourceForbidden,
