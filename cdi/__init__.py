@@ -1,1 +1,4 @@
-"""Control plane of the CDI-compatible storage service: API contract, gateway, reconcilers, webhooks, CLI."""
+"""Control plane of the CDI-compatible storage service.
+
+API contract, Kubernetes gateway, renderers, reconcilers, webhooks and CLI.
+"""

@@ -1,1 +1,5 @@
-"""Shared API contract between the control plane and the data-plane workers (no Kubernetes client here)."""
+"""Shared API contract between the control plane and the data-plane workers.
+
+Stdlib only: no Kubernetes client and no other layer of this project (an import-linter
+contract in pyproject.toml enforces it), so the workers can import it freely.
+"""

@@ -1,0 +1,190 @@
+"""Cluster-scoped configuration kinds: ``StorageProfile`` (one per StorageClass) and ``CDIConfig``.
+
+The renderers read these to complete a ``spec.storage`` claim (access and volume modes from the
+profile, filesystem overhead from the config) and to size and configure worker pods. Shapes are
+CDI's; the helpers answer the questions the renderers ask, in CDI's precedence order, so the
+rule lives in one place: status (what the controller computed) over spec (what a user asked),
+per-StorageClass over global, and CDI's defaults when neither says anything.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from cdi.api.codec import ApiObject, api_field
+from cdi.api.constants import (
+    ANN_MINIMUM_SUPPORTED_PVC_SIZE,
+    DEFAULT_FILESYSTEM_OVERHEAD,
+)
+from cdi.api.quantity import Quantity, QuantityError
+from cdi.api.types import ObjectMeta, ResourceRequirements
+
+# --- StorageProfile --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ClaimPropertySet(ApiObject):
+    access_modes: tuple[str, ...] = ()
+    volume_mode: str | None = None
+
+
+@dataclass(frozen=True)
+class StorageProfileSpec(ApiObject):
+    clone_strategy: str | None = None  # copy | snapshot | csi-clone
+    claim_property_sets: tuple[ClaimPropertySet, ...] = ()
+    data_import_cron_source_format: str | None = None  # pvc | snapshot
+    snapshot_class: str | None = None
+
+
+@dataclass(frozen=True)
+class StorageProfileStatus(ApiObject):
+    storage_class: str | None = None
+    provisioner: str | None = None
+    clone_strategy: str | None = None
+    claim_property_sets: tuple[ClaimPropertySet, ...] = ()
+    data_import_cron_source_format: str | None = None
+    snapshot_class: str | None = None
+
+
+@dataclass(frozen=True)
+class StorageProfile(ApiObject):
+    """Named after its StorageClass; status holds the effective (computed) values."""
+
+    metadata: ObjectMeta = dataclasses.field(default_factory=ObjectMeta)
+    spec: StorageProfileSpec = dataclasses.field(default_factory=StorageProfileSpec)
+    status: StorageProfileStatus | None = None
+
+    @property
+    def storage_class(self) -> str:
+        if self.status and self.status.storage_class:
+            return self.status.storage_class
+        return self.metadata.name
+
+    @property
+    def claim_property_sets(self) -> tuple[ClaimPropertySet, ...]:
+        if self.status and self.status.claim_property_sets:
+            return self.status.claim_property_sets
+        return self.spec.claim_property_sets
+
+    @property
+    def minimum_supported_pvc_size(self) -> Quantity | None:
+        raw = self.metadata.annotations.get(ANN_MINIMUM_SUPPORTED_PVC_SIZE)
+        if not raw:
+            return None
+        try:
+            return Quantity.parse(raw)
+        except QuantityError:
+            return None  # a bad annotation must not block every import on the class
+
+
+# --- CDIConfig -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FilesystemOverhead(ApiObject):
+    """Fractions in ``[0, 1)`` as strings (``"0.06"``), global and per StorageClass."""
+
+    global_: str | None = api_field(json="global")
+    storage_class: dict[str, str] = dataclasses.field(default_factory=dict)
+
+    def for_storage_class(self, name: str | None) -> str | None:
+        if name and name in self.storage_class:
+            return self.storage_class[name]
+        return self.global_
+
+
+@dataclass(frozen=True)
+class ImportProxy(ApiObject):
+    http_proxy: str | None = api_field(json="HTTPProxy")
+    https_proxy: str | None = api_field(json="HTTPSProxy")
+    no_proxy: str | None = None
+    trusted_ca_proxy: str | None = None  # ConfigMap name in the CDI namespace
+
+
+@dataclass(frozen=True)
+class LocalObjectReference(ApiObject):
+    name: str = ""
+
+
+@dataclass(frozen=True)
+class CDIConfigSpec(ApiObject):
+    upload_proxy_url_override: str | None = api_field(json="uploadProxyURLOverride")
+    import_proxy: ImportProxy | None = None
+    scratch_space_storage_class: str | None = None
+    pod_resource_requirements: ResourceRequirements | None = None
+    feature_gates: tuple[str, ...] = ()
+    filesystem_overhead: FilesystemOverhead | None = None
+    preallocation: bool | None = None
+    insecure_registries: tuple[str, ...] = ()
+    data_volume_ttl_seconds: int | None = api_field(json="dataVolumeTTLSeconds")
+    image_pull_secrets: tuple[LocalObjectReference, ...] = ()
+    log_verbosity: int | None = None
+    webhook_pvc_rendering: str | None = None
+
+
+@dataclass(frozen=True)
+class CDIConfigStatus(ApiObject):
+    upload_proxy_url: str | None = api_field(json="uploadProxyURL")
+    upload_proxy_ca: str | None = api_field(json="uploadProxyCA")
+    import_proxy: ImportProxy | None = None
+    scratch_space_storage_class: str | None = None
+    default_pod_resource_requirements: ResourceRequirements | None = None
+    filesystem_overhead: FilesystemOverhead | None = None
+    preallocation: bool | None = None
+    image_pull_secrets: tuple[LocalObjectReference, ...] = ()
+
+
+DEFAULT_POD_RESOURCES = ResourceRequirements(
+    requests={"cpu": Quantity.parse("100m"), "memory": Quantity.parse("60M")},
+    limits={"cpu": Quantity.parse("750m"), "memory": Quantity.parse("600M")},
+)
+"""CDI's defaults for worker pods (``config-controller.go``)."""
+
+
+@dataclass(frozen=True)
+class CDIConfig(ApiObject):
+    """The cluster singleton ``config``. An absent object behaves like ``CDIConfig()``."""
+
+    metadata: ObjectMeta = dataclasses.field(default_factory=ObjectMeta)
+    spec: CDIConfigSpec = dataclasses.field(default_factory=CDIConfigSpec)
+    status: CDIConfigStatus | None = None
+
+    def filesystem_overhead(self, storage_class: str | None) -> str:
+        """Overhead fraction for a class: status, then spec, per class then global, then 0.06."""
+        for source in (self.status.filesystem_overhead if self.status else None,
+                       self.spec.filesystem_overhead):
+            value = source.for_storage_class(storage_class) if source else None
+            if value:
+                return value
+        return DEFAULT_FILESYSTEM_OVERHEAD
+
+    @property
+    def pod_resources(self) -> ResourceRequirements:
+        if self.status and self.status.default_pod_resource_requirements:
+            return self.status.default_pod_resource_requirements
+        return self.spec.pod_resource_requirements or DEFAULT_POD_RESOURCES
+
+    @property
+    def import_proxy(self) -> ImportProxy | None:
+        if self.status and self.status.import_proxy:
+            return self.status.import_proxy
+        return self.spec.import_proxy
+
+    @property
+    def preallocation(self) -> bool:
+        if self.status and self.status.preallocation is not None:
+            return self.status.preallocation
+        return bool(self.spec.preallocation)
+
+    @property
+    def image_pull_secrets(self) -> tuple[str, ...]:
+        refs = (self.status.image_pull_secrets if self.status else ()) or (
+            self.spec.image_pull_secrets)
+        return tuple(ref.name for ref in refs if ref.name)
+
+    @property
+    def scratch_space_storage_class(self) -> str | None:
+        if self.status and self.status.scratch_space_storage_class:
+            return self.status.scratch_space_storage_class
+        return self.spec.scratch_space_storage_class
