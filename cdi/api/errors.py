@@ -15,9 +15,11 @@ class WorkerError(Exception):
     reason = "ImportFailed"
     transient = False
 
-    def __init__(self, message: str) -> None:
+    def __init__(self, message: str, *, transient: bool | None = None) -> None:
         super().__init__(message)
         self.message = message
+        if transient is not None:  # an instance may know better than its class
+            self.transient = transient
 
 
 class SourceUnavailable(WorkerError):

@@ -1,0 +1,223 @@
+"""The ``cdi`` command: ``cdi import SOURCE TARGET`` and ``cdi demo``.
+
+The command line is a process edge, like the pod's environment: it builds an ``ImportConfig``
+once and hands it to the same runner the import pod uses. Exit status is 0 only on success;
+failures print the typed reason and message and exit 1 (2 for bad usage).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import stat
+import sys
+import tempfile
+from urllib.parse import urlsplit
+
+from cdi.api.errors import WorkerError
+from cdi.api.termination import TerminationMessage
+from importer.config import ImportConfig, ca_files, parse_size, split_header
+from importer.decode import ContentType
+from importer.runner import run_import
+from importer.sources.http import HttpOptions, ProxyConfig
+from importer.taps import ChecksumSpec, Progress
+from importer.target import TargetSpec
+
+
+def _add_import_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("source", help="http(s):// URL, local file path, or 'blank:' for an empty disk")
+    p.add_argument(
+        "target",
+        help="disk image file to write (e.g. vol/disk.img), a block "
+        "device, or a directory for --content-type archive",
+    )
+    p.add_argument("--size", help="target size (10Gi, 512Mi, bytes); the image must fit")
+    p.add_argument("--checksum", help="md5|sha1|sha256|sha512:<hex> of the source bytes")
+    p.add_argument("--content-type", choices=["kubevirt", "archive"], default="kubevirt")
+    p.add_argument(
+        "--ca",
+        action="append",
+        default=[],
+        help="CA bundle file or directory of CA files (repeatable)",
+    )
+    p.add_argument("--insecure", action="store_true", help="skip TLS verification")
+    p.add_argument("-H", "--header", action="append", default=[], help="'Name: value'")
+    p.add_argument(
+        "--header-file",
+        action="append",
+        default=[],
+        help="file holding a secret 'Name: value' header",
+    )
+    p.add_argument("--username-file", help="file with the basic-auth user (accessKeyId)")
+    p.add_argument("--password-file", help="file with the basic-auth password (secretKey)")
+    p.add_argument("--proxy", help="HTTP(S) proxy URL (default: none)")
+    p.add_argument("--no-proxy", default="", help="comma-separated hosts that bypass the proxy")
+    p.add_argument("--preallocate", action="store_true", help="allocate the whole file")
+    p.add_argument(
+        "--filesystem-overhead",
+        type=float,
+        default=0.0,
+        help="fraction of --size kept free for the filesystem (CDI default 0.055)",
+    )
+    p.add_argument(
+        "--target-is-zero",
+        action="store_true",
+        help="block device already reads zeros: skip zeroing unwritten ranges",
+    )
+    p.add_argument("--scratch-dir", help="where images needing qemu-img are staged")
+    p.add_argument("--termination-message", help="also write the JSON result to this path")
+    p.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
+    p.add_argument("--owner-uid", default="", help="ownerUID label of the metrics")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing target file")
+    p.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def _read(path: str | None) -> str | None:
+    if path is None:
+        return None
+    with open(path, encoding="utf-8") as fh:
+        return fh.read().strip()
+
+
+def config_from_args(a: argparse.Namespace) -> ImportConfig:
+    block = os.path.exists(a.target) and stat.S_ISBLK(os.stat(a.target).st_mode)
+    if (
+        not block
+        and a.content_type == "kubevirt"
+        and os.path.exists(a.target)
+        and os.path.getsize(a.target) > 0
+        and not a.overwrite
+    ):
+        raise SystemExit(f"cdi import: {a.target} exists; pass --overwrite to replace it")
+    target = TargetSpec(
+        path=a.target,
+        block=block,
+        size=parse_size(a.size) if a.size else None,
+        filesystem_overhead=a.filesystem_overhead,
+        preallocate=a.preallocate,
+        zeroed=a.target_is_zero,
+    )
+    cas: tuple[str, ...] = ()
+    for ca in a.ca:
+        cas += ca_files(ca) if os.path.isdir(ca) else (ca,)
+    headers = [split_header(h) for h in a.header]
+    headers += [split_header(_read(f) or "") for f in a.header_file]
+    scheme = urlsplit(a.source).scheme
+    http = None
+    if scheme in ("http", "https"):
+        http = HttpOptions(
+            url=a.source,
+            headers=tuple(headers),
+            username=_read(a.username_file),
+            password=_read(a.password_file),
+            ca_files=cas,
+            insecure=a.insecure,
+            proxy=ProxyConfig(
+                http=a.proxy, https=a.proxy, no_proxy=tuple(filter(None, a.no_proxy.split(",")))
+            ),
+        )
+    source = "http" if http else "blank" if a.source == "blank:" else "file"
+    return ImportConfig(
+        source=source,
+        target=target,
+        http=http,
+        file_path=a.source if source == "file" else None,
+        content_type=ContentType(a.content_type),
+        checksum=ChecksumSpec.parse(a.checksum) if a.checksum else None,
+        scratch_dir=a.scratch_dir or (tempfile.gettempdir() if block else None),
+        termination_path=a.termination_message,
+        metrics_port=a.metrics_port,
+        metrics_addr="127.0.0.1",
+        owner_uid=a.owner_uid,
+    )
+
+
+async def with_progress(config: ImportConfig, show: bool) -> TerminationMessage:
+    progress = Progress()
+    if not show:
+        return await run_import(config, progress)
+    from rich.progress import (
+        BarColumn,
+        DownloadColumn,
+        TextColumn,
+        TimeElapsedColumn,
+        TransferSpeedColumn,
+    )
+    from rich.progress import Progress as Bar
+
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        TimeElapsedColumn(),
+    )
+    with Bar(*columns, transient=False) as bar:
+        task = bar.add_task("import", total=None)
+        job = asyncio.ensure_future(run_import(config, progress))
+        while not job.done():
+            bar.update(
+                task, completed=progress.done, total=progress.total, description=progress.phase
+            )
+            await asyncio.wait({job}, timeout=0.2)
+        bar.update(
+            task,
+            completed=progress.done,
+            total=progress.total or progress.done,
+            description=progress.phase,
+        )
+        return job.result()
+
+
+def print_result(message: TerminationMessage, as_json: bool) -> None:
+    if as_json:
+        print(message.to_json())
+        return
+    status = "OK" if message.succeeded else f"FAILED ({message.reason})"
+    print(f"{status}: {message.message}")
+    print(f"  format:        {' -> '.join(message.format_chain) or '-'}")
+    print(f"  bytes read:    {message.bytes_read:,}")
+    print(f"  bytes written: {message.bytes_written:,}")
+    print(f"  virtual size:  {message.virtual_size:,}")
+    print(f"  checksum:      {message.checksum or '-'}")
+    print(f"  time:          {message.duration_seconds:.2f} s")
+
+
+def cmd_import(a: argparse.Namespace) -> int:
+    try:
+        config = config_from_args(a)
+    except WorkerError as exc:
+        print(f"cdi import: {exc.reason}: {exc.message}", file=sys.stderr)
+        return 2
+    show = not a.quiet and not a.json and sys.stderr.isatty()
+    message = asyncio.run(with_progress(config, show))
+    print_result(message, a.json)
+    if not message.succeeded and not a.json:
+        print(f"cdi import: {message.reason}: {message.message}", file=sys.stderr)
+    return 0 if message.succeeded else 1
+
+
+def cmd_demo(a: argparse.Namespace) -> int:
+    from cdi.demo import run_demo
+
+    return run_demo(a.workdir, a.size)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="cdi", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    imp = sub.add_parser("import", help="import a disk image into a file or block device")
+    _add_import_args(imp)
+    imp.set_defaults(func=cmd_import)
+    demo = sub.add_parser("demo", help="serve a generated qcow2 on loopback and import it")
+    demo.add_argument("--workdir", default="_work/demo")
+    demo.add_argument("--size", default="1Gi", help="virtual size of the generated image")
+    demo.set_defaults(func=cmd_demo)
+    args = parser.parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

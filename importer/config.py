@@ -1,0 +1,157 @@
+"""Importer configuration, read once at the process edge into frozen dataclasses.
+
+Two edges build it: ``from_env`` for the import pod (CDI's environment variable names, so pods
+rendered the way CDI renders them work) and the ``cdi import`` command line. Nothing below this
+module reads the environment.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from cdi.api.errors import InvalidConfig
+from importer.decode import ContentType
+from importer.sources.http import HttpOptions, ProxyConfig
+from importer.taps import ChecksumSpec
+from importer.target import TargetSpec
+
+BLOCK_DEVICE_PATH = "/dev/cdi-block-volume"
+DATA_DIR = "/data"
+SCRATCH_DIR = "/scratch"
+TERMINATION_PATH = "/dev/termination-log"
+
+
+@dataclass(frozen=True)
+class ImportConfig:
+    source: str  # "http", "file", "blank"
+    target: TargetSpec
+    http: HttpOptions | None = None
+    file_path: str | None = None
+    content_type: ContentType = ContentType.KUBEVIRT
+    checksum: ChecksumSpec | None = None
+    scratch_dir: str | None = SCRATCH_DIR  # None: a folder beside a file target
+    termination_path: str | None = None
+    metrics_port: int | None = None
+    metrics_addr: str = "0.0.0.0"
+    owner_uid: str = ""
+    labels: dict[str, str] = field(default_factory=dict)
+
+
+_QUANTITY = {
+    "Ki": 2**10,
+    "Mi": 2**20,
+    "Gi": 2**30,
+    "Ti": 2**40,
+    "Pi": 2**50,
+    "k": 10**3,
+    "M": 10**6,
+    "G": 10**9,
+    "T": 10**12,
+    "P": 10**15,
+}
+
+
+def parse_size(text: str) -> int:
+    """A Kubernetes quantity ("10Gi", "500M", "1073741824") in bytes."""
+    text = text.strip()
+    for suffix in sorted(_QUANTITY, key=len, reverse=True):
+        if text.endswith(suffix):
+            number = text[: -len(suffix)]
+            try:
+                return int(float(number) * _QUANTITY[suffix])
+            except ValueError:
+                break
+    try:
+        return int(float(text))
+    except ValueError as exc:
+        raise InvalidConfig(f"{text!r} is not a size (e.g. 10Gi, 512Mi, 1000000)") from exc
+
+
+def _read_dir(path: str | None) -> dict[str, str]:
+    """The files of a mounted Secret or ConfigMap (dot-files are Kubernetes' bookkeeping)."""
+    if not path or not os.path.isdir(path):
+        return {}
+    out = {}
+    for name in sorted(os.listdir(path)):
+        full = os.path.join(path, name)
+        if not name.startswith(".") and os.path.isfile(full):
+            with open(full, encoding="utf-8") as fh:
+                out[name] = fh.read().strip()
+    return out
+
+
+def ca_files(cert_dir: str | None) -> tuple[str, ...]:
+    if not cert_dir or not os.path.isdir(cert_dir):
+        return ()
+    return tuple(
+        os.path.join(cert_dir, n)
+        for n in sorted(os.listdir(cert_dir))
+        if not n.startswith(".") and os.path.isfile(os.path.join(cert_dir, n))
+    )
+
+
+def _headers(env: Mapping[str, str]) -> list[tuple[str, str]]:
+    out = []
+    for key in sorted(k for k in env if k.startswith("IMPORTER_EXTRA_HEADER_")):
+        out.append(split_header(env[key]))
+    for value in _read_dir(env.get("IMPORTER_SECRET_EXTRA_HEADERS_DIR", "/extraheaders")).values():
+        out.append(split_header(value))
+    return out
+
+
+def split_header(text: str) -> tuple[str, str]:
+    name, sep, value = text.partition(":")
+    if not sep or not name.strip():
+        raise InvalidConfig(f"header {text!r} is not 'Name: value'")
+    return name.strip(), value.strip()
+
+
+def from_env(env: Mapping[str, str]) -> ImportConfig:
+    """Build the pod's configuration from CDI's environment variables."""
+    source = env.get("IMPORTER_SOURCE", "http")
+    block = os.path.exists(BLOCK_DEVICE_PATH)
+    size = env.get("IMPORTER_IMAGE_SIZE")
+    content_type = ContentType(env.get("IMPORTER_CONTENTTYPE", "kubevirt") or "kubevirt")
+    fs_path = (
+        DATA_DIR if content_type is ContentType.ARCHIVE else os.path.join(DATA_DIR, "disk.img")
+    )
+    target = TargetSpec(
+        path=BLOCK_DEVICE_PATH if block else fs_path,
+        block=block,
+        size=parse_size(size) if size else None,
+        filesystem_overhead=float(env.get("FILESYSTEM_OVERHEAD", "0") or 0),
+        preallocate=env.get("PREALLOCATION", "false").lower() == "true",
+    )
+    auth = _read_dir(env.get("IMPORTER_AUTH_DIR"))
+    proxy = ProxyConfig(
+        http=env.get("http_proxy") or env.get("HTTP_PROXY") or None,
+        https=env.get("https_proxy") or env.get("HTTPS_PROXY") or None,
+        no_proxy=tuple(filter(None, (env.get("no_proxy") or env.get("NO_PROXY") or "").split(","))),
+    )
+    http = None
+    if source == "http":
+        http = HttpOptions(
+            url=env.get("IMPORTER_ENDPOINT", ""),
+            headers=tuple(_headers(env)),
+            username=env.get("IMPORTER_ACCESS_KEY_ID") or auth.get("accessKeyId"),
+            password=env.get("IMPORTER_SECRET_KEY") or auth.get("secretKey"),
+            ca_files=ca_files(env.get("IMPORTER_CERT_DIR"))
+            + ca_files(env.get("IMPORTER_PROXY_CERT_DIR")),
+            insecure=env.get("INSECURE_TLS", "false").lower() == "true",
+            proxy=proxy,
+        )
+    checksum = env.get("IMPORTER_CHECKSUM")
+    return ImportConfig(
+        source="blank" if source in ("none", "blank") else source,
+        target=target,
+        http=http,
+        content_type=content_type,
+        checksum=ChecksumSpec.parse(checksum) if checksum else None,
+        scratch_dir=env.get("IMPORTER_SCRATCH_DIR", SCRATCH_DIR),
+        termination_path=env.get("IMPORTER_TERMINATION_PATH", TERMINATION_PATH),
+        metrics_port=int(env.get("IMPORTER_METRICS_PORT", "8443")),
+        metrics_addr=env.get("IMPORTER_METRICS_ADDR", "0.0.0.0"),
+        owner_uid=env.get("OWNER_UID", ""),
+    )

@@ -1,0 +1,258 @@
+"""The importer as an explicit phase machine: every path an import can take is in ``_NEXT``.
+
+    Info -> Transfer -> Verify -> Resize -> Complete                  raw, compressed raw
+    Info -> Transfer -> Verify -> Validate -> Convert -> Resize -> ... formats qemu-img converts
+    Info -> Blank -> Resize -> Complete                               blank disk
+    Info -> Transfer -> Verify -> Complete                            archive
+    any  -> Failed (typed error; the target file is removed: never reported or left "complete")
+
+Transfer is one streaming pass: the event loop reads the source and feeds two thread stages, the
+checksum and the decode stage (``importer.decode``), each bounded, so memory is constant.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import os
+import time
+from collections.abc import Awaitable, Callable
+
+from cdi.api.errors import InvalidConfig, WorkerError
+from cdi.api.termination import REASON_COMPLETED, TerminationMessage
+from importer import qemu
+from importer.config import ImportConfig
+from importer.decode import SCRATCH_NAME, ContentType, DecodePlan, DecodeResult, decode_into
+from importer.formats import ImageFormat
+from importer.sources import Source
+from importer.stage import ThreadStage
+from importer.taps import Progress, hash_stream, verify
+from importer.target import RawWriter, open_target
+
+
+class Phase(enum.Enum):
+    INFO = "Info"
+    BLANK = "Blank"
+    TRANSFER = "Transfer"
+    VERIFY = "Verify"
+    VALIDATE = "Validate"
+    CONVERT = "Convert"
+    RESIZE = "Resize"
+    COMPLETE = "Complete"
+
+
+_PROGRESS_PHASE = {
+    Phase.INFO: "Pending",
+    Phase.BLANK: "Resizing",
+    Phase.TRANSFER: "Transferring",
+    Phase.VERIFY: "Validating",
+    Phase.VALIDATE: "Validating",
+    Phase.CONVERT: "Converting",
+    Phase.RESIZE: "Resizing",
+    Phase.COMPLETE: "Complete",
+}
+
+
+class Importer:
+    """One import. State lives only for the import's duration; handlers return the next phase."""
+
+    def __init__(self, config: ImportConfig, source: Source | None, progress: Progress) -> None:
+        self.config = config
+        self.source = source
+        self.progress = progress
+        self.fd = -1
+        self.capacity: int | None = None
+        self.decoded = DecodeResult()
+        self.actual_checksum: str | None = None
+        self.scratch_dir = self._pick_scratch_dir()
+        self.handlers: dict[Phase, Callable[[], Awaitable[Phase]]] = {
+            Phase.INFO: self._info,
+            Phase.BLANK: self._blank,
+            Phase.TRANSFER: self._transfer,
+            Phase.VERIFY: self._verify,
+            Phase.VALIDATE: self._validate,
+            Phase.CONVERT: self._convert,
+            Phase.RESIZE: self._resize,
+        }
+
+    async def run(self) -> TerminationMessage:
+        started = time.monotonic()
+        phase, visited = Phase.INFO, set()
+        try:
+            while phase is not Phase.COMPLETE:
+                if phase in visited:
+                    raise RuntimeError(f"loop detected on phase {phase.value}")
+                visited.add(phase)
+                self.progress.phase = _PROGRESS_PHASE[phase]
+                phase = await self.handlers[phase]()
+        except WorkerError as exc:
+            self.progress.phase = "Failed"
+            self._discard()
+            return self._message(exc.reason, exc.message, started, transient=exc.transient)
+        finally:
+            self._close()
+            if self.source is not None:
+                await self.source.close()
+        self.progress.phase = "Complete"
+        self.progress.done = self.progress.total or self.progress.done
+        return self._message(REASON_COMPLETED, "Import Complete", started)
+
+    def _message(
+        self, reason: str, text: str, started: float, *, transient: bool = False
+    ) -> TerminationMessage:
+        return TerminationMessage(
+            reason=reason,
+            message=text,
+            transient=transient,
+            bytes_read=self.progress.done,
+            bytes_written=self.decoded.bytes_written,
+            virtual_size=self.decoded.virtual_size,
+            format_chain=tuple(self.decoded.format_chain),
+            checksum=self.actual_checksum,
+            duration_seconds=round(time.monotonic() - started, 3),
+            scratch_used=self.decoded.scratch_path is not None,
+            preallocation_applied=self.config.target.preallocate,
+            labels=self.config.labels,
+        )
+
+    # -- phases -------------------------------------------------------------------------------
+
+    async def _info(self) -> Phase:
+        target = self.config.target
+        if self.config.content_type is ContentType.ARCHIVE:
+            if target.block:
+                raise InvalidConfig("content type archive needs a filesystem volume")
+            os.makedirs(target.path, exist_ok=True)
+            self.capacity = target.size
+        else:
+            self.fd, self.capacity = open_target(target)
+        if self.config.source == "blank":
+            if self.config.content_type is ContentType.ARCHIVE:
+                raise InvalidConfig("Cannot create empty disk with content type archive")
+            return Phase.BLANK
+        if self.source is None:
+            raise InvalidConfig(f"unknown source {self.config.source!r}")
+        info = await self.source.probe()
+        self.progress.total = info.size
+        return Phase.TRANSFER
+
+    async def _blank(self) -> Phase:
+        if self.capacity is None:
+            raise InvalidConfig("a blank disk needs a size")
+        self.decoded.virtual_size = self.capacity
+        return Phase.RESIZE
+
+    async def _transfer(self) -> Phase:
+        assert self.source is not None
+        writer = None
+        if self.fd >= 0:
+            writer = RawWriter(
+                self.fd,
+                self.capacity,
+                zero_fill=self.config.target.block and not self.config.target.zeroed,
+            )
+        plan = DecodePlan(
+            content_type=self.config.content_type,
+            capacity=self.capacity,
+            writer=writer,
+            archive_dir=self.config.target.path,
+            scratch_dir=self.scratch_dir,
+        )
+        decode = ThreadStage(lambda chunks: decode_into(chunks, plan), name="decode")
+        checksum = self.config.checksum
+        hasher = (
+            ThreadStage(lambda chunks: hash_stream(checksum.algorithm, chunks), name="hash")
+            if checksum
+            else None
+        )
+        try:
+            async for chunk in self.source.stream():
+                self.progress.add(len(chunk))
+                if hasher is not None:
+                    await hasher.put(chunk)
+                await decode.put(chunk)
+        except BaseException:
+            await decode.abort()
+            if hasher is not None:
+                await hasher.abort()
+            raise
+        self.decoded = await decode.finish()
+        if hasher is not None:
+            self.actual_checksum = await hasher.finish()
+        return Phase.VERIFY
+
+    async def _verify(self) -> Phase:
+        if self.config.checksum is not None:
+            assert self.actual_checksum is not None
+            verify(self.config.checksum, self.actual_checksum)
+        if self.config.content_type is ContentType.ARCHIVE:
+            return Phase.COMPLETE
+        return Phase.VALIDATE if self.decoded.scratch_path else Phase.RESIZE
+
+    async def _validate(self) -> Phase:
+        path = self.decoded.scratch_path
+        assert path is not None
+        info = qemu.info(path, self.decoded.image_format)
+        qemu.check_safe(info, path, self.capacity)
+        self.decoded.virtual_size = info.virtual_size
+        return Phase.CONVERT
+
+    async def _convert(self) -> Phase:
+        path = self.decoded.scratch_path
+        assert path is not None
+        target = self.config.target
+        fmt: ImageFormat = self.decoded.image_format
+        self._close()
+        try:
+            qemu.convert(path, fmt, target.path, block=target.block, zeroed=target.zeroed)
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+        self.fd = os.open(target.path, os.O_WRONLY | os.O_CLOEXEC)
+        self.decoded.bytes_written = _allocated(target.path, target.block, self.decoded)
+        return Phase.RESIZE
+
+    async def _resize(self) -> Phase:
+        target = self.config.target
+        size = self.decoded.virtual_size
+        if not target.block and self.capacity is not None:
+            size = max(size, self.capacity)  # grow to the usable size, as CDI does; never shrink
+        RawWriter(self.fd, self.capacity, zero_fill=False).finish(
+            size, preallocate=target.preallocate, block=target.block
+        )
+        if not target.block:
+            os.chmod(target.path, 0o660)
+        return Phase.COMPLETE
+
+    # -- helpers ------------------------------------------------------------------------------
+
+    def _pick_scratch_dir(self) -> str:
+        """The mounted scratch volume, else (filesystem targets) a folder beside the target."""
+        wanted = self.config.scratch_dir
+        if wanted and (os.path.isdir(wanted) or self.config.target.block):
+            return wanted
+        return os.path.join(
+            os.path.dirname(os.path.abspath(self.config.target.path)), ".cdi-scratch"
+        )
+
+    def _close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def _discard(self) -> None:
+        """A failed import must not leave a file that looks like a finished disk."""
+        self._close()
+        target = self.config.target
+        if not target.block and self.config.content_type is ContentType.KUBEVIRT:
+            with contextlib.suppress(OSError):
+                os.unlink(target.path)
+        if self.scratch_dir:
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(self.scratch_dir, SCRATCH_NAME))
+
+
+def _allocated(path: str, block: bool, decoded: DecodeResult) -> int:
+    if block:
+        return decoded.virtual_size
+    return os.stat(path).st_blocks * 512

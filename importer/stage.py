@@ -1,0 +1,89 @@
+"""A bounded hand-off from the event loop to one worker thread.
+
+The event loop only moves bytes off the network; decompression, hashing and writing run on
+threads (CONVENTIONS: no CPU work on the loop). The thread consumes an ordinary iterator, so the
+code it runs is plain synchronous Python. ``depth`` chunks at most are in flight, which bounds
+memory; the per-chunk cost is one queue operation and one ``call_soon_threadsafe``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+from collections.abc import Callable, Iterator
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+
+
+class StageAborted(Exception):
+    """Raised inside the consumer when the producer gives up."""
+
+
+_END = object()
+_ABORT = object()
+
+
+class ThreadStage(Generic[T]):
+    def __init__(self, consume: Callable[[Iterator[bytes]], T], *, depth: int = 4, name: str):
+        self._loop = asyncio.get_running_loop()
+        self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
+        self._slots = asyncio.Semaphore(depth)
+        self._depth = depth
+        self._consume = consume
+        self._done: asyncio.Future[T] = self._loop.create_future()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def _iterate(self) -> Iterator[bytes]:
+        while True:
+            item = self._queue.get()
+            if item is _END:
+                return
+            if item is _ABORT:
+                raise StageAborted("producer aborted")
+            self._loop.call_soon_threadsafe(self._slots.release)
+            assert isinstance(item, bytes)
+            yield item
+
+    def _run(self) -> None:
+        try:
+            result = self._consume(self._iterate())
+        except BaseException as exc:  # handed to the event loop, re-raised by finish()
+            self._loop.call_soon_threadsafe(_set_exception, self._done, exc)
+        else:
+            self._loop.call_soon_threadsafe(_set_result, self._done, result)
+        finally:
+            for _ in range(self._depth + 1):  # unblock a producer waiting for a slot
+                self._loop.call_soon_threadsafe(self._slots.release)
+
+    async def put(self, chunk: bytes) -> None:
+        """Queue ``chunk``; raise the consumer's error if it failed, drop it if it finished."""
+        await self._slots.acquire()
+        if self._done.done():
+            if self._done.exception() is not None:
+                raise self._done.exception()  # type: ignore[misc]
+            return
+        self._queue.put(chunk)
+
+    async def finish(self) -> T:
+        self._queue.put(_END)
+        return await self._done
+
+    async def abort(self) -> None:
+        self._queue.put(_ABORT)
+        try:
+            await self._done
+        except BaseException:
+            pass
+
+
+def _set_result(fut: asyncio.Future[T], value: T) -> None:
+    if not fut.done():
+        fut.set_result(value)
+
+
+def _set_exception(fut: asyncio.Future[T], exc: BaseException) -> None:
+    if not fut.done():
+        fut.set_exception(exc)
