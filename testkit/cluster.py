@@ -1,0 +1,466 @@
+"""Start and stop a real Kubernetes cluster on loopback for integration tests.
+
+Order: etcd, kube-apiserver (secure port on 127.0.0.1, RBAC, a static token file, service-
+account signing keys, admission webhooks), kube-controller-manager, kube-scheduler, then the
+local node agent and the local provisioner (``testkit.node``, ``testkit.provisioner``). Each
+runs in its own process group, logs to ``<state>/logs/<name>.log`` and is stopped by group, so
+a teardown leaves no stray process, mount or loop device.
+
+By hand::
+
+    python -m testkit.cluster up          # prints the kubeconfig path, stays up until Ctrl-C
+
+From pytest: ``tests/integration/conftest.py`` holds one :class:`Cluster` per session.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import socket
+import ssl
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kubernetes import client
+
+from testkit import pki, storage
+from testkit.kubeclient import ApiError, Kube
+from testkit.kubeconfig import (
+    ADMIN,
+    Identity,
+    default_identities,
+    write_kubeconfig,
+    write_token_file,
+)
+from testkit.node import MARKER_ENV
+from testkit.procs import ManagedProcess, kill_processes_with_env
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_BIN_DIR = REPO_ROOT / "hack" / "kube" / "_build" / "bin"
+BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler")
+
+# Controllers the tests rely on; everything else in kube-controller-manager stays off, which
+# keeps start-up fast and leaves the node's status to our node agent alone.
+CONTROLLERS = (
+    "garbage-collector-controller",
+    "persistentvolume-binder-controller",
+    "persistentvolume-protection-controller",
+    "persistentvolumeclaim-protection-controller",
+    "namespace-controller",
+    "endpoints-controller",
+    "endpointslice-controller",
+    "endpointslice-mirroring-controller",
+    "serviceaccount-controller",
+    "serviceaccount-token-controller",
+    "root-ca-certificate-publisher-controller",
+    "replicaset-controller",
+    "deployment-controller",
+    "job-controller",
+    "resourcequota-controller",
+)
+
+
+class ControlPlaneMissing(RuntimeError):
+    """The binaries built by hack/kube/build.sh are not there."""
+
+
+class ClusterStartFailed(RuntimeError):
+    """A component did not become ready in time."""
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    state_dir: Path
+    bin_dir: Path = DEFAULT_BIN_DIR
+    node_name: str = "testkit-node"
+    with_node: bool = True
+    images_config: Path | None = None
+    start_timeout: float = 60.0
+    keep_state: bool = False
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Cluster:
+    """One running cluster. ``start()`` blocks until every component is ready."""
+
+    config: ClusterConfig
+    identities: dict[str, Identity] = field(default_factory=default_identities)
+    processes: list[ManagedProcess] = field(default_factory=list)
+    api_port: int = 0
+    started_in: float = 0.0
+
+    # -- paths and clients ------------------------------------------------------------------
+    @property
+    def state(self) -> Path:
+        return self.config.state_dir
+
+    @property
+    def server(self) -> str:
+        return f"https://127.0.0.1:{self.api_port}"
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.state / "kubeconfig"
+
+    @property
+    def ca_path(self) -> Path:
+        return self.state / "pki" / "ca.crt"
+
+    def kubeconfig_for(self, user: str) -> Path:
+        return self.state / f"kubeconfig-{user}"
+
+    def token(self, user: str) -> str:
+        return self.identities[user].token
+
+    def api_client(self, user: str = ADMIN) -> client.ApiClient:
+        cfg = client.Configuration()
+        cfg.host = self.server
+        cfg.ssl_ca_cert = str(self.ca_path)
+        cfg.api_key = {"authorization": f"Bearer {self.token(user)}"}
+        return client.ApiClient(cfg)
+
+    def kube(self, user: str = ADMIN) -> Kube:
+        return Kube(self.api_client(user))
+
+    def pod_log_dir(self, namespace: str, pod: str) -> Path:
+        """Where the node agent keeps a pod's container logs (one dir per pod uid)."""
+        matches = sorted((self.state / "node" / "pods").glob(f"{namespace}_{pod}_*"))
+        if not matches:
+            raise FileNotFoundError(f"no pod directory for {namespace}/{pod}")
+        return matches[-1] / "logs"
+
+    def container_log(self, namespace: str, pod: str, container: str) -> str:
+        """The whole log of a container, all restarts concatenated in order."""
+        d = self.pod_log_dir(namespace, pod) / container
+        files = sorted(d.glob("*.log"), key=lambda p: int(p.stem))
+        return "".join(f.read_text(errors="replace") for f in files)
+
+    # -- lifecycle --------------------------------------------------------------------------
+    def start(self) -> Cluster:
+        t0 = time.monotonic()
+        missing = [b for b in BINARIES if not (self.config.bin_dir / b).is_file()]
+        if missing:
+            raise ControlPlaneMissing(
+                f"missing {', '.join(missing)} in {self.config.bin_dir}: run hack/kube/build.sh"
+            )
+        self.state.mkdir(parents=True, exist_ok=True)
+        try:
+            self._write_pki_and_configs()
+            etcd_url = self._start_etcd()
+            self._start_apiserver(etcd_url)
+            self._wait("kube-apiserver /readyz", self._apiserver_ready)
+            self._start_controller_manager()
+            self._start_scheduler()
+            if self.config.with_node:
+                self._start_local_components()
+            self._wait_cluster_usable()
+        except BaseException:
+            self.stop()
+            raise
+        self.started_in = time.monotonic() - t0
+        return self
+
+    def stop(self) -> None:
+        """Stop everything, newest first, then release mounts and loop devices."""
+        for proc in reversed(self.processes):
+            proc.stop(grace=15.0 if proc.name == "node" else 5.0)
+        self.processes.clear()
+        kill_processes_with_env(MARKER_ENV, str(self.state / "node"))
+        storage.release_all_under(self.state)
+        if not self.config.keep_state:
+            shutil.rmtree(self.state, ignore_errors=True)
+
+    def __enter__(self) -> Cluster:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- steps ------------------------------------------------------------------------------
+    def _write_pki_and_configs(self) -> None:
+        d = self.state / "pki"
+        d.mkdir(parents=True, exist_ok=True)
+        ca = pki.CertificateAuthority("testkit-cluster-ca")
+        self.ca_path.write_bytes(ca.cert_pem)
+        serving = ca.issue(
+            "kube-apiserver",
+            dns_names=(
+                "localhost",
+                "kubernetes",
+                "kubernetes.default",
+                "kubernetes.default.svc",
+                "kubernetes.default.svc.cluster.local",
+            ),
+            ips=("127.0.0.1",),
+        )
+        serving.write(d / "apiserver.crt", d / "apiserver.key")
+        pki.signing_key_pair().write(d / "sa.pub", d / "sa.key")
+        write_token_file(d / "tokens.csv", self.identities)
+        self.api_port = free_port()
+        ids = list(self.identities.values())
+        write_kubeconfig(self.kubeconfig, self.server, ca.cert_pem, ids, ADMIN)
+        for ident in ids:
+            write_kubeconfig(
+                self.kubeconfig_for(ident.user), self.server, ca.cert_pem, [ident], ident.user
+            )
+
+    def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> None:
+        self.processes.append(
+            ManagedProcess(name, argv, self.state / "logs" / f"{name}.log", env=env)
+        )
+
+    def _bin(self, name: str) -> str:
+        return str(self.config.bin_dir / name)
+
+    def _start_etcd(self) -> str:
+        client_port, peer_port = free_port(), free_port()
+        url = f"http://127.0.0.1:{client_port}"
+        peer = f"http://127.0.0.1:{peer_port}"
+        self._spawn(
+            "etcd",
+            [
+                self._bin("etcd"),
+                "--name=testkit",
+                f"--data-dir={self.state / 'etcd'}",
+                f"--listen-client-urls={url}",
+                f"--advertise-client-urls={url}",
+                f"--listen-peer-urls={peer}",
+                f"--initial-advertise-peer-urls={peer}",
+                f"--initial-cluster=testkit={peer}",
+                "--unsafe-no-fsync=true",  # test data: durability is not worth the latency
+                "--log-level=warn",
+            ],
+        )
+        self._wait("etcd /health", lambda: _http_ok(f"{url}/health"))
+        return url
+
+    def _start_apiserver(self, etcd_url: str) -> None:
+        d = self.state / "pki"
+        self._spawn(
+            "kube-apiserver",
+            [
+                self._bin("kube-apiserver"),
+                f"--etcd-servers={etcd_url}",
+                "--bind-address=127.0.0.1",
+                "--advertise-address=127.0.0.1",
+                f"--secure-port={self.api_port}",
+                f"--tls-cert-file={d / 'apiserver.crt'}",
+                f"--tls-private-key-file={d / 'apiserver.key'}",
+                f"--client-ca-file={self.ca_path}",
+                f"--token-auth-file={d / 'tokens.csv'}",
+                "--authorization-mode=RBAC",
+                "--anonymous-auth=false",
+                f"--service-account-key-file={d / 'sa.pub'}",
+                f"--service-account-signing-key-file={d / 'sa.key'}",
+                "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+                "--api-audiences=https://kubernetes.default.svc.cluster.local",
+                "--service-cluster-ip-range=10.96.0.0/16",
+                "--enable-admission-plugins=NamespaceLifecycle,ServiceAccount,DefaultStorageClass,"
+                "StorageObjectInUseProtection,PersistentVolumeClaimResize,ResourceQuota,"
+                "MutatingAdmissionWebhook,ValidatingAdmissionWebhook,ValidatingAdmissionPolicy",
+                "--endpoint-reconciler-type=none",  # a loopback address is no valid endpoint
+                "--enable-aggregator-routing=true",  # Service webhooks reach pod IPs directly
+                "--allow-privileged=true",
+                "--profiling=false",
+                "--v=1",
+            ],
+        )
+
+    def _component_kubeconfig_args(self) -> list[str]:
+        kc = str(self.kubeconfig)
+        return [
+            f"--kubeconfig={kc}",
+            f"--authentication-kubeconfig={kc}",
+            f"--authorization-kubeconfig={kc}",
+        ]
+
+    def _start_controller_manager(self) -> None:
+        d = self.state / "pki"
+        port = free_port()
+        self._spawn(
+            "kube-controller-manager",
+            [
+                self._bin("kube-controller-manager"),
+                *self._component_kubeconfig_args(),
+                "--bind-address=127.0.0.1",
+                f"--secure-port={port}",
+                f"--cert-dir={self.state / 'kcm'}",
+                "--leader-elect=false",
+                f"--controllers={','.join(CONTROLLERS)}",
+                f"--service-account-private-key-file={d / 'sa.key'}",
+                f"--root-ca-file={self.ca_path}",
+                "--use-service-account-credentials=false",
+                "--v=1",
+            ],
+        )
+        self._wait(
+            "kube-controller-manager /healthz",
+            lambda: _http_ok(f"https://127.0.0.1:{port}/healthz"),
+        )
+
+    def _start_scheduler(self) -> None:
+        port = free_port()
+        self._spawn(
+            "kube-scheduler",
+            [
+                self._bin("kube-scheduler"),
+                *self._component_kubeconfig_args(),
+                "--bind-address=127.0.0.1",
+                f"--secure-port={port}",
+                "--leader-elect=false",
+                "--v=1",
+            ],
+        )
+        self._wait("kube-scheduler /healthz", lambda: _http_ok(f"https://127.0.0.1:{port}/healthz"))
+
+    def _start_local_components(self) -> None:
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p
+        )
+        common = [f"--kubeconfig={self.kubeconfig}", f"--node-name={self.config.node_name}"]
+        self._spawn(
+            "provisioner",
+            [
+                sys.executable,
+                "-m",
+                "testkit.provisioner",
+                *common,
+                f"--state-dir={self.state / 'storage'}",
+            ],
+            env,
+        )
+        node = [
+            sys.executable,
+            "-m",
+            "testkit.node",
+            *common,
+            f"--state-dir={self.state / 'node'}",
+            f"--api-port={self.api_port}",
+            f"--ca-file={self.ca_path}",
+        ]
+        if self.config.images_config:
+            node.append(f"--images={self.config.images_config}")
+        self._spawn("node", node, env)
+
+    def _wait_cluster_usable(self) -> None:
+        kube = self.kube()
+
+        def default_sa() -> bool:
+            return (
+                kube.get_or_none("/api/v1/namespaces/default/serviceaccounts/default") is not None
+            )
+
+        self._wait("default service account", default_sa)
+        if not self.config.with_node:
+            return
+
+        def node_ready() -> bool:
+            node = kube.get_or_none(f"/api/v1/nodes/{self.config.node_name}")
+            if node is None or node.get("spec", {}).get("taints"):
+                return False
+            conds = node.get("status", {}).get("conditions") or []
+            return any(c["type"] == "Ready" and c["status"] == "True" for c in conds)
+
+        def classes() -> bool:
+            names = {
+                sc["metadata"]["name"]
+                for sc in kube.get("/apis/storage.k8s.io/v1/storageclasses")["items"]
+            }
+            return {"testkit-fs", "testkit-fs-wffc", "testkit-block"} <= names
+
+        self._wait("node Ready", node_ready)
+        self._wait("storage classes", classes)
+
+    def _apiserver_ready(self) -> bool:
+        try:
+            self.kube().request("GET", "/readyz", timeout=2)
+            return True
+        except (ApiError, OSError, Exception):
+            return False
+
+    def _wait(self, what: str, ready: Callable[[], bool]) -> None:
+        deadline = time.monotonic() + self.config.start_timeout
+        while time.monotonic() < deadline:
+            for proc in self.processes:
+                proc.check_alive()
+            try:
+                if ready():
+                    return
+            except (ApiError, OSError):
+                pass
+            time.sleep(0.1)
+        tails = "\n".join(f"--- {p.name}\n{p.log_tail()}" for p in self.processes)
+        raise ClusterStartFailed(f"timed out waiting for {what}\n{tails}")
+
+
+def _http_ok(url: str) -> bool:
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE  # components' self-signed serving certs: liveness only
+    try:
+        with urllib.request.urlopen(url, timeout=2, context=ctx) as resp:
+            return bool(resp.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def _cmd_up(args: argparse.Namespace) -> int:
+    state = Path(args.state_dir or tempfile.mkdtemp(prefix="testkit-"))
+    cfg = ClusterConfig(
+        state_dir=state, keep_state=args.keep, with_node=not args.no_node, images_config=args.images
+    )
+    cluster = Cluster(cfg)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    cluster.start()
+    print(f"cluster ready in {cluster.started_in:.1f} s", flush=True)
+    print(f"kubeconfig: {cluster.kubeconfig}", flush=True)
+    print(f"  export KUBECONFIG={cluster.kubeconfig}", flush=True)
+    for user in cluster.identities:
+        if user != ADMIN:
+            print(f"  unprivileged user {user}: {cluster.kubeconfig_for(user)}", flush=True)
+    print(f"logs: {state / 'logs'}   (Ctrl-C to stop)", flush=True)
+    try:
+        while not stop.wait(1.0):
+            for proc in cluster.processes:
+                proc.check_alive()
+    finally:
+        print("stopping cluster", flush=True)
+        cluster.stop()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m testkit.cluster", description="A real Kubernetes control plane on loopback."
+    )
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    up = sub.add_parser("up", help="start a cluster and keep it up until Ctrl-C")
+    up.add_argument("--state-dir", help="where certs, etcd data, volumes and logs go")
+    up.add_argument("--keep", action="store_true", help="keep the state dir after stopping")
+    up.add_argument("--no-node", action="store_true", help="control plane only")
+    up.add_argument("--images", type=Path, help="image->command map for the node agent")
+    args = parser.parse_args(argv)
+    return _cmd_up(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

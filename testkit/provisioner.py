@@ -1,0 +1,343 @@
+"""The local volume provisioner: dynamic PersistentVolumes backed by sparse files on this node.
+
+It plays the part of an external provisioner plus resizer for the StorageClasses below. The
+kube-controller-manager's PV binder does the binding; this process only answers claims whose
+``volume.kubernetes.io/storage-provisioner`` annotation names it:
+
+* Filesystem claims get a sparse image formatted ext4, attached to a loop device and mounted
+  under the state directory; the PV's ``local.path`` is that mount point.
+* Block claims get a loop device over a sparse image; ``local.path`` is the device.
+* ``dataSource`` naming a bound PVC of ours clones it with a sparse copy.
+* WaitForFirstConsumer claims are provisioned only once the scheduler has chosen this node.
+* Growing ``spec.resources.requests.storage`` grows file, device and filesystem online.
+* A Released PV with reclaim policy Delete loses its backing files, then its object.
+
+The loop is level-triggered and polls (a few list calls a second is nothing for a test API
+server); every step re-reads state, so a crash or restart never leaves it confused.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kubernetes.utils import parse_quantity
+
+from testkit import storage
+from testkit.kubeclient import JSON, ApiError, Kube, ns_path
+
+log = logging.getLogger("testkit.provisioner")
+
+PROVISIONER = "testkit.local/loop"
+ANN_PROVISIONER = "volume.kubernetes.io/storage-provisioner"
+ANN_PROVISIONER_BETA = "volume.beta.kubernetes.io/storage-provisioner"
+ANN_SELECTED_NODE = "volume.kubernetes.io/selected-node"
+ANN_PROVISIONED_BY = "pv.kubernetes.io/provisioned-by"
+ANN_IMAGE = "testkit.local/image"
+
+FS_IMMEDIATE = "testkit-fs"
+FS_WFFC = "testkit-fs-wffc"
+BLOCK = "testkit-block"
+
+
+def storage_classes() -> list[JSON]:
+    """The classes this provisioner serves; ``testkit-fs`` is the cluster default."""
+
+    def sc(name: str, mode: str, default: bool = False) -> JSON:
+        ann = {"storageclass.kubernetes.io/is-default-class": "true"} if default else {}
+        return {
+            "apiVersion": "storage.k8s.io/v1",
+            "kind": "StorageClass",
+            "metadata": {"name": name, "annotations": ann},
+            "provisioner": PROVISIONER,
+            "reclaimPolicy": "Delete",
+            "volumeBindingMode": mode,
+            "allowVolumeExpansion": True,
+        }
+
+    return [
+        sc(FS_IMMEDIATE, "Immediate", default=True),
+        sc(FS_WFFC, "WaitForFirstConsumer"),
+        sc(BLOCK, "Immediate"),
+    ]
+
+
+@dataclass(frozen=True)
+class ProvisionerConfig:
+    state_dir: Path
+    node_name: str
+    poll_interval: float = 0.3
+
+
+class Provisioner:
+    def __init__(self, kube: Kube, config: ProvisionerConfig) -> None:
+        self.kube = kube
+        self.config = config
+        self.volumes = config.state_dir / "volumes"
+        self.volumes.mkdir(parents=True, exist_ok=True)
+
+    # -- set-up ---------------------------------------------------------------------------
+    def ensure_storage_classes(self) -> None:
+        for sc in storage_classes():
+            try:
+                self.kube.create("/apis/storage.k8s.io/v1/storageclasses", sc)
+            except ApiError as e:
+                if not e.conflict:
+                    raise
+
+    # -- loop -----------------------------------------------------------------------------
+    def run(self, stop: threading.Event) -> None:
+        self.ensure_storage_classes()
+        while not stop.is_set():
+            try:
+                self.sync_once()
+            except Exception:
+                log.exception("sync failed; retrying")
+            stop.wait(self.config.poll_interval)
+
+    def sync_once(self) -> None:
+        classes = {
+            sc["metadata"]["name"]: sc
+            for sc in self.kube.get("/apis/storage.k8s.io/v1/storageclasses")["items"]
+            if sc.get("provisioner") == PROVISIONER
+        }
+        pvs = {
+            pv["metadata"]["name"]: pv for pv in self.kube.get("/api/v1/persistentvolumes")["items"]
+        }
+        for pvc in self.kube.get("/api/v1/persistentvolumeclaims")["items"]:
+            cls = classes.get(pvc["spec"].get("storageClassName") or "")
+            if cls is None:
+                continue
+            try:
+                if self._wants_volume(pvc, cls) and _pv_name(pvc) not in pvs:
+                    self.provision(pvc, cls)
+                elif pvc.get("status", {}).get("phase") == "Bound":
+                    self._maybe_expand(pvc, pvs.get(pvc["spec"].get("volumeName", "")))
+            except (ApiError, storage.StorageError) as e:
+                log.warning(
+                    "claim %s/%s: %s", pvc["metadata"]["namespace"], pvc["metadata"]["name"], e
+                )
+        for pv in pvs.values():
+            if _ours(pv) and _released_for_delete(pv):
+                try:
+                    self.delete_volume(pv)
+                except (ApiError, storage.StorageError) as e:
+                    log.warning("volume %s: %s", pv["metadata"]["name"], e)
+
+    def _wants_volume(self, pvc: JSON, cls: JSON) -> bool:
+        ann = pvc["metadata"].get("annotations") or {}
+        if PROVISIONER not in (ann.get(ANN_PROVISIONER), ann.get(ANN_PROVISIONER_BETA)):
+            return False
+        if pvc["spec"].get("volumeName") or pvc.get("status", {}).get("phase") != "Pending":
+            return False
+        if cls.get("volumeBindingMode") == "WaitForFirstConsumer":
+            return ann.get(ANN_SELECTED_NODE) == self.config.node_name
+        return True
+
+    # -- provisioning ---------------------------------------------------------------------
+    def provision(self, pvc: JSON, cls: JSON) -> None:
+        name = _pv_name(pvc)
+        size = int(parse_quantity(pvc["spec"]["resources"]["requests"]["storage"]))
+        block = pvc["spec"].get("volumeMode") == "Block"
+        image = self.volumes / f"{name}.img"
+        source = self._clone_source(pvc)
+        self._discard(name)
+        if source is not None:
+            self._copy_consistent(source, image)
+            if image.stat().st_size < size:
+                storage.grow(image, size, None, None)
+        else:
+            storage.create_sparse(image, size)
+            if not block:
+                storage.make_ext4(image)
+        device = storage.attach_loop(image)
+        if block:
+            path = device
+        else:
+            mnt = self.volumes / name
+            storage.mount(device, mnt)
+            if source is not None and image.stat().st_size > 0:
+                storage.run("resize2fs", device)
+            path = str(mnt)
+        pv = self._pv_object(pvc, cls, name, path, image)
+        try:
+            self.kube.create("/api/v1/persistentvolumes", pv)
+        except ApiError:
+            self._discard(name)
+            raise
+        log.info(
+            "provisioned %s for %s/%s at %s",
+            name,
+            pvc["metadata"]["namespace"],
+            pvc["metadata"]["name"],
+            path,
+        )
+
+    def _clone_source(self, pvc: JSON) -> JSON | None:
+        src = pvc["spec"].get("dataSourceRef") or pvc["spec"].get("dataSource")
+        if not src or src.get("kind") != "PersistentVolumeClaim":
+            return None
+        ns = pvc["metadata"]["namespace"]
+        source_pvc = self.kube.get(ns_path(ns, "persistentvolumeclaims", src["name"]))
+        pv_name = source_pvc["spec"].get("volumeName")
+        if not pv_name:
+            raise storage.StorageError(f"clone source {ns}/{src['name']} is not bound yet")
+        pv = self.kube.get(f"/api/v1/persistentvolumes/{pv_name}")
+        if not _ours(pv):
+            raise storage.StorageError(f"clone source {pv_name} is not a testkit volume")
+        return pv
+
+    def _copy_consistent(self, source_pv: JSON, image: Path) -> None:
+        """Sparse-copy a source volume's image while its filesystem is frozen (or, for a
+        block volume, after flushing the device), so the clone sees every completed write."""
+        src_image = Path(source_pv["metadata"]["annotations"][ANN_IMAGE])
+        path = source_pv["spec"]["local"]["path"]
+        if source_pv["spec"].get("volumeMode") == "Block":
+            storage.run("blockdev", "--flushbufs", path)
+            storage.sparse_copy(src_image, image)
+            return
+        storage.run("fsfreeze", "--freeze", path)
+        try:
+            storage.sparse_copy(src_image, image)
+        finally:
+            storage.run("fsfreeze", "--unfreeze", path)
+
+    def _pv_object(self, pvc: JSON, cls: JSON, name: str, path: str, image: Path) -> JSON:
+        meta = pvc["metadata"]
+        return {
+            "apiVersion": "v1",
+            "kind": "PersistentVolume",
+            "metadata": {
+                "name": name,
+                "annotations": {ANN_PROVISIONED_BY: PROVISIONER, ANN_IMAGE: str(image)},
+            },
+            "spec": {
+                "capacity": {"storage": pvc["spec"]["resources"]["requests"]["storage"]},
+                "accessModes": pvc["spec"].get("accessModes") or ["ReadWriteOnce"],
+                "persistentVolumeReclaimPolicy": cls.get("reclaimPolicy", "Delete"),
+                "storageClassName": cls["metadata"]["name"],
+                "volumeMode": pvc["spec"].get("volumeMode") or "Filesystem",
+                "claimRef": {
+                    "apiVersion": "v1",
+                    "kind": "PersistentVolumeClaim",
+                    "namespace": meta["namespace"],
+                    "name": meta["name"],
+                    "uid": meta["uid"],
+                },
+                "local": {"path": path},
+                "nodeAffinity": {
+                    "required": {
+                        "nodeSelectorTerms": [
+                            {
+                                "matchExpressions": [
+                                    {
+                                        "key": "kubernetes.io/hostname",
+                                        "operator": "In",
+                                        "values": [self.config.node_name],
+                                    }
+                                ]
+                            }
+                        ]
+                    }
+                },
+            },
+        }
+
+    # -- expansion ------------------------------------------------------------------------
+    def _maybe_expand(self, pvc: JSON, pv: JSON | None) -> None:
+        if pv is None or not _ours(pv):
+            return
+        want = int(parse_quantity(pvc["spec"]["resources"]["requests"]["storage"]))
+        have = int(parse_quantity(pv["spec"]["capacity"]["storage"]))
+        if want <= have:
+            return
+        image = Path(pv["metadata"]["annotations"][ANN_IMAGE])
+        devices = storage.loop_devices_of(image)
+        block = pv["spec"].get("volumeMode") == "Block"
+        storage.grow(
+            image,
+            want,
+            devices[0] if devices else None,
+            None if block else Path(pv["spec"]["local"]["path"]),
+        )
+        new = pvc["spec"]["resources"]["requests"]["storage"]
+        self.kube.patch(
+            f"/api/v1/persistentvolumes/{pv['metadata']['name']}",
+            {"spec": {"capacity": {"storage": new}}},
+        )
+        ns, name = pvc["metadata"]["namespace"], pvc["metadata"]["name"]
+        self.kube.patch(
+            ns_path(ns, "persistentvolumeclaims", name, "status"),
+            {
+                "status": {
+                    "capacity": {"storage": new},
+                    "conditions": None,
+                    "allocatedResourceStatuses": None,
+                }
+            },
+        )
+        log.info("expanded %s to %s", pv["metadata"]["name"], new)
+
+    # -- deletion -------------------------------------------------------------------------
+    def delete_volume(self, pv: JSON) -> None:
+        name = pv["metadata"]["name"]
+        self._discard(name)
+        self.kube.delete_ignore_missing(f"/api/v1/persistentvolumes/{name}")
+        log.info("deleted %s and its backing files", name)
+
+    def _discard(self, name: str) -> None:
+        """Remove every trace of volume ``name``: mount, loop devices, image file."""
+        mnt = self.volumes / name
+        image = self.volumes / f"{name}.img"
+        for point in storage.mountpoints_under(mnt):
+            storage.unmount(Path(point))
+        if image.exists():
+            for dev in storage.loop_devices_of(image):
+                storage.detach_loop(dev)
+            image.unlink()
+        if mnt.exists():
+            mnt.rmdir()
+
+
+def _pv_name(pvc: JSON) -> str:
+    return f"pvc-{pvc['metadata']['uid']}"
+
+
+def _ours(pv: JSON) -> bool:
+    return (pv["metadata"].get("annotations") or {}).get(ANN_PROVISIONED_BY) == PROVISIONER
+
+
+def _released_for_delete(pv: JSON) -> bool:
+    phase = pv.get("status", {}).get("phase")
+    return phase in ("Released", "Failed") and (
+        pv["spec"].get("persistentVolumeReclaimPolicy") == "Delete"
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--kubeconfig", type=Path, required=True)
+    parser.add_argument("--state-dir", type=Path, required=True)
+    parser.add_argument("--node-name", required=True)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    stop = threading.Event()
+
+    def on_signal(*_: Any) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    prov = Provisioner(
+        Kube.from_kubeconfig(args.kubeconfig), ProvisionerConfig(args.state_dir, args.node_name)
+    )
+    prov.run(stop)
+
+
+if __name__ == "__main__":
+    main()

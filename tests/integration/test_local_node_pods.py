@@ -1,0 +1,173 @@
+"""The local node runs pods like a kubelet: environment and volumes from the API, pod IPs on
+loopback, readiness probes, restarts under restartPolicy, SIGTERM on deletion, log files."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from testkit.cluster import Cluster
+from testkit.kubeclient import Kube, ns_path
+from testkit.waiting import wait_until
+from tests.integration.helpers import pod_manifest, terminated, wait_gone, wait_pod_phase
+
+pytestmark = pytest.mark.integration
+
+
+def test_env_and_volumes_come_from_secrets_configmaps_and_the_downward_api(
+    cluster: Cluster, kube: Kube, namespace: str
+) -> None:
+    kube.create(
+        ns_path(namespace, "secrets"),
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": "creds"},
+            "stringData": {"accessKeyId": "AKID", "secretKey": "s3cr3t"},
+        },
+    )
+    kube.create(
+        ns_path(namespace, "configmaps"),
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": "settings"},
+            "data": {"MODE": "fast", "config.ini": "[x]\ny=1\n"},
+        },
+    )
+    script = (
+        'echo "key=$ACCESS_KEY mode=$MODE pod=$POD_NAME ns=$POD_NS ip=$POD_IP greet=$GREETING";'
+        " echo pwd=$(pwd); cat /etc/creds/secretKey; echo; cat /etc/settings/config.ini;"
+        " cat /etc/podinfo/labels; echo; ls /var/run/secrets/kubernetes.io/serviceaccount"
+    )
+    pod = pod_manifest(
+        "envy",
+        script,
+        env=[
+            {
+                "name": "ACCESS_KEY",
+                "valueFrom": {"secretKeyRef": {"name": "creds", "key": "accessKeyId"}},
+            },
+            {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+            {"name": "POD_NS", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+            {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+            {"name": "GREETING", "value": "hello-$(POD_NAME)"},
+        ],
+        envFrom=[{"configMapRef": {"name": "settings"}}],
+        workingDir="/work-dir-testkit",
+        volumes=[
+            {"name": "creds", "secret": {"secretName": "creds"}},
+            {
+                "name": "settings",
+                "configMap": {
+                    "name": "settings",
+                    "items": [{"key": "config.ini", "path": "config.ini"}],
+                },
+            },
+            {
+                "name": "podinfo",
+                "downwardAPI": {
+                    "items": [{"path": "labels", "fieldRef": {"fieldPath": "metadata.labels"}}]
+                },
+            },
+            {"name": "scratch", "emptyDir": {}},
+        ],
+        mounts=[
+            {"name": "creds", "mountPath": "/etc/creds", "readOnly": True},
+            {"name": "settings", "mountPath": "/etc/settings"},
+            {"name": "podinfo", "mountPath": "/etc/podinfo"},
+            {"name": "scratch", "mountPath": "/work-dir-testkit"},
+        ],
+    )
+    pod["metadata"]["labels"] = {"app": "envy"}
+    kube.create(ns_path(namespace, "pods"), pod)
+    done = wait_pod_phase(kube, namespace, "envy", ("Succeeded", "Failed"))
+    out = cluster.container_log(namespace, "envy", "main")
+    assert done["status"]["phase"] == "Succeeded", out
+    ip = done["status"]["podIP"]
+    assert f"key=AKID mode=fast pod=envy ns={namespace} ip={ip} greet=hello-envy" in out
+    assert "pwd=/work-dir-testkit" in out
+    assert "s3cr3t" in out and "y=1" in out and 'app="envy"' in out
+    assert "token" in out and "ca.crt" in out  # projected service-account volume
+
+
+def test_readiness_probe_gates_ready_and_deletion_sends_sigterm(
+    cluster: Cluster, kube: Kube, namespace: str
+) -> None:
+    # A server on the pod IP, ready only once /tmp/ready-<pod> exists in its mount namespace.
+    script = (
+        "trap 'echo got SIGTERM; exit 0' TERM; "
+        "python3 -m http.server --bind $POD_IP 8080 >/dev/null 2>&1 & "
+        "while true; do sleep 0.2; done"
+    )
+    pod = pod_manifest(
+        "server",
+        script,
+        restart_policy="Always",
+        env=[{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}],
+        ports=[{"name": "http", "containerPort": 8080}],
+        readinessProbe={"httpGet": {"path": "/", "port": "http"}, "periodSeconds": 1},
+    )
+    kube.create(ns_path(namespace, "pods"), pod)
+    path = ns_path(namespace, "pods", "server")
+
+    def ready() -> dict | None:
+        p = kube.get(path)
+        conds = {c["type"]: c["status"] for c in p["status"].get("conditions") or []}
+        return p if conds.get("Ready") == "True" else None
+
+    p = wait_until(ready, "server pod Ready", 60)
+    assert p["status"]["phase"] == "Running"
+    assert p["status"]["containerStatuses"][0]["ready"] is True
+    t0 = time.monotonic()
+    kube.delete(path)
+    wait_gone(kube, path, 30)
+    assert time.monotonic() - t0 < 5  # exited on SIGTERM, not killed after the grace period
+    assert "got SIGTERM" in cluster.container_log(namespace, "server", "main")
+
+
+def test_failing_container_restarts_under_on_failure_and_reports_exit_codes(
+    cluster: Cluster, kube: Kube, namespace: str
+) -> None:
+    # Fails twice (exit 7), then succeeds; the count survives restarts in an emptyDir.
+    script = (
+        "n=$(cat /state/n 2>/dev/null || echo 0); n=$((n+1)); echo $n > /state/n; "
+        'echo "attempt $n"; [ $n -ge 3 ] || exit 7'
+    )
+    kube.create(
+        ns_path(namespace, "pods"),
+        pod_manifest(
+            "flaky",
+            script,
+            restart_policy="OnFailure",
+            volumes=[{"name": "state", "emptyDir": {}}],
+            mounts=[{"name": "state", "mountPath": "/state"}],
+        ),
+    )
+    pod = wait_pod_phase(kube, namespace, "flaky", ("Succeeded", "Failed"), timeout=90)
+    status = pod["status"]["containerStatuses"][0]
+    assert pod["status"]["phase"] == "Succeeded"
+    assert status["restartCount"] == 2
+    assert status["lastState"]["terminated"]["exitCode"] == 7
+    assert terminated(pod)["exitCode"] == 0
+    log = cluster.container_log(namespace, "flaky", "main")
+    assert log.splitlines() == ["attempt 1", "attempt 2", "attempt 3"]
+
+
+def test_never_restart_pod_fails_with_exit_code_and_log_fallback_message(
+    kube: Kube, namespace: str
+) -> None:
+    kube.create(
+        ns_path(namespace, "pods"),
+        pod_manifest(
+            "broken",
+            "echo something went wrong; exit 42",
+            terminationMessagePolicy="FallbackToLogsOnError",
+        ),
+    )
+    pod = wait_pod_phase(kube, namespace, "broken", ("Succeeded", "Failed"))
+    state = terminated(pod)
+    assert pod["status"]["phase"] == "Failed"
+    assert state["exitCode"] == 42 and state["reason"] == "Error"
+    assert state["message"].strip() == "something went wrong"
