@@ -21,8 +21,18 @@ ERR_NUMERIC: Final = "unable to parse numeric part of quantity"
 ERR_SUFFIX: Final = "unable to parse quantity's suffix"
 
 _BINARY: Final = {"Ki": 10, "Mi": 20, "Gi": 30, "Ti": 40, "Pi": 50, "Ei": 60}
-_DECIMAL: Final = {"n": -9, "u": -6, "m": -3, "": 0, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15,
-                   "E": 18}
+_DECIMAL: Final = {
+    "n": -9,
+    "u": -6,
+    "m": -3,
+    "": 0,
+    "k": 3,
+    "M": 6,
+    "G": 9,
+    "T": 12,
+    "P": 15,
+    "E": 18,
+}
 _SUFFIX_CHARS: Final = frozenset("eEinumkKMGTP")
 _DIGITS: Final = frozenset("0123456789")
 
@@ -31,9 +41,12 @@ class QuantityError(ValueError):
     """A string that Kubernetes would not accept as a Quantity; the message is Kubernetes'."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Quantity:
-    """An exact quantity plus the text it was written as (kept for round-tripping)."""
+    """An exact quantity plus the text it was written as (kept for round-tripping).
+
+    Equality is by value, as Kubernetes' semantic equality: ``1Gi == 1024Mi``.
+    """
 
     amount: Fraction
     text: str
@@ -64,6 +77,12 @@ class Quantity:
 
     def __str__(self) -> str:
         return self.text
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Quantity) and self.amount == other.amount
+
+    def __hash__(self) -> int:
+        return hash(self.amount)
 
     def __lt__(self, other: Quantity) -> bool:
         return self.amount < other.amount
