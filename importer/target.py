@@ -1,6 +1,6 @@
 """Where decoded bytes land: a sparse ``disk.img`` or a raw block device.
 
-``RawWriter`` writes at absolute offsets and skips all-zero 64 KiB blocks aligned to the image,
+``RawWriter`` writes at absolute offsets and skips all-zero 4 KiB blocks aligned to the image,
 not to the chunk (so the result does not depend on how a decoder happened to cut its output;
 perf-baselines section 4). Zero tests use ``bytes.startswith`` on a zero constant, a memcmp,
 never ``memoryview == bytes``, which runs element by element at 0.5 GB/s (perf-baselines T6d).
@@ -20,12 +20,15 @@ import fcntl
 import os
 import stat
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from cdi.api.errors import InsufficientSpace, InvalidConfig, TargetError
 
 ZERO_BLOCK = 64 * 1024
+FINE_BLOCK = 4096  # the allocation unit of ext4/xfs: finer detection saves nothing
 _ZERO = bytes(ZERO_BLOCK)
+_ZERO_FINE = bytes(FINE_BLOCK)
 _ZERO_WRITE = bytes(4 * 1024 * 1024)
 _BLKGETSIZE64 = 0x80081272
 _FALLOC_FL_KEEP_SIZE = 0x01
@@ -112,30 +115,22 @@ class RawWriter:
                 f"{self.capacity} bytes; a larger volume is required"
             )
         self.extent = max(self.extent, end)
-        run = -1  # start (relative) of a pending non-zero run
-        zrun = -1
-        pos = 0
-        n = len(data)
-        while pos < n:
-            step = min(n - pos, ZERO_BLOCK - (offset + pos) % ZERO_BLOCK)
-            zero = data.startswith(_ZERO if step == ZERO_BLOCK else _ZERO[:step], pos)
+        run = zrun = -1  # starts (relative) of the pending data run and zero run
+        for start, stop, zero in _segments(data, offset):
             if zero:
                 if run >= 0:
-                    self._pwrite(data, run, pos, offset)
+                    self._pwrite(data, run, start, offset)
                     run = -1
-                if zrun < 0:
-                    zrun = pos
+                zrun = start if zrun < 0 else zrun
             else:
                 if zrun >= 0:
-                    self._zero(offset + zrun, pos - zrun)
+                    self._zero(offset + zrun, start - zrun)
                     zrun = -1
-                if run < 0:
-                    run = pos
-            pos += step
+                run = start if run < 0 else run
         if run >= 0:
-            self._pwrite(data, run, n, offset)
+            self._pwrite(data, run, len(data), offset)
         if zrun >= 0:
-            self._zero(offset + zrun, n - zrun)
+            self._zero(offset + zrun, len(data) - zrun)
 
     def _pwrite(self, data: bytes, start: int, stop: int, offset: int) -> None:
         mv = memoryview(data)[start:stop]
@@ -175,6 +170,28 @@ class RawWriter:
             os.fsync(self.fd)
         except OSError as exc:
             raise _map_write_error(exc) from exc
+
+
+def _segments(data: bytes, offset: int) -> Iterator[tuple[int, int, bool]]:
+    """(start, stop, all_zero) pieces of ``data`` aligned to absolute 4 KiB blocks.
+
+    A 64 KiB block is tested first in one memcmp; only blocks holding data are looked at in
+    4 KiB steps (a data block fails its memcmp at the first non-zero byte, so this is cheap).
+    """
+    pos, n = 0, len(data)
+    while pos < n:
+        step = min(n - pos, ZERO_BLOCK - (offset + pos) % ZERO_BLOCK)
+        if data.startswith(_ZERO if step == ZERO_BLOCK else _ZERO[:step], pos):
+            yield pos, pos + step, True
+        else:
+            stop = pos + step
+            while pos < stop:
+                small = min(stop - pos, FINE_BLOCK - (offset + pos) % FINE_BLOCK)
+                zero = _ZERO_FINE if small == FINE_BLOCK else _ZERO[:small]
+                yield pos, pos + small, data.startswith(zero, pos)
+                pos += small
+            continue
+        pos += step
 
 
 def _map_write_error(exc: OSError) -> Exception:

@@ -58,12 +58,18 @@ class _Table:
 
 @dataclass
 class _Compressed:
-    """A compressed cluster whose bytes straddle a chunk boundary."""
+    """A compressed cluster being assembled (it may straddle chunk boundaries).
+
+    ``keep_from`` is where its claim on the bytes stops: its last 512-byte sector may also
+    hold the head of the next compressed cluster, so unless that neighbour is already known
+    the sector is treated as unclaimed and spilled while tables are still pending.
+    """
 
     start: int
     end: int
     virt: int
     acc: bytearray
+    keep_from: int
 
 
 @dataclass
@@ -149,7 +155,7 @@ class Qcow2StreamDecoder:
         missing: list[tuple[int, str]] = []
         for start, _, item in sorted(self._heap, key=lambda entry: entry[:2]):
             if isinstance(item, _Compressed):
-                self._finish_compressed(item, b"", self._pos, self._pos, None, eof=True)
+                self._finish_compressed(item, b"")
             else:
                 missing.append((start, _describe(item)))
         self._heap.clear()
@@ -262,7 +268,11 @@ class Qcow2StreamDecoder:
             item.index += 1
             self._pending_runs -= 1
             if kind == COMPRESSED_RUN:
-                self._serve_compressed_run(start, end, virt, chunk, c0, c1, served)
+                keep_from = end if self._neighbour_known(runs, item.index, end) else start
+                keep_from = max(keep_from if keep_from == end else (end - 1) & ~511, start)
+                self._serve_compressed_run(
+                    _Compressed(start, end, virt, bytearray(), keep_from), chunk, c0, c1, served
+                )
                 continue
             if start < c0:
                 past_end = min(end, c0)
@@ -280,23 +290,27 @@ class Qcow2StreamDecoder:
                 self._push(c1, item)
                 return
 
+    @staticmethod
+    def _neighbour_known(runs: list[Run], index: int, end: int) -> bool:
+        """Does the next run of the same table start inside this compressed cluster's tail?"""
+        return index < len(runs) and runs[index][3] == COMPRESSED_RUN and runs[index][0] < end
+
     def _serve_compressed_run(
         self,
-        start: int,
-        end: int,
-        virt: int,
+        item: _Compressed,
         chunk: bytes,
         c0: int,
         c1: int,
         served: list[tuple[int, int]] | None,
     ) -> None:
-        acc = bytearray()
-        if start < c0:
-            acc += self._past_prefix(start, min(end, c0))
-            if len(acc) < min(end, c0) - start:
-                self._finish_compressed(_Compressed(start, end, virt, acc), b"", c0, c0, None)
+        if item.start < c0:
+            past_end = min(item.end, c0)
+            item.acc += self._past_prefix(item.start, past_end)
+            self._spill.discard(item.start, min(past_end, item.keep_from))
+            if len(item.acc) < past_end - item.start:
+                # A gap in what was kept: the real stream must end before it (EOF-like).
+                self._finish_compressed(item, b"")
                 return
-        item = _Compressed(start, end, virt, acc)
         self._serve_compressed(item, chunk, c0, c1, served)
 
     def _past_prefix(self, start: int, end: int) -> bytes:
@@ -321,43 +335,24 @@ class Qcow2StreamDecoder:
         lo = max(item.start + len(item.acc), c0)
         hi = min(item.end, c1)
         piece = chunk[lo - c0 : hi - c0] if lo < hi else b""
+        if served is not None and lo < min(hi, item.keep_from):
+            served.append((lo, min(hi, item.keep_from)))
         if item.end > c1:
             item.acc += piece
-            if served is not None and lo < hi:
-                served.append((lo, hi))
             self._push(c1, item)
             return
-        self._finish_compressed(item, piece, c0, lo, served)
+        self._finish_compressed(item, piece)
 
-    def _finish_compressed(
-        self,
-        item: _Compressed,
-        piece: bytes,
-        c0: int,
-        lo: int,
-        served: list[tuple[int, int]] | None,
-        *,
-        eof: bool = False,
-    ) -> None:
-        """Decompress a whole compressed cluster; keep any overrun a neighbour may need."""
+    def _finish_compressed(self, item: _Compressed, piece: bytes) -> None:
+        """Decompress a whole compressed cluster (its overrun may be missing at EOF)."""
         header = self._header
         assert header is not None
         data = bytes(item.acc) + piece if item.acc else piece
         if header.compression_type == COMPRESSION_ZSTD:
-            out, used = zstd_cluster(data, header.cluster_size)
+            out, _ = zstd_cluster(data, header.cluster_size)
         else:
-            out, used = inflate_cluster(data, header.cluster_size)
+            out, _ = inflate_cluster(data, header.cluster_size)
         self._out.add(item.virt, out)
-        real_end = item.start + used
-        if served is not None and lo < real_end:
-            served.append((lo, real_end))
-        if eof:
-            return
-        self._spill.discard(item.start, min(real_end, c0))
-        if self._pending_tables and real_end < c0:
-            # The overrun went by in earlier chunks while we waited; it may be the head of a
-            # neighbouring compressed cluster whose table is still to come.
-            self._spill.add(real_end, data[used : c0 - item.start])
 
     # -- tables --------------------------------------------------------------------------
 

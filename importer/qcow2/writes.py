@@ -29,7 +29,7 @@ def nonzero_pieces(virt: int, data: bytes) -> list[Write]:
     """Split ``data`` (at virtual offset ``virt``) into pieces that skip all-zero pages."""
     n = len(data)
     if n <= PAGE:
-        return [] if data == ZERO_PAGE[:n] else [(virt, data)]
+        return [] if data == ZERO_PAGE[:n] else _trim_edges([(virt, data)])
     pieces: list[Write] = []
     start = 0
     hit = data.find(ZERO_PAGE)
@@ -66,14 +66,22 @@ def _zero_pages_end(data: bytes, pos: int) -> int:
 
 
 def _trim_edges(pieces: list[Write]) -> list[Write]:
-    """Drop a leading partial page that is all zero (fragments shorter than a page)."""
+    """Drop zero fragments of partial pages at both ends: a neighbouring write (or nothing)
+    covers the rest of those pages, so writing the zeros could only allocate a block."""
     if pieces:
         virt, data = pieces[0]
         head = min(-virt % PAGE, len(data))
         if head and data[:head] == ZERO_PAGE[:head]:
-            pieces[0] = (virt + head, data[head:])
-            if not data[head:]:
-                pieces.pop(0)
+            virt, data = virt + head, data[head:]
+        tail = (virt + len(data)) % PAGE
+        if data and tail and len(data) >= tail and data[-tail:] == ZERO_PAGE[:tail]:
+            data = data[:-tail]
+        if data:
+            pieces[0] = (virt, data)
+        else:
+            pieces.pop(0)
+    if len(pieces) > 1:
+        pieces[-1:] = _trim_edges(pieces[-1:])
     return pieces
 
 

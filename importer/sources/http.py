@@ -141,7 +141,9 @@ class HttpSource:
         retrying = AsyncRetrying(
             stop=stop_after_attempt(self.options.attempts),
             wait=wait_exponential_jitter(
-                initial=self.options.backoff_initial, max=self.options.backoff_max
+                multiplier=self.options.backoff_initial,
+                max=self.options.backoff_max,
+                jitter=self.options.backoff_initial,
             ),
             retry=retry_if_exception(_is_transient),
             reraise=True,

@@ -1,0 +1,49 @@
+"""Build importer configs for tests the way the CLI and the pod do, with fast retry timings."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from cdi.api.termination import TerminationMessage
+from importer.config import ImportConfig
+from importer.decode import ContentType
+from importer.runner import run_import
+from importer.sources.http import HttpOptions
+from importer.taps import ChecksumSpec
+from importer.target import TargetSpec
+
+
+def http_config(
+    url: str,
+    target: Path | str,
+    *,
+    size: int | None = None,
+    block: bool = False,
+    checksum: str | None = None,
+    content_type: str = "kubevirt",
+    termination: Path | None = None,
+    scratch_dir: str | None = None,
+    **http: Any,
+) -> ImportConfig:
+    options = HttpOptions(url=url, backoff_initial=0.01, backoff_max=0.05, **http)
+    return ImportConfig(
+        source="http" if url.startswith("http") else "file",
+        file_path=None if url.startswith("http") else url,
+        target=TargetSpec(path=str(target), block=block, size=size),
+        http=options if url.startswith("http") else None,
+        content_type=ContentType(content_type),
+        checksum=ChecksumSpec.parse(checksum) if checksum else None,
+        scratch_dir=scratch_dir,
+        termination_path=str(termination) if termination else None,
+        metrics_port=None,
+    )
+
+
+async def import_url(url: str, target: Path | str, **kw: Any) -> TerminationMessage:
+    return await run_import(http_config(url, target, **kw))
+
+
+def with_target(config: ImportConfig, **changes: Any) -> ImportConfig:
+    return replace(config, target=replace(config.target, **changes))
