@@ -116,7 +116,7 @@ class RawWriter:
             )
         self.extent = max(self.extent, end)
         run = zrun = -1  # starts (relative) of the pending data run and zero run
-        for start, stop, zero in _segments(data, offset):
+        for start, _stop, zero in _segments(data, offset):
             if zero:
                 if run >= 0:
                     self._pwrite(data, run, start, offset)
