@@ -1,0 +1,276 @@
+"""Render the importer Pod that fills a DataVolume's PVC (CDI ``makeImporterPodSpec``, §2.12).
+
+Shape, and why:
+
+- Named ``importer-<pvc>`` (``cdi.render.naming``), owned by the DataVolume, labelled as CDI
+  labels it (``app``, ``cdi.kubevirt.io: importer``, ``prometheus.cdi.kubevirt.io``).
+- ``restartPolicy: Never``: a failed attempt ends the pod and the controller decides whether to
+  retry (bounded, with backoff), instead of CDI's endless kubelet CrashLoopBackOff.
+- Restricted security: non-root uid/gid 107 (qemu; ``disk.img`` ends up group 107), fsGroup 107,
+  no privilege escalation, all capabilities dropped, RuntimeDefault seccomp, read-only root
+  filesystem with an emptyDir at ``/tmp``, no service-account token, no service links. (Block
+  targets need the runtime's ``device_ownership_from_security_context``, as in CDI.)
+- The target: a Filesystem PVC mounted at ``/data`` (image written to ``/data/disk.img``), a
+  Block PVC as the device ``/dev/cdi-block-volume``; a scratch PVC at ``/scratch`` when the
+  controller asks for one.
+- The termination message at ``/dev/termination-log`` (policy FallbackToLogsOnError); metrics on
+  port 8443 named ``metrics``; resources from CDIConfig (CDI's defaults otherwise).
+
+The importer runs as ``python -m importer`` and reads its configuration once, at start, from
+these environment variables (CDI's names, ``cdi.api.constants.ImporterEnv``):
+
+=================================  =================================================
+``IMPORTER_SOURCE``                http | s3 | gcs | registry | imageio | vddk | none (blank)
+``IMPORTER_ENDPOINT``              source URL (registry: URL or image stream)
+``IMPORTER_CONTENTTYPE``           kubevirt | archive
+``IMPORTER_IMAGE_SIZE``            the PVC's requested size, a Quantity string
+``OWNER_UID``                      DataVolume UID (label of the progress metric)
+``FILESYSTEM_OVERHEAD``            fraction for the PVC's class ("0" for Block)
+``PREALLOCATION``                  "true" | "false"
+``INSECURE_TLS``                   "true" to skip TLS verification
+``IMPORTER_CHECKSUM``              "algorithm:hex" (http only)
+``IMPORTER_CERT_DIR``              ``/certs``: the certConfigMap's files, each a CA bundle
+``IMPORTER_PROXY_CERT_DIR``        ``/proxycerts/``: trusted CA of the import proxy
+``http_proxy`` ``https_proxy``     from CDIConfig importProxy
+``no_proxy``
+``IMPORTER_PULL_METHOD``           registry: pod | node
+``IMPORTER_REGISTRY_IMAGE_ARCHITECTURE``  registry platform architecture
+``IMPORTER_EXTRA_HEADER_<i>``      "Name: value", from http.extraHeaders
+``IMPORTER_DISK_ID``               imageio disk id
+``IMPORTER_UUID`` ``IMPORTER_BACKING_FILE`` ``IMPORTER_THUMBPRINT``  vddk
+``CACHE_MODE``                     "TRYNONE": try O_DIRECT (set after an OOM kill)
+=================================  =================================================
+
+Two deliberate differences from CDI: basic-auth credentials are not env vars (CDI's
+``IMPORTER_ACCESS_KEY_ID``/``IMPORTER_SECRET_KEY``); the Secret is mounted read-only at
+``/var/run/cdi/auth`` and ``IMPORTER_ACCESS_KEY_ID_FILE`` / ``IMPORTER_SECRET_KEY_FILE`` name the
+files. Secret extra headers are mounted at ``/extraheaders/<i>/`` as in CDI; each file's content
+is one ``Name: value`` header.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from cdi.api.config import CDIConfig
+from cdi.api.constants import (
+    AUTH_SECRET_DIR,
+    BLOCK_DEVICE_PATH,
+    CACHE_MODE_TRY_NONE,
+    CERT_DIR,
+    DATA_MOUNT_PATH,
+    EXTRA_HEADERS_DIR,
+    IMPORTER_CONTAINER_NAME,
+    IMPORTER_EXTRA_HEADER_PREFIX,
+    LABEL_APP,
+    LABEL_APP_VALUE,
+    LABEL_COMPONENT,
+    LABEL_PROMETHEUS,
+    METRICS_PORT,
+    METRICS_PORT_NAME,
+    POD_ANNOTATION_ALLOW_LIST,
+    POD_ANNOTATION_DEFAULTS,
+    PROXY_CERT_DIR,
+    QEMU_UID,
+    SCRATCH_MOUNT_PATH,
+    SECRET_KEY_ACCESS_KEY_ID,
+    SECRET_KEY_SECRET_KEY,
+    TERMINATION_LOG_PATH,
+    TMP_DIR,
+    ImporterEnv,
+    VolumeMode,
+)
+from cdi.api.types import DataVolume, resolve_volume_mode
+from cdi.render import RenderError
+from cdi.render.importer_env import SourceSettings, source_settings
+from cdi.render.naming import importer_pod_name
+from cdi.render.owner import datavolume_reference
+
+DATA_VOLUME = "cdi-data-vol"
+SCRATCH_VOLUME = "cdi-scratch-vol"
+CERT_VOLUME = "cdi-cert-vol"
+PROXY_CERT_VOLUME = "cdi-proxy-cert-vol"
+AUTH_VOLUME = "cdi-auth-secret-vol"
+TMP_VOLUME = "tmp"
+
+
+@dataclass(frozen=True)
+class ImporterPodConfig:
+    """What the controller knows beyond the DataVolume: image, cluster config, retry state."""
+
+    image: str
+    cdi_config: CDIConfig = field(default_factory=CDIConfig)
+    command: tuple[str, ...] = ("python", "-m", "importer")
+    pull_policy: str = "IfNotPresent"
+    scratch_pvc_name: str | None = None  # set once the importer asked for scratch space
+    proxy_ca_config_map: str | None = None  # the per-import copy of importProxy.trustedCAProxy
+    direct_io: bool = False  # retry after an OOM kill with O_DIRECT
+    node_selector: Mapping[str, str] = field(default_factory=dict)
+    tolerations: tuple[Mapping[str, Any], ...] = ()
+    affinity: Mapping[str, Any] | None = None
+
+
+def render_importer_pod(dv: DataVolume, pvc: Mapping[str, Any], config: ImporterPodConfig
+                        ) -> dict[str, Any]:
+    """The desired importer pod for ``dv`` writing into ``pvc`` (the rendered or live claim)."""
+    settings = source_settings(dv, config.cdi_config)
+    meta = pvc.get("metadata") or {}
+    claim = str(meta.get("name") or dv.name)
+    pvc_spec = pvc.get("spec") or {}
+    block = resolve_volume_mode(pvc_spec.get("volumeMode")) == VolumeMode.BLOCK
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": importer_pod_name(claim),
+            "namespace": meta.get("namespace") or dv.namespace,
+            "labels": {**(meta.get("labels") or {}), LABEL_APP: LABEL_APP_VALUE,
+                       LABEL_COMPONENT: "importer", LABEL_PROMETHEUS: "true"},
+            "annotations": _pod_annotations(dv),
+            "ownerReferences": [datavolume_reference(dv)],
+        },
+        "spec": _pod_spec(dv, claim, pvc_spec, block, settings, config),
+    }
+
+
+def _pod_annotations(dv: DataVolume) -> dict[str, str]:
+    out = dict(POD_ANNOTATION_DEFAULTS)
+    out.update({k: v for k, v in dv.annotations.items() if k in POD_ANNOTATION_ALLOW_LIST})
+    return out
+
+
+def _pod_spec(dv: DataVolume, claim: str, pvc_spec: Mapping[str, Any], block: bool,
+              settings: SourceSettings, config: ImporterPodConfig) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "enableServiceLinks": False,
+        "automountServiceAccountToken": False,
+        "securityContext": {
+            "runAsNonRoot": True, "runAsUser": QEMU_UID, "runAsGroup": QEMU_UID,
+            "fsGroup": QEMU_UID, "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "containers": [_container(dv, pvc_spec, block, settings, config)],
+        "volumes": _volumes(claim, settings, config),
+    }
+    optional = {
+        "priorityClassName": dv.spec.priority_class_name,
+        "serviceAccountName": dv.spec.service_account_name,
+        "imagePullSecrets": [{"name": n} for n in config.cdi_config.image_pull_secrets],
+        "nodeSelector": dict(config.node_selector),
+        "tolerations": [dict(t) for t in config.tolerations],
+        "affinity": dict(config.affinity) if config.affinity else None,
+    }
+    spec.update({k: v for k, v in optional.items() if v})
+    return spec
+
+
+def _container(dv: DataVolume, pvc_spec: Mapping[str, Any], block: bool,
+               settings: SourceSettings, config: ImporterPodConfig) -> dict[str, Any]:
+    container: dict[str, Any] = {
+        "name": IMPORTER_CONTAINER_NAME,
+        "image": config.image,
+        "imagePullPolicy": config.pull_policy,
+        "command": list(config.command),
+        "env": _env(dv, pvc_spec, block, settings, config),
+        "ports": [{"name": METRICS_PORT_NAME, "containerPort": METRICS_PORT, "protocol": "TCP"}],
+        "resources": config.cdi_config.pod_resources.to_dict(),
+        "terminationMessagePath": TERMINATION_LOG_PATH,
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "securityContext": {
+            "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
+            "readOnlyRootFilesystem": True, "runAsNonRoot": True,
+        },
+        "volumeMounts": _mounts(block, settings, config),
+    }
+    if block:
+        container["volumeDevices"] = [{"name": DATA_VOLUME, "devicePath": BLOCK_DEVICE_PATH}]
+    return container
+
+
+def _env(dv: DataVolume, pvc_spec: Mapping[str, Any], block: bool, settings: SourceSettings,
+         config: ImporterPodConfig) -> list[dict[str, str]]:
+    cdi = config.cdi_config
+    size = ((pvc_spec.get("resources") or {}).get("requests") or {}).get("storage")
+    if size is None:
+        raise RenderError("target PVC has no storage request")
+    preallocation = dv.spec.preallocation if dv.spec.preallocation is not None else (
+        cdi.preallocation)
+    overhead = "0" if block else cdi.filesystem_overhead(pvc_spec.get("storageClassName"))
+    pairs: list[tuple[str, str | None]] = [
+        (ImporterEnv.SOURCE, settings.source),
+        (ImporterEnv.ENDPOINT, settings.endpoint),
+        (ImporterEnv.CONTENT_TYPE, str(dv.spec.effective_content_type)),
+        (ImporterEnv.IMAGE_SIZE, str(size)),
+        (ImporterEnv.OWNER_UID, dv.uid),
+        (ImporterEnv.FILESYSTEM_OVERHEAD, overhead),
+        (ImporterEnv.PREALLOCATION, str(preallocation).lower()),
+        (ImporterEnv.INSECURE_TLS, str(settings.insecure_tls).lower()),
+        *settings.extra_env,
+        *[(f"{IMPORTER_EXTRA_HEADER_PREFIX}{i}", h) for i, h in enumerate(settings.headers)],
+        *_proxy_env(cdi, config),
+        (ImporterEnv.CACHE_MODE, CACHE_MODE_TRY_NONE if config.direct_io else None),
+    ]
+    if settings.cert_config_map:
+        pairs.append((ImporterEnv.CERT_DIR, CERT_DIR))
+    if settings.secret_ref:
+        pairs += [(ImporterEnv.ACCESS_KEY_ID_FILE, f"{AUTH_SECRET_DIR}/{SECRET_KEY_ACCESS_KEY_ID}"),
+                  (ImporterEnv.SECRET_KEY_FILE, f"{AUTH_SECRET_DIR}/{SECRET_KEY_SECRET_KEY}")]
+    return [{"name": str(k), "value": v} for k, v in pairs if v is not None]
+
+
+def _proxy_env(cdi: CDIConfig, config: ImporterPodConfig) -> list[tuple[str, str | None]]:
+    proxy = cdi.import_proxy
+    pairs: list[tuple[str, str | None]] = []
+    if proxy is not None:
+        pairs += [(ImporterEnv.HTTP_PROXY, proxy.http_proxy or None),
+                  (ImporterEnv.HTTPS_PROXY, proxy.https_proxy or None),
+                  (ImporterEnv.NO_PROXY, proxy.no_proxy or None)]
+    if config.proxy_ca_config_map:
+        pairs.append((ImporterEnv.PROXY_CERT_DIR, PROXY_CERT_DIR))
+    return pairs
+
+
+def _mounts(block: bool, settings: SourceSettings, config: ImporterPodConfig
+            ) -> list[dict[str, Any]]:
+    mounts: list[dict[str, Any]] = [{"name": TMP_VOLUME, "mountPath": TMP_DIR}]
+    if not block:
+        mounts.append({"name": DATA_VOLUME, "mountPath": DATA_MOUNT_PATH})
+    if config.scratch_pvc_name:
+        mounts.append({"name": SCRATCH_VOLUME, "mountPath": SCRATCH_MOUNT_PATH})
+    if settings.cert_config_map:
+        mounts.append({"name": CERT_VOLUME, "mountPath": CERT_DIR, "readOnly": True})
+    if config.proxy_ca_config_map:
+        mounts.append({"name": PROXY_CERT_VOLUME, "mountPath": PROXY_CERT_DIR, "readOnly": True})
+    if settings.secret_ref:
+        mounts.append({"name": AUTH_VOLUME, "mountPath": AUTH_SECRET_DIR, "readOnly": True})
+    for i, _ in enumerate(settings.secret_headers):
+        mounts.append({"name": f"cdi-secret-extra-headers-vol-{i}",
+                       "mountPath": f"{EXTRA_HEADERS_DIR}/{i}", "readOnly": True})
+    return mounts
+
+
+def _volumes(claim: str, settings: SourceSettings, config: ImporterPodConfig
+             ) -> list[dict[str, Any]]:
+    volumes: list[dict[str, Any]] = [
+        {"name": DATA_VOLUME, "persistentVolumeClaim": {"claimName": claim}},
+        {"name": TMP_VOLUME, "emptyDir": {}},
+    ]
+    if config.scratch_pvc_name:
+        volumes.append({"name": SCRATCH_VOLUME,
+                        "persistentVolumeClaim": {"claimName": config.scratch_pvc_name}})
+    if settings.cert_config_map:
+        volumes.append({"name": CERT_VOLUME, "configMap": {"name": settings.cert_config_map}})
+    if config.proxy_ca_config_map:
+        volumes.append({"name": PROXY_CERT_VOLUME,
+                        "configMap": {"name": config.proxy_ca_config_map}})
+    if settings.secret_ref:
+        volumes.append({"name": AUTH_VOLUME, "secret": {
+            "secretName": settings.secret_ref, "defaultMode": 0o440,
+            "items": [{"key": k, "path": k}
+                      for k in (SECRET_KEY_ACCESS_KEY_ID, SECRET_KEY_SECRET_KEY)]}})
+    for i, name in enumerate(settings.secret_headers):
+        volumes.append({"name": f"cdi-secret-extra-headers-vol-{i}",
+                        "secret": {"secretName": name, "defaultMode": 0o440}})
+    return volumes
