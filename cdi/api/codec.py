@@ -42,9 +42,14 @@ def child(path: str, key: str | int) -> str:
     return f"{path}.{key}" if path else key
 
 
-def api_field(*, json: str | None = None, default: Any = None) -> Any:
-    """A dataclass field with an explicit JSON name (and a default, None unless given)."""
-    return dataclasses.field(default=default, metadata={"json": json} if json else {})
+def api_field(*, json: str | None = None, default: Any = None, keep_empty: bool = False) -> Any:
+    """A dataclass field with an explicit JSON name (and a default, None unless given).
+    ``keep_empty`` writes ``""`` back instead of omitting it (for required strings that may be
+    empty, like a first checkpoint's ``previous``)."""
+    metadata: dict[str, Any] = {"keep_empty": keep_empty}
+    if json:
+        metadata["json"] = json
+    return dataclasses.field(default=default, metadata=metadata)
 
 
 def json_name(field: dataclasses.Field[Any]) -> str:
@@ -72,8 +77,14 @@ def _hints(cls: type) -> dict[str, Any]:
 
 
 def _type_name(value: object) -> str:
-    names = {dict: "object", list: "array", str: "string", bool: "boolean", int: "integer",
-             float: "number"}
+    names = {
+        dict: "object",
+        list: "array",
+        str: "string",
+        bool: "boolean",
+        int: "integer",
+        float: "number",
+    }
     return names.get(type(value), type(value).__name__)
 
 
@@ -152,6 +163,9 @@ def encode(obj: object) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for field in dataclasses.fields(obj):  # type: ignore[arg-type]
         value = getattr(obj, field.name)
+        if value == "" and field.metadata.get("keep_empty"):
+            out[json_name(field)] = value
+            continue
         if value is None or value == "" or (isinstance(value, tuple | dict) and not value):
             continue
         out[json_name(field)] = _encode_value(value)

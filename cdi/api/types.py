@@ -153,8 +153,11 @@ class DataVolumeSource(ApiObject):
     @property
     def kinds(self) -> tuple[SourceKind, ...]:
         """Which members are present, in declaration order."""
-        return tuple(SourceKind(f.name) for f in dataclasses.fields(self)
-                     if getattr(self, f.name) is not None)
+        return tuple(
+            SourceKind(f.name)
+            for f in dataclasses.fields(self)
+            if getattr(self, f.name) is not None
+        )
 
     @property
     def kind(self) -> SourceKind | None:
@@ -212,8 +215,8 @@ class ClaimSpec(ApiObject):
 
 @dataclass(frozen=True)
 class Checkpoint(ApiObject):
-    previous: str = ""
-    current: str = ""
+    previous: str = api_field(default="", keep_empty=True)  # "" for the first checkpoint
+    current: str = api_field(default="", keep_empty=True)
 
 
 # --- spec / status / object ------------------------------------------------------------------
@@ -239,8 +242,11 @@ class DataVolumeSpec(ApiObject):
 
     @property
     def effective_content_type(self) -> ContentType:
-        return ContentType.ARCHIVE if self.content_type == ContentType.ARCHIVE else (
-            ContentType.KUBEVIRT)
+        return (
+            ContentType.ARCHIVE
+            if self.content_type == ContentType.ARCHIVE
+            else (ContentType.KUBEVIRT)
+        )
 
     @property
     def source_kind(self) -> SourceKind | None:
