@@ -111,14 +111,16 @@ def split_header(text: str) -> tuple[str, str]:
 def from_env(env: Mapping[str, str]) -> ImportConfig:
     """Build the pod's configuration from CDI's environment variables."""
     source = env.get("IMPORTER_SOURCE", "http")
-    block = os.path.exists(BLOCK_DEVICE_PATH)
+    block_path = env.get("IMPORTER_BLOCK_PATH", BLOCK_DEVICE_PATH)
+    data_dir = env.get("IMPORTER_DATA_DIR", DATA_DIR)
+    block = os.path.exists(block_path)
     size = env.get("IMPORTER_IMAGE_SIZE")
     content_type = ContentType(env.get("IMPORTER_CONTENTTYPE", "kubevirt") or "kubevirt")
     fs_path = (
-        DATA_DIR if content_type is ContentType.ARCHIVE else os.path.join(DATA_DIR, "disk.img")
+        data_dir if content_type is ContentType.ARCHIVE else os.path.join(data_dir, "disk.img")
     )
     target = TargetSpec(
-        path=BLOCK_DEVICE_PATH if block else fs_path,
+        path=block_path if block else fs_path,
         block=block,
         size=parse_size(size) if size else None,
         filesystem_overhead=float(env.get("FILESYSTEM_OVERHEAD", "0") or 0),

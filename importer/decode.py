@@ -14,10 +14,11 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from cdi.api.errors import InsufficientSpace, UnsupportedFormat
+from cdi.api.errors import UnsupportedFormat
 from importer.archive import extract_tar
 from importer.decompress import decompress
 from importer.formats import SNIFF_BYTES, ImageFormat, sniff
+from importer.qcow2.header import parse_header, peek_cluster_size
 from importer.streams import Peekable
 from importer.target import RawWriter
 
@@ -60,8 +61,9 @@ def peel(chunks: Iterator[bytes], chain: list[str]) -> tuple[ImageFormat, Peekab
     raise UnsupportedFormat(f"more than {MAX_LAYERS} nested compression layers: {chain}")
 
 
-def decode_into(chunks: Iterator[bytes], plan: DecodePlan) -> DecodeResult:
-    result = DecodeResult()
+def decode_into(chunks: Iterator[bytes], plan: DecodePlan, result: DecodeResult) -> DecodeResult:
+    """Decode into the target; ``result`` is filled as we go, so a failure still reports
+    the format chain found so far."""
     fmt, stream = peel(chunks, result.format_chain)
     result.image_format = fmt
     if plan.content_type is ContentType.ARCHIVE:
@@ -74,7 +76,8 @@ def decode_into(chunks: Iterator[bytes], plan: DecodePlan) -> DecodeResult:
             "the source is a text document (an HTML or error page?), not a disk image"
         )
     if fmt.needs_conversion:
-        _check_declared_size(fmt, stream.peek(SNIFF_BYTES), plan.capacity)
+        if fmt is ImageFormat.QCOW2:
+            _vet_qcow2_header(stream, plan.capacity)
         return _to_scratch(stream, plan, result)
     assert plan.writer is not None
     for piece in stream:  # raw, ISO and (CDI-compatible) tar written verbatim
@@ -84,15 +87,11 @@ def decode_into(chunks: Iterator[bytes], plan: DecodePlan) -> DecodeResult:
     return result
 
 
-def _check_declared_size(fmt: ImageFormat, head: bytes, capacity: int | None) -> None:
-    """Fail before downloading gigabytes when a qcow2 header already says it cannot fit."""
-    if fmt is ImageFormat.QCOW2 and capacity is not None and len(head) >= 32:
-        size = int.from_bytes(head[24:32], "big")
-        if size > capacity:
-            raise InsufficientSpace(
-                f"virtual image size {size} is larger than the reported available storage "
-                f"{capacity}. A larger PVC is required"
-            )
+def _vet_qcow2_header(stream: Peekable, capacity: int | None) -> None:
+    """Refuse a qcow2 whose header is unsafe (backing or data file, encryption, hostile
+    tables) or too big for the target before downloading the rest; qemu-img checks again."""
+    cluster = peek_cluster_size(stream.peek(SNIFF_BYTES)) or SNIFF_BYTES
+    parse_header(stream.peek(cluster), max_virtual_size=capacity)
 
 
 def _to_scratch(stream: Peekable, plan: DecodePlan, result: DecodeResult) -> DecodeResult:

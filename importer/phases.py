@@ -158,7 +158,7 @@ class Importer:
             archive_dir=self.config.target.path,
             scratch_dir=self.scratch_dir,
         )
-        decode = ThreadStage(lambda chunks: decode_into(chunks, plan), name="decode")
+        decode = ThreadStage(lambda chunks: decode_into(chunks, plan, self.decoded), name="decode")
         checksum = self.config.checksum
         hasher = (
             ThreadStage(lambda chunks: hash_stream(checksum.algorithm, chunks), name="hash")
@@ -176,7 +176,7 @@ class Importer:
             if hasher is not None:
                 await hasher.abort()
             raise
-        self.decoded = await decode.finish()
+        await decode.finish()
         if hasher is not None:
             self.actual_checksum = await hasher.finish()
         return Phase.VERIFY
@@ -206,8 +206,7 @@ class Importer:
         try:
             qemu.convert(path, fmt, target.path, block=target.block, zeroed=target.zeroed)
         finally:
-            with contextlib.suppress(OSError):
-                os.unlink(path)
+            self._cleanup_scratch()
         self.fd = os.open(target.path, os.O_WRONLY | os.O_CLOEXEC)
         self.decoded.bytes_written = _allocated(target.path, target.block, self.decoded)
         return Phase.RESIZE
@@ -247,9 +246,14 @@ class Importer:
         if not target.block and self.config.content_type is ContentType.KUBEVIRT:
             with contextlib.suppress(OSError):
                 os.unlink(target.path)
-        if self.scratch_dir:
+        self._cleanup_scratch()
+
+    def _cleanup_scratch(self) -> None:
+        with contextlib.suppress(OSError):
+            os.unlink(os.path.join(self.scratch_dir, SCRATCH_NAME))
+        if self.scratch_dir != self.config.scratch_dir:  # the folder we made beside the target
             with contextlib.suppress(OSError):
-                os.unlink(os.path.join(self.scratch_dir, SCRATCH_NAME))
+                os.rmdir(self.scratch_dir)
 
 
 def _allocated(path: str, block: bool, decoded: DecodeResult) -> int:

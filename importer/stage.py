@@ -9,6 +9,7 @@ memory; the per-chunk cost is one queue operation and one ``call_soon_threadsafe
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import queue
 import threading
 from collections.abc import Callable, Iterator
@@ -43,20 +44,29 @@ class ThreadStage(Generic[T]):
                 return
             if item is _ABORT:
                 raise StageAborted("producer aborted")
-            self._loop.call_soon_threadsafe(self._slots.release)
+            with contextlib.suppress(RuntimeError):
+                self._loop.call_soon_threadsafe(self._slots.release)
             assert isinstance(item, bytes)
             yield item
 
     def _run(self) -> None:
+        outcome: tuple[T | None, BaseException | None]
         try:
-            result = self._consume(self._iterate())
+            outcome = (self._consume(self._iterate()), None)
         except BaseException as exc:  # handed to the event loop, re-raised by finish()
-            self._loop.call_soon_threadsafe(_set_exception, self._done, exc)
-        else:
-            self._loop.call_soon_threadsafe(_set_result, self._done, result)
-        finally:
-            for _ in range(self._depth + 1):  # unblock a producer waiting for a slot
-                self._loop.call_soon_threadsafe(self._slots.release)
+            outcome = (None, exc)
+        with contextlib.suppress(RuntimeError):  # the loop is gone: nobody is waiting
+            self._loop.call_soon_threadsafe(self._complete, outcome)
+
+    def _complete(self, outcome: tuple[T | None, BaseException | None]) -> None:
+        result, exc = outcome
+        if not self._done.done():
+            if exc is not None:
+                self._done.set_exception(exc)
+            else:
+                self._done.set_result(result)  # type: ignore[arg-type]
+        for _ in range(self._depth + 1):  # unblock a producer waiting for a slot
+            self._slots.release()
 
     async def put(self, chunk: bytes) -> None:
         """Queue ``chunk``; raise the consumer's error if it failed, drop it if it finished."""
@@ -77,13 +87,3 @@ class ThreadStage(Generic[T]):
             await self._done
         except BaseException:
             pass
-
-
-def _set_result(fut: asyncio.Future[T], value: T) -> None:
-    if not fut.done():
-        fut.set_result(value)
-
-
-def _set_exception(fut: asyncio.Future[T], exc: BaseException) -> None:
-    if not fut.done():
-        fut.set_exception(exc)

@@ -60,9 +60,8 @@ class _Table:
 class _Compressed:
     """A compressed cluster being assembled (it may straddle chunk boundaries).
 
-    ``keep_from`` is where its claim on the bytes stops: its last 512-byte sector may also
-    hold the head of the next compressed cluster, so unless that neighbour is already known
-    the sector is treated as unclaimed and spilled while tables are still pending.
+    ``keep_from`` is where its claim on the stream stops (see ``_claim_end``): bytes after it
+    may belong to a neighbouring compressed cluster.
     """
 
     start: int
@@ -219,6 +218,10 @@ class Qcow2StreamDecoder:
         self._pos = c1
         if served is not None and self._pending_tables:
             self._spill_gaps(chunk, c0, c1, served)
+        elif self._spill.size:
+            # Every table has arrived and all that it mapped was served: nothing else can
+            # ever claim the kept bytes.
+            self._spill.clear()
 
     def _push(self, start: int, item: _Item) -> None:
         heapq.heappush(self._heap, (start, next(self._seq), item))
@@ -268,8 +271,7 @@ class Qcow2StreamDecoder:
             item.index += 1
             self._pending_runs -= 1
             if kind == COMPRESSED_RUN:
-                keep_from = end if self._neighbour_known(runs, item.index, end) else start
-                keep_from = max(keep_from if keep_from == end else (end - 1) & ~511, start)
+                keep_from = self._claim_end(runs, item.index, start, end)
                 self._serve_compressed_run(
                     _Compressed(start, end, virt, bytearray(), keep_from), chunk, c0, c1, served
                 )
@@ -291,9 +293,20 @@ class Qcow2StreamDecoder:
                 return
 
     @staticmethod
-    def _neighbour_known(runs: list[Run], index: int, end: int) -> bool:
-        """Does the next run of the same table start inside this compressed cluster's tail?"""
-        return index < len(runs) and runs[index][3] == COMPRESSED_RUN and runs[index][0] < end
+    def _claim_end(runs: list[Run], index: int, start: int, end: int) -> int:
+        """Where a compressed cluster's claim on the stream stops.
+
+        qemu packs compressed clusters back to back, and each one's range runs to the end of
+        its last 512-byte sector, so that sector may hold the heads of the next ones. If the
+        next run of the same table starts inside the range, the claim stops there (that run
+        claims the rest); otherwise the last sector stays unclaimed, to be spilled in case a
+        table still to come maps a cluster that starts in it.
+        """
+        if index < len(runs):
+            next_start, _, _, kind = runs[index]
+            if kind == COMPRESSED_RUN and start < next_start < end:
+                return next_start
+        return max(start, (end - 1) & ~511)
 
     def _serve_compressed_run(
         self,
@@ -378,8 +391,6 @@ class Qcow2StreamDecoder:
         else:
             self._on_l2(table, item.l1_index)
         self._pending_tables -= 1
-        if not self._pending_tables:
-            self._spill.clear()
 
     def _on_l1(self, table: bytes) -> None:
         header = self._header

@@ -18,7 +18,7 @@ class SpillStore:
 
     def __init__(self) -> None:
         self._starts: list[int] = []
-        self._data: list[bytes] = []
+        self._data: list[bytearray] = []
         self.size = 0
 
     def __len__(self) -> int:
@@ -29,8 +29,13 @@ class SpillStore:
         end = offset + len(data)
         if not data:
             return
-        if not self._starts or offset >= self._end(len(self._starts) - 1):
-            self._insert(len(self._starts), offset, data)
+        last = len(self._starts) - 1
+        if last >= 0 and offset == self._end(last):
+            self._data[last] += data  # the common case: the next gap in file order
+            self.size += len(data)
+            return
+        if last < 0 or offset > self._end(last):
+            self._insert(last + 1, offset, data)
             return
         i = self._first_overlapping(offset)
         pos = offset
@@ -52,26 +57,35 @@ class SpillStore:
             seg_start, seg = self._starts[i], self._data[i]
             lo, hi = max(start, seg_start), min(end, seg_start + len(seg))
             if lo < hi:
-                out.append((lo, seg[lo - seg_start : hi - seg_start]))
+                out.append((lo, memoryview(seg)[lo - seg_start : hi - seg_start].tobytes()))
             i += 1
         return out
 
     def discard(self, start: int, end: int) -> None:
-        """Forget ``[start, end)``, splitting segments that straddle its edges."""
+        """Forget ``[start, end)``. Trimming either end of a segment is cheap (bytearray
+        deletes from the front in O(1)), which is the usual case: runs are taken in order."""
         if end <= start:
             return
         i = self._first_overlapping(start)
         while i < len(self._starts) and self._starts[i] < end:
             seg_start, seg = self._starts[i], self._data[i]
             seg_end = seg_start + len(seg)
-            del self._starts[i], self._data[i]
-            self.size -= len(seg)
-            if seg_start < start:
-                self._insert(i, seg_start, seg[: start - seg_start])
-                i += 1
-            if seg_end > end:
-                self._insert(i, end, seg[end - seg_start :])
-                i += 1
+            lo, hi = max(start, seg_start), min(end, seg_end)
+            self.size -= hi - lo
+            if lo == seg_start and hi == seg_end:
+                del self._starts[i], self._data[i]
+                continue
+            if lo == seg_start:
+                del seg[: hi - seg_start]
+                self._starts[i] = hi
+            elif hi == seg_end:
+                del seg[lo - seg_start :]
+            else:
+                tail = seg[hi - seg_start :]
+                del seg[lo - seg_start :]
+                self._starts.insert(i + 1, hi)
+                self._data.insert(i + 1, tail)
+            i += 1
 
     def clear(self) -> None:
         self._starts.clear()
@@ -87,8 +101,8 @@ class SpillStore:
     def _end(self, i: int) -> int:
         return self._starts[i] + len(self._data[i])
 
-    def _insert(self, i: int, offset: int, data: bytes) -> None:
+    def _insert(self, i: int, offset: int, data: bytes | bytearray) -> None:
         if data:
             self._starts.insert(i, offset)
-            self._data.insert(i, data)
+            self._data.insert(i, bytearray(data))
             self.size += len(data)

@@ -104,12 +104,15 @@ class HttpSource:
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None:
-            auth = None
+            headers = {"User-Agent": USER_AGENT, **dict(self.options.headers)}
             if self.options.username is not None:
-                auth = aiohttp.BasicAuth(self.options.username, self.options.password or "")
+                # aiohttp drops Authorization on a redirect to another origin: credentials
+                # go only to the host the user named.
+                headers["Authorization"] = aiohttp.encode_basic_auth(
+                    self.options.username, self.options.password or ""
+                )
             self._session = aiohttp.ClientSession(
-                auth=auth,
-                headers={"User-Agent": USER_AGENT, **dict(self.options.headers)},
+                headers=headers,
                 auto_decompress=False,
                 read_bufsize=CHUNK_SIZE,
                 connector=aiohttp.TCPConnector(ssl=ssl_context(self.options)),

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from aiohttp import BasicAuth, hdrs, web
+from aiohttp import encode_basic_auth, hdrs, web
 
 CHUNK = 1 << 20
 
@@ -172,7 +172,7 @@ async def _html200(request, file_of, rec):  # type: ignore[no-untyped-def]
 
 async def _auth(request, file_of, rec):  # type: ignore[no-untyped-def]
     header = request.headers.get(hdrs.AUTHORIZATION)
-    if not header or BasicAuth.decode(header) != BasicAuth("alice", "s3cret"):
+    if header != encode_basic_auth("alice", "s3cret"):
         raise web.HTTPUnauthorized(text="<html>login</html>", content_type="text/html")
     return await _send(request, file_of(request))
 

@@ -21,7 +21,9 @@ VIRTUAL = 32 * MiB
 
 
 def run(*cmd: str | Path) -> None:
-    subprocess.run([str(c) for c in cmd], check=True, capture_output=True)
+    proc = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, check=False)
+    if proc.returncode:
+        raise AssertionError(f"{' '.join(map(str, cmd))} failed: {proc.stderr}")
 
 
 def write_base_raw(path: Path, size: int = VIRTUAL, seed: int = 7) -> None:

@@ -1,0 +1,137 @@
+"""The two process edges: ``cdi import`` and the pod's ``python -m importer``."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import sys
+from pathlib import Path
+
+import aiohttp
+
+from cdi.api.termination import TerminationMessage
+from tests.component.conftest import ImageFactory, MiB, Server, same_content
+
+CDI = [sys.executable, "-m", "cdi.cli"]
+
+
+async def _run(*args: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
+    proc = await asyncio.create_subprocess_exec(
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, **(env or {})},
+    )
+    out, err = await proc.communicate()
+    return proc.returncode or 0, out.decode(), err.decode()
+
+
+async def test_cli_import_json_success(
+    images: ImageFactory, server: Server, tmp_path: Path
+) -> None:
+    image = images.make("qcow2", "zst")
+    target = tmp_path / "vol" / "disk.img"
+    target.parent.mkdir()
+    code, out, err = await _run(
+        *CDI, "import", server.link("nohead", image.path), str(target), "--size", "64Mi", "--json"
+    )
+    assert code == 0, err
+    result = json.loads(out)
+    assert result["reason"] == "Completed"
+    assert result["format_chain"] == ["zst", "qcow2"]
+    assert target.stat().st_size == 64 * MiB
+
+
+async def test_cli_failure_exits_nonzero_with_reason(server: Server, tmp_path: Path) -> None:
+    code, out, err = await _run(
+        *CDI, "import", f"{server.url}/ok/nothing.img", str(tmp_path / "disk.img")
+    )
+    assert code == 1
+    assert "SourceNotFound" in err and "404" in err
+    assert "FAILED" in out
+
+
+async def test_cli_refuses_to_overwrite_and_rejects_bad_checksum(tmp_path: Path) -> None:
+    existing = tmp_path / "disk.img"
+    existing.write_bytes(b"precious")
+    code, _, err = await _run(*CDI, "import", "blank:", str(existing), "--size", "1Mi")
+    assert code != 0 and "exists" in err
+    assert existing.read_bytes() == b"precious"
+    code, _, err = await _run(
+        *CDI,
+        "import",
+        "blank:",
+        str(tmp_path / "x.img"),
+        "--size",
+        "1Mi",
+        "--checksum",
+        "sha256:abc",
+    )
+    assert code == 2 and "InvalidConfig" in err
+
+
+async def test_cli_metrics_endpoint_reports_cdi_progress(
+    images: ImageFactory, server: Server, tmp_path: Path
+) -> None:
+    image = images.make("raw", "xz1")
+    port = 20000 + os.getpid() % 20000
+    proc = await asyncio.create_subprocess_exec(
+        *CDI,
+        "import",
+        server.link("ok", image.path),
+        str(tmp_path / "d.img"),
+        "--quiet",
+        "--metrics-port",
+        str(port),
+        "--owner-uid",
+        "uid-1",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    seen = ""
+    async with aiohttp.ClientSession() as session:
+        for _ in range(100):
+            try:
+                async with session.get(f"http://127.0.0.1:{port}/metrics") as resp:
+                    seen = await resp.text()
+                    break
+            except aiohttp.ClientError:
+                await asyncio.sleep(0.05)
+    await proc.communicate()
+    assert proc.returncode == 0
+    assert re.search(r'kubevirt_cdi_import_progress_total\{ownerUID="uid-1"\} [0-9.]+', seen)
+    assert 'cdi_import_bytes_total{ownerUID="uid-1"}' in seen
+    assert 'cdi_import_phase{ownerUID="uid-1",phase="Transferring"}' in seen
+
+
+async def test_pod_entry_point_reads_cdi_environment(
+    images: ImageFactory, server: Server, tmp_path: Path
+) -> None:
+    image = images.make("qcow2", "gz")
+    term = tmp_path / "termination-log"
+    (tmp_path / "auth").mkdir()
+    env = {
+        "IMPORTER_SOURCE": "http",
+        "IMPORTER_ENDPOINT": server.link("header", image.path),
+        "IMPORTER_CONTENTTYPE": "kubevirt",
+        "IMPORTER_IMAGE_SIZE": "40Mi",
+        "IMPORTER_EXTRA_HEADER_0": "X-Token: t0ken",
+        "IMPORTER_EXTRA_HEADER_1": "X-Plain: yes",
+        "IMPORTER_TERMINATION_PATH": str(term),
+        "IMPORTER_METRICS_PORT": "0",
+        "IMPORTER_METRICS_ADDR": "127.0.0.1",
+        "OWNER_UID": "u",
+        "FILESYSTEM_OVERHEAD": "0",
+        "IMPORTER_DATA_DIR": str(tmp_path / "data"),
+        "IMPORTER_AUTH_DIR": str(tmp_path / "auth"),
+    }
+    (tmp_path / "data").mkdir()
+    code, _, err = await _run(sys.executable, "-m", "importer", env=env)
+    assert code == 0, err
+    message = TerminationMessage.from_json(term.read_text())
+    assert message.succeeded and message.format_chain == ("gz", "qcow2")
+    disk = tmp_path / "data" / "disk.img"
+    assert disk.stat().st_size == 40 * MiB
+    assert same_content(disk, image.reference, image.reference.stat().st_size)

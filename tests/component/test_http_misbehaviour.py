@@ -1,0 +1,143 @@
+"""Servers that misbehave must still work where the data is obtainable, and an error body is
+never written as the image."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.component.conftest import ImageFactory, Server, same_content
+from tests.component.helpers import import_url
+
+
+@pytest.mark.parametrize(
+    "mode", ["nohead", "forbidhead", "noranges", "htmltype", "nolength", "flaky", "redirect"]
+)
+async def test_quirky_servers_still_deliver_the_image(
+    mode: str, images: ImageFactory, server: Server, tmp_path: Path
+) -> None:
+    image = images.make("qcow2", "gz")
+    target = tmp_path / "disk.img"
+    result = await import_url(server.link(mode, image.path), target)
+    assert result.succeeded, result
+    assert same_content(target, image.reference)
+
+
+async def test_cut_connection_resumes_with_a_range_request(
+    images: ImageFactory, server: Server, tmp_path: Path
+) -> None:
+    image = images.make("raw", "zst")
+    target = tmp_path / "disk.img"
+    digest = _sha256(image.path)
+    result = await import_url(server.link("cut", image.path), target, checksum=digest)
+    assert result.succeeded, result
+    assert same_content(target, image.reference)
+    ranges = [r for m, _, r in server.recorder.requests if m == "GET" and r]
+    assert len(ranges) == 1 and ranges[0].startswith("bytes=") and ranges[0] != "bytes=0-"
+    assert result.bytes_read == image.path.stat().st_size  # every byte exactly once
+
+
+async def test_cut_connection_without_ranges_restarts(
+    images: ImageFactory, server: Server, tmp_path: Path
+) -> None:
+    image = images.make("raw", "gz")
+    target = tmp_path / "disk.img"
+    result = await import_url(
+        server.link("cutnoranges", image.path), target, checksum=_sha256(image.path)
+    )
+    assert result.succeeded, result
+    assert same_content(target, image.reference)
+    assert result.bytes_read == image.path.stat().st_size
+
+
+async def test_connection_that_keeps_breaking_fails_transiently_after_bounded_resumes(
+    images: ImageFactory, server: Server, tmp_path: Path
+) -> None:
+    image = images.make("raw", "gz")
+    target = tmp_path / "disk.img"
+    result = await import_url(server.link("alwayscut", image.path), target, resumes=3)
+    assert result.reason == "SourceUnavailable" and result.transient
+    assert not target.exists()
+    gets = [r for m, _, r in server.recorder.requests if m == "GET"]
+    assert len(gets) == 4
+
+
+async def test_server_error_retries_then_fails_and_writes_nothing(
+    images: ImageFactory, server: Server, tmp_path: Path
+) -> None:
+    image = images.make("raw")
+    target = tmp_path / "disk.img"
+    result = await import_url(server.link("alwaysdown", image.path), target, attempts=3)
+    assert result.reason == "SourceUnavailable" and result.transient
+    assert "502" in result.message
+    assert not target.exists()
+    assert len([m for m, _, _ in server.recorder.requests if m == "GET"]) == 3
+
+
+async def test_404_with_html_body_is_not_found_and_writes_nothing(
+    server: Server, tmp_path: Path
+) -> None:
+    target = tmp_path / "disk.img"
+    result = await import_url(f"{server.url}/ok/missing.qcow2", target)
+    assert result.reason == "SourceNotFound" and not result.transient
+    assert not target.exists()
+
+
+async def test_html_page_with_200_is_refused_not_written(server: Server, tmp_path: Path) -> None:
+    target = tmp_path / "disk.img"
+    (server.root / "page").write_bytes(b"")
+    result = await import_url(f"{server.url}/html200/page", target)
+    assert result.reason == "UnsupportedFormat"
+    assert "HTML" in result.message
+    assert not target.exists()
+
+
+async def test_basic_auth_and_headers_from_files(
+    images: ImageFactory, server: Server, tmp_path: Path
+) -> None:
+    image = images.make("raw", "xz")
+    ok = await import_url(
+        server.link("auth", image.path), tmp_path / "a.img", username="alice", password="s3cret"
+    )
+    assert ok.succeeded, ok
+    denied = await import_url(
+        server.link("auth", image.path), tmp_path / "b.img", username="alice", password="wrong"
+    )
+    assert denied.reason == "SourceForbidden"
+    headers = await import_url(
+        server.link("header", image.path),
+        tmp_path / "c.img",
+        headers=(("X-Token", "t0ken"), ("X-Plain", "yes")),
+    )
+    assert headers.succeeded, headers
+
+
+async def test_checksum_mismatch_fails_permanently_and_removes_the_target(
+    images: ImageFactory, server: Server, tmp_path: Path
+) -> None:
+    image = images.make("raw", "gz")
+    target = tmp_path / "disk.img"
+    result = await import_url(server.link("ok", image.path), target, checksum="md5:" + "0" * 32)
+    assert result.reason == "ChecksumMismatch" and not result.transient
+    assert "expected md5:000" in result.message
+    assert not target.exists()
+
+
+@pytest.mark.parametrize("algorithm", ["md5", "sha1", "sha256", "sha512"])
+async def test_checksum_algorithms(
+    algorithm: str, images: ImageFactory, server: Server, tmp_path: Path
+) -> None:
+    import hashlib
+
+    image = images.make("qcow2", "xz")
+    spec = f"{algorithm}:{hashlib.new(algorithm, image.path.read_bytes()).hexdigest().upper()}"
+    result = await import_url(server.link("ok", image.path), tmp_path / "d.img", checksum=spec)
+    assert result.succeeded, result
+    assert result.checksum == spec.lower()
+
+
+def _sha256(path: Path) -> str:
+    import hashlib
+
+    return "sha256:" + hashlib.sha256(path.read_bytes()).hexdigest()
