@@ -1,0 +1,298 @@
+"""The renderers produce the PVC and importer pod CDI would, deterministically."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from cdi.api.config import CDIConfig, StorageProfile
+from cdi.api.types import DataVolume
+from cdi.render import RenderError
+from cdi.render.importer_pod import ImporterPodConfig, render_importer_pod
+from cdi.render.naming import fnv32a, get_name, importer_pod_name, scratch_pvc_name
+from cdi.render.pvc import render_pvc, required_space
+
+GI = 1 << 30
+
+
+def datavolume(spec: dict[str, Any], annotations: dict[str, str] | None = None) -> DataVolume:
+    return DataVolume.from_dict({
+        "apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataVolume",
+        "metadata": {"name": "disk", "namespace": "vms", "uid": "dv-uid",
+                     "labels": {"team": "a"}, "annotations": annotations or {}},
+        "spec": {"source": {"http": {"url": "https://h/disk.qcow2"}}, **spec},
+    })
+
+
+def profile(*sets: dict[str, Any], minimum: str | None = None) -> StorageProfile:
+    annotations = {"cdi.kubevirt.io/minimumSupportedPvcSize": minimum} if minimum else {}
+    return StorageProfile.from_dict({
+        "metadata": {"name": "local", "annotations": annotations},
+        "status": {"storageClass": "local", "claimPropertySets": list(sets)},
+    })
+
+
+FS_RWO = {"accessModes": ["ReadWriteOnce"], "volumeMode": "Filesystem"}
+BLOCK_RWX = {"accessModes": ["ReadWriteMany"], "volumeMode": "Block"}
+
+
+def storage(size: str | None = "1Gi", **fields: Any) -> dict[str, Any]:
+    spec: dict[str, Any] = dict(fields)
+    if size:
+        spec["resources"] = {"requests": {"storage": size}}
+    return {"storage": spec}
+
+
+# --- PVC ----------------------------------------------------------------------------------------
+
+
+def test_pvc_api_is_copied_verbatim_with_owner_labels_and_annotations() -> None:
+    pvc_spec = {"accessModes": ["ReadWriteOnce"], "volumeMode": "Block",
+                "storageClassName": "fast", "resources": {"requests": {"storage": "5Gi"}}}
+    dv = datavolume({"pvc": pvc_spec}, annotations={"user": "note",
+                                                     "kubectl.kubernetes.io/last-applied"
+                                                     "-configuration": "{}"})
+    pvc = render_pvc(dv, None, CDIConfig())
+    assert pvc["spec"] == pvc_spec
+    meta = pvc["metadata"]
+    assert (meta["name"], meta["namespace"]) == ("disk", "vms")
+    assert meta["ownerReferences"] == [{
+        "apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataVolume", "name": "disk",
+        "uid": "dv-uid", "controller": True, "blockOwnerDeletion": True}]
+    assert meta["labels"]["app"] == "containerized-data-importer"
+    assert meta["labels"]["team"] == "a"
+    ann = meta["annotations"]
+    assert ann["user"] == "note"
+    assert "kubectl.kubernetes.io/last-applied-configuration" not in ann
+    assert ann["cdi.kubevirt.io/storage.import.source"] == "http"
+    assert ann["cdi.kubevirt.io/storage.import.endpoint"] == "https://h/disk.qcow2"
+    assert ann["cdi.kubevirt.io/storage.contentType"] == "kubevirt"
+    assert ann["cdi.kubevirt.io/createdForDataVolume"] == "dv-uid"
+    assert ann["cdi.kubevirt.io/storage.pod.restarts"] == "0"
+
+
+def test_storage_api_takes_modes_from_the_profile_and_adds_filesystem_overhead() -> None:
+    pvc = render_pvc(datavolume(storage()), profile(FS_RWO), CDIConfig())
+    assert pvc["spec"] == {
+        "accessModes": ["ReadWriteOnce"], "volumeMode": "Filesystem",
+        "storageClassName": "local",
+        "resources": {"requests": {"storage": str(1142278537)}},  # ceil(1Gi / 0.94), CDI's bytes
+    }
+
+
+def test_overhead_comes_from_cdiconfig_per_storage_class() -> None:
+    config = CDIConfig.from_dict({"status": {"filesystemOverhead": {
+        "global": "0.1", "storageClass": {"local": "0.2"}}}})
+    pvc = render_pvc(datavolume(storage()), profile(FS_RWO), config)
+    assert pvc["spec"]["resources"]["requests"]["storage"] == str(required_space(0.2, GI))
+    assert required_space(0.2, GI) == 1342177280
+
+
+def test_block_volumes_get_no_overhead() -> None:
+    pvc = render_pvc(datavolume(storage(volumeMode="Block")), profile(FS_RWO, BLOCK_RWX),
+                     CDIConfig())
+    assert pvc["spec"]["accessModes"] == ["ReadWriteMany"]  # first set with that volume mode
+    assert pvc["spec"]["resources"]["requests"]["storage"] == str(GI)
+
+
+def test_access_modes_given_pick_the_matching_volume_mode() -> None:
+    dv = datavolume(storage(accessModes=["ReadWriteMany"]))
+    pvc = render_pvc(dv, profile(FS_RWO, BLOCK_RWX), CDIConfig())
+    assert pvc["spec"]["volumeMode"] == "Block"
+
+
+def test_from_storage_profile_volume_mode_means_ask_the_profile() -> None:
+    dv = datavolume(storage(volumeMode="FromStorageProfile"))
+    assert render_pvc(dv, profile(BLOCK_RWX), CDIConfig())["spec"]["volumeMode"] == "Block"
+
+
+def test_size_is_aligned_to_mib_before_overhead() -> None:
+    assert required_space(0.0, 1) == 1 << 20
+    assert required_space(0.06, (1 << 20) + 1) == required_space(0.06, 2 << 20)
+
+
+def test_minimum_supported_size_raises_small_claims() -> None:
+    pvc = render_pvc(datavolume(storage()), profile(FS_RWO, minimum="4Gi"), CDIConfig())
+    assert pvc["spec"]["resources"]["requests"]["storage"] == str(4 * GI)
+
+
+def test_archive_forces_filesystem() -> None:
+    dv = datavolume({**storage(), "contentType": "archive"})
+    assert render_pvc(dv, profile(BLOCK_RWX, FS_RWO), CDIConfig())["spec"]["volumeMode"] == \
+        "Filesystem"
+
+
+@pytest.mark.parametrize(("spec", "sp", "message"), [
+    ({**storage(volumeMode="Block"), "contentType": "archive"}, profile(BLOCK_RWX),
+     "DataVolume with ContentType Archive cannot have block volumeMode"),
+    (storage(), None, "no accessMode defined on DV, no StorageProfile"),
+    (storage(), profile(), "no accessMode defined on StorageProfile for local StorageClass"),
+    (storage(volumeMode="Block"), profile(FS_RWO),
+     "no accessMode specified in StorageProfile local for volume mode Block"),
+    (storage(size=None), profile(FS_RWO), "PVC Spec is not valid - missing storage size"),
+    (storage(size="1000k"), profile(FS_RWO),
+     "PVC Spec is not valid - storage size should be at least 1MiB"),
+    ({}, profile(FS_RWO), "DataVolume has neither spec.pvc nor spec.storage"),
+], ids=["archive block", "no profile", "empty profile", "no set for mode", "no size",
+        "too small", "no claim"])
+def test_unrenderable_claims_say_why(spec: dict[str, Any], sp: StorageProfile | None,
+                                     message: str) -> None:
+    with pytest.raises(RenderError) as err:
+        render_pvc(datavolume(spec), sp, CDIConfig())
+    assert err.value.message == message
+    assert err.value.reason == "ErrClaimNotValid"
+
+
+def test_clone_with_storage_api_may_leave_the_size_to_the_source() -> None:
+    dv = DataVolume.from_dict({"metadata": {"name": "c", "namespace": "n", "uid": "u"},
+                               "spec": {"source": {"pvc": {"namespace": "a", "name": "b"}},
+                                        "storage": {}}})
+    assert "resources" not in render_pvc(dv, profile(FS_RWO), CDIConfig())["spec"]
+
+
+def test_rendering_is_deterministic() -> None:
+    dv = datavolume(storage())
+    assert render_pvc(dv, profile(FS_RWO), CDIConfig()) == render_pvc(dv, profile(FS_RWO),
+                                                                       CDIConfig())
+
+
+# --- naming -------------------------------------------------------------------------------------
+
+
+def test_child_names_follow_cdi() -> None:
+    assert importer_pod_name("disk") == "importer-disk"
+    assert scratch_pvc_name("disk") == "disk-scratch"
+    assert fnv32a("") == "811c9dc5"
+    assert fnv32a("a") == "e40c292c"
+
+
+def test_long_names_are_shortened_with_a_hash_within_the_limit() -> None:
+    long = "a" * 250
+    name = scratch_pvc_name(long)
+    assert len(name) == 253
+    assert name == f"{'a' * 236}-{fnv32a(long)}-scratch"  # 253 - len('-hash-') - len(suffix)
+    pod = importer_pod_name(long)
+    assert len(pod) <= 253 and pod == f"importer-{fnv32a('importer-' + long)}"
+    assert get_name("base", "suffix", 0) == ""
+
+
+# --- importer pod -------------------------------------------------------------------------------
+
+
+def pod_for(spec: dict[str, Any], sp: StorageProfile | None = None,
+            config: ImporterPodConfig | None = None, **kw: Any) -> dict[str, Any]:
+    dv = datavolume(spec, **kw)
+    pvc = render_pvc(dv, sp or profile(FS_RWO, BLOCK_RWX), CDIConfig())
+    return render_importer_pod(dv, pvc, config or ImporterPodConfig(image="importer:dev"))
+
+
+def env_of(pod: dict[str, Any]) -> dict[str, str]:
+    return {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"]}
+
+
+def test_filesystem_import_pod() -> None:
+    pod = pod_for(storage(), annotations={"k8s.v1.cni.cncf.io/networks": "net1", "x": "y"})
+    assert pod["metadata"]["name"] == "importer-disk"
+    assert pod["metadata"]["ownerReferences"][0]["uid"] == "dv-uid"
+    assert pod["metadata"]["labels"]["cdi.kubevirt.io"] == "importer"
+    assert pod["metadata"]["annotations"] == {"k8s.v1.cni.cncf.io/networks": "net1",
+                                              "sidecar.istio.io/inject": "false",
+                                              "linkerd.io/inject": "disabled"}
+    spec = pod["spec"]
+    assert spec["restartPolicy"] == "Never"
+    container = spec["containers"][0]
+    assert {"name": "cdi-data-vol", "mountPath": "/data"} in container["volumeMounts"]
+    assert "volumeDevices" not in container
+    assert {"name": "cdi-data-vol", "persistentVolumeClaim": {"claimName": "disk"}} in \
+        spec["volumes"]
+    assert container["terminationMessagePath"] == "/dev/termination-log"
+    assert container["ports"] == [{"name": "metrics", "containerPort": 8443, "protocol": "TCP"}]
+    assert container["resources"]["limits"] == {"cpu": "750m", "memory": "600M"}
+    env = env_of(pod)
+    assert env["IMPORTER_SOURCE"] == "http"
+    assert env["IMPORTER_ENDPOINT"] == "https://h/disk.qcow2"
+    assert env["IMPORTER_IMAGE_SIZE"] == "1142278537"
+    assert env["FILESYSTEM_OVERHEAD"] == "0.06"
+    assert env["OWNER_UID"] == "dv-uid"
+    assert env["IMPORTER_CONTENTTYPE"] == "kubevirt"
+
+
+def test_block_import_pod_gets_the_device() -> None:
+    pod = pod_for(storage(volumeMode="Block"))
+    container = pod["spec"]["containers"][0]
+    assert container["volumeDevices"] == [{"name": "cdi-data-vol",
+                                           "devicePath": "/dev/cdi-block-volume"}]
+    assert all(m["mountPath"] != "/data" for m in container["volumeMounts"])
+    assert env_of(pod)["FILESYSTEM_OVERHEAD"] == "0"
+
+
+def test_pod_runs_restricted() -> None:
+    pod = pod_for(storage())
+    assert pod["spec"]["securityContext"] == {
+        "runAsNonRoot": True, "runAsUser": 107, "runAsGroup": 107, "fsGroup": 107,
+        "seccompProfile": {"type": "RuntimeDefault"}}
+    assert pod["spec"]["containers"][0]["securityContext"] == {
+        "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
+        "readOnlyRootFilesystem": True, "runAsNonRoot": True}
+    assert pod["spec"]["automountServiceAccountToken"] is False
+    assert pod["spec"]["enableServiceLinks"] is False
+
+
+def test_auth_secret_is_mounted_as_files_and_ca_configmap_mounted() -> None:
+    spec = {"source": {"http": {"url": "https://h/d.img", "secretRef": "creds",
+                                "certConfigMap": "ca", "checksum": "md5:" + "a" * 32,
+                                "extraHeaders": ["X-A: 1"], "secretExtraHeaders": ["hdrs"],
+                                "insecureSkipVerify": True}}, **storage()}
+    pod = pod_for(spec)
+    env = env_of(pod)
+    assert "IMPORTER_SECRET_KEY" not in env and "IMPORTER_ACCESS_KEY_ID" not in env
+    assert env["IMPORTER_ACCESS_KEY_ID_FILE"] == "/var/run/cdi/auth/accessKeyId"
+    assert env["IMPORTER_SECRET_KEY_FILE"] == "/var/run/cdi/auth/secretKey"
+    assert env["IMPORTER_CERT_DIR"] == "/certs"
+    assert env["IMPORTER_CHECKSUM"] == "md5:" + "a" * 32
+    assert env["IMPORTER_EXTRA_HEADER_0"] == "X-A: 1"
+    assert env["INSECURE_TLS"] == "true"
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    assert volumes["cdi-auth-secret-vol"]["secret"]["secretName"] == "creds"
+    assert volumes["cdi-cert-vol"]["configMap"] == {"name": "ca"}
+    assert volumes["cdi-secret-extra-headers-vol-0"]["secret"]["secretName"] == "hdrs"
+    mounts = {m["mountPath"] for m in pod["spec"]["containers"][0]["volumeMounts"]}
+    assert {"/certs", "/var/run/cdi/auth", "/extraheaders/0", "/tmp"} <= mounts
+
+
+def test_cluster_config_flows_into_the_pod() -> None:
+    cdi = CDIConfig.from_dict({
+        "spec": {"importProxy": {"HTTPProxy": "http://p:3128", "noProxy": ".local"},
+                 "imagePullSecrets": [{"name": "pull"}], "preallocation": True,
+                 "podResourceRequirements": {"limits": {"memory": "2Gi"}}},
+    })
+    config = ImporterPodConfig(image="importer:dev", cdi_config=cdi, scratch_pvc_name="disk-"
+                               "scratch", proxy_ca_config_map="import-proxy-cm-disk",
+                               direct_io=True)
+    pod = pod_for({**storage(), "priorityClassName": "high"}, config=config)
+    env = env_of(pod)
+    assert env["http_proxy"] == "http://p:3128" and env["no_proxy"] == ".local"
+    assert env["IMPORTER_PROXY_CERT_DIR"] == "/proxycerts/"
+    assert env["CACHE_MODE"] == "TRYNONE"
+    assert env["PREALLOCATION"] == "true"
+    assert pod["spec"]["imagePullSecrets"] == [{"name": "pull"}]
+    assert pod["spec"]["priorityClassName"] == "high"
+    assert pod["spec"]["containers"][0]["resources"] == {"limits": {"memory": "2Gi"}}
+    mounts = {m["name"]: m["mountPath"] for m in pod["spec"]["containers"][0]["volumeMounts"]}
+    assert mounts["cdi-scratch-vol"] == "/scratch"
+
+
+def test_blank_and_registry_sources() -> None:
+    blank = pod_for({"source": {"blank": {}}, **storage()})
+    assert env_of(blank)["IMPORTER_SOURCE"] == "none"
+    assert "IMPORTER_ENDPOINT" not in env_of(blank)
+    reg = pod_for({"source": {"registry": {"url": "docker://quay.io/a/b"}}, **storage()})
+    assert env_of(reg)["IMPORTER_PULL_METHOD"] == "pod"
+
+
+def test_sources_without_an_importer_are_refused() -> None:
+    dv = datavolume({"source": {"upload": {}}, **storage()})
+    pvc = render_pvc(dv, profile(FS_RWO), CDIConfig())
+    with pytest.raises(RenderError):
+        render_importer_pod(dv, pvc, ImporterPodConfig(image="importer:dev"))
