@@ -152,8 +152,10 @@ class CDIConfig(ApiObject):
 
     def filesystem_overhead(self, storage_class: str | None) -> str:
         """Overhead fraction for a class: status, then spec, per class then global, then 0.06."""
-        for source in (self.status.filesystem_overhead if self.status else None,
-                       self.spec.filesystem_overhead):
+        for source in (
+            self.status.filesystem_overhead if self.status else None,
+            self.spec.filesystem_overhead,
+        ):
             value = source.for_storage_class(storage_class) if source else None
             if value:
                 return value
@@ -180,7 +182,8 @@ class CDIConfig(ApiObject):
     @property
     def image_pull_secrets(self) -> tuple[str, ...]:
         refs = (self.status.image_pull_secrets if self.status else ()) or (
-            self.spec.image_pull_secrets)
+            self.spec.image_pull_secrets
+        )
         return tuple(ref.name for ref in refs if ref.name)
 
     @property

@@ -54,8 +54,13 @@ def _http(source: DataVolumeSource, _: CDIConfig) -> SourceSettings:
     http = source.http
     assert http is not None
     return SourceSettings(
-        IMPORT_SOURCE_HTTP, http.url, bool(http.insecure_skip_verify), http.secret_ref,
-        http.cert_config_map, http.extra_headers, http.secret_extra_headers,
+        IMPORT_SOURCE_HTTP,
+        http.url,
+        bool(http.insecure_skip_verify),
+        http.secret_ref,
+        http.cert_config_map,
+        http.extra_headers,
+        http.secret_extra_headers,
         ((ImporterEnv.CHECKSUM, http.checksum),),
     )
 
@@ -63,8 +68,9 @@ def _http(source: DataVolumeSource, _: CDIConfig) -> SourceSettings:
 def _s3(source: DataVolumeSource, _: CDIConfig) -> SourceSettings:
     s3 = source.s3
     assert s3 is not None
-    return SourceSettings(IMPORT_SOURCE_S3, s3.url, secret_ref=s3.secret_ref,
-                          cert_config_map=s3.cert_config_map)
+    return SourceSettings(
+        IMPORT_SOURCE_S3, s3.url, secret_ref=s3.secret_ref, cert_config_map=s3.cert_config_map
+    )
 
 
 def _gcs(source: DataVolumeSource, _: CDIConfig) -> SourceSettings:
@@ -78,11 +84,15 @@ def _registry(source: DataVolumeSource, cdi_config: CDIConfig) -> SourceSettings
     assert reg is not None
     arch = reg.platform.architecture if reg.platform else None
     return SourceSettings(
-        IMPORT_SOURCE_REGISTRY, reg.url or reg.image_stream,
-        insecure_tls=_insecure_registry(reg, cdi_config), secret_ref=reg.secret_ref,
+        IMPORT_SOURCE_REGISTRY,
+        reg.url or reg.image_stream,
+        insecure_tls=_insecure_registry(reg, cdi_config),
+        secret_ref=reg.secret_ref,
         cert_config_map=reg.cert_config_map,
-        extra_env=((ImporterEnv.PULL_METHOD, reg.pull_method or RegistryPullMethod.POD),
-                   (ImporterEnv.REGISTRY_IMAGE_ARCHITECTURE, arch)),
+        extra_env=(
+            (ImporterEnv.PULL_METHOD, reg.pull_method or RegistryPullMethod.POD),
+            (ImporterEnv.REGISTRY_IMAGE_ARCHITECTURE, arch),
+        ),
     )
 
 
@@ -97,19 +107,30 @@ def _insecure_registry(reg: RegistrySource, cdi_config: CDIConfig) -> bool:
 def _imageio(source: DataVolumeSource, _: CDIConfig) -> SourceSettings:
     io = source.imageio
     assert io is not None
-    return SourceSettings(IMPORT_SOURCE_IMAGEIO, io.url, bool(io.insecure_skip_verify),
-                          io.secret_ref or None, io.cert_config_map or None,
-                          extra_env=((ImporterEnv.DISK_ID, io.disk_id),))
+    return SourceSettings(
+        IMPORT_SOURCE_IMAGEIO,
+        io.url,
+        bool(io.insecure_skip_verify),
+        io.secret_ref or None,
+        io.cert_config_map or None,
+        extra_env=((ImporterEnv.DISK_ID, io.disk_id),),
+    )
 
 
 def _vddk(source: DataVolumeSource, _: CDIConfig) -> SourceSettings:
     vddk = source.vddk
     assert vddk is not None
     return SourceSettings(
-        IMPORT_SOURCE_VDDK, vddk.url, insecure_tls=not vddk.cert_config_map,
-        secret_ref=vddk.secret_ref or None, cert_config_map=vddk.cert_config_map,
-        extra_env=((ImporterEnv.UUID, vddk.uuid), (ImporterEnv.BACKING_FILE, vddk.backing_file),
-                   (ImporterEnv.THUMBPRINT, vddk.thumbprint)),
+        IMPORT_SOURCE_VDDK,
+        vddk.url,
+        insecure_tls=not vddk.cert_config_map,
+        secret_ref=vddk.secret_ref or None,
+        cert_config_map=vddk.cert_config_map,
+        extra_env=(
+            (ImporterEnv.UUID, vddk.uuid),
+            (ImporterEnv.BACKING_FILE, vddk.backing_file),
+            (ImporterEnv.THUMBPRINT, vddk.thumbprint),
+        ),
     )
 
 
@@ -118,6 +139,11 @@ def _blank(_: DataVolumeSource, __: CDIConfig) -> SourceSettings:
 
 
 _RENDERERS = {
-    "http": _http, "s3": _s3, "gcs": _gcs, "registry": _registry, "imageio": _imageio,
-    "vddk": _vddk, "blank": _blank,
+    "http": _http,
+    "s3": _s3,
+    "gcs": _gcs,
+    "registry": _registry,
+    "imageio": _imageio,
+    "vddk": _vddk,
+    "blank": _blank,
 }

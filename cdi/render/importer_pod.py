@@ -112,8 +112,9 @@ class ImporterPodConfig:
     affinity: Mapping[str, Any] | None = None
 
 
-def render_importer_pod(dv: DataVolume, pvc: Mapping[str, Any], config: ImporterPodConfig
-                        ) -> dict[str, Any]:
+def render_importer_pod(
+    dv: DataVolume, pvc: Mapping[str, Any], config: ImporterPodConfig
+) -> dict[str, Any]:
     """The desired importer pod for ``dv`` writing into ``pvc`` (the rendered or live claim)."""
     settings = source_settings(dv, config.cdi_config)
     meta = pvc.get("metadata") or {}
@@ -126,8 +127,12 @@ def render_importer_pod(dv: DataVolume, pvc: Mapping[str, Any], config: Importer
         "metadata": {
             "name": importer_pod_name(claim),
             "namespace": meta.get("namespace") or dv.namespace,
-            "labels": {**(meta.get("labels") or {}), LABEL_APP: LABEL_APP_VALUE,
-                       LABEL_COMPONENT: "importer", LABEL_PROMETHEUS: "true"},
+            "labels": {
+                **(meta.get("labels") or {}),
+                LABEL_APP: LABEL_APP_VALUE,
+                LABEL_COMPONENT: "importer",
+                LABEL_PROMETHEUS: "true",
+            },
             "annotations": _pod_annotations(dv),
             "ownerReferences": [datavolume_reference(dv)],
         },
@@ -141,15 +146,24 @@ def _pod_annotations(dv: DataVolume) -> dict[str, str]:
     return out
 
 
-def _pod_spec(dv: DataVolume, claim: str, pvc_spec: Mapping[str, Any], block: bool,
-              settings: SourceSettings, config: ImporterPodConfig) -> dict[str, Any]:
+def _pod_spec(
+    dv: DataVolume,
+    claim: str,
+    pvc_spec: Mapping[str, Any],
+    block: bool,
+    settings: SourceSettings,
+    config: ImporterPodConfig,
+) -> dict[str, Any]:
     spec: dict[str, Any] = {
         "restartPolicy": "Never",
         "enableServiceLinks": False,
         "automountServiceAccountToken": False,
         "securityContext": {
-            "runAsNonRoot": True, "runAsUser": QEMU_UID, "runAsGroup": QEMU_UID,
-            "fsGroup": QEMU_UID, "seccompProfile": {"type": "RuntimeDefault"},
+            "runAsNonRoot": True,
+            "runAsUser": QEMU_UID,
+            "runAsGroup": QEMU_UID,
+            "fsGroup": QEMU_UID,
+            "seccompProfile": {"type": "RuntimeDefault"},
         },
         "containers": [_container(dv, pvc_spec, block, settings, config)],
         "volumes": _volumes(claim, settings, config),
@@ -166,8 +180,13 @@ def _pod_spec(dv: DataVolume, claim: str, pvc_spec: Mapping[str, Any], block: bo
     return spec
 
 
-def _container(dv: DataVolume, pvc_spec: Mapping[str, Any], block: bool,
-               settings: SourceSettings, config: ImporterPodConfig) -> dict[str, Any]:
+def _container(
+    dv: DataVolume,
+    pvc_spec: Mapping[str, Any],
+    block: bool,
+    settings: SourceSettings,
+    config: ImporterPodConfig,
+) -> dict[str, Any]:
     container: dict[str, Any] = {
         "name": IMPORTER_CONTAINER_NAME,
         "image": config.image,
@@ -179,8 +198,10 @@ def _container(dv: DataVolume, pvc_spec: Mapping[str, Any], block: bool,
         "terminationMessagePath": TERMINATION_LOG_PATH,
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "securityContext": {
-            "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
-            "readOnlyRootFilesystem": True, "runAsNonRoot": True,
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+            "readOnlyRootFilesystem": True,
+            "runAsNonRoot": True,
         },
         "volumeMounts": _mounts(block, settings, config),
     }
@@ -189,14 +210,20 @@ def _container(dv: DataVolume, pvc_spec: Mapping[str, Any], block: bool,
     return container
 
 
-def _env(dv: DataVolume, pvc_spec: Mapping[str, Any], block: bool, settings: SourceSettings,
-         config: ImporterPodConfig) -> list[dict[str, str]]:
+def _env(
+    dv: DataVolume,
+    pvc_spec: Mapping[str, Any],
+    block: bool,
+    settings: SourceSettings,
+    config: ImporterPodConfig,
+) -> list[dict[str, str]]:
     cdi = config.cdi_config
     size = ((pvc_spec.get("resources") or {}).get("requests") or {}).get("storage")
     if size is None:
         raise RenderError("target PVC has no storage request")
-    preallocation = dv.spec.preallocation if dv.spec.preallocation is not None else (
-        cdi.preallocation)
+    preallocation = (
+        dv.spec.preallocation if dv.spec.preallocation is not None else (cdi.preallocation)
+    )
     overhead = "0" if block else cdi.filesystem_overhead(pvc_spec.get("storageClassName"))
     pairs: list[tuple[str, str | None]] = [
         (ImporterEnv.SOURCE, settings.source),
@@ -215,8 +242,10 @@ def _env(dv: DataVolume, pvc_spec: Mapping[str, Any], block: bool, settings: Sou
     if settings.cert_config_map:
         pairs.append((ImporterEnv.CERT_DIR, CERT_DIR))
     if settings.secret_ref:
-        pairs += [(ImporterEnv.ACCESS_KEY_ID_FILE, f"{AUTH_SECRET_DIR}/{SECRET_KEY_ACCESS_KEY_ID}"),
-                  (ImporterEnv.SECRET_KEY_FILE, f"{AUTH_SECRET_DIR}/{SECRET_KEY_SECRET_KEY}")]
+        pairs += [
+            (ImporterEnv.ACCESS_KEY_ID_FILE, f"{AUTH_SECRET_DIR}/{SECRET_KEY_ACCESS_KEY_ID}"),
+            (ImporterEnv.SECRET_KEY_FILE, f"{AUTH_SECRET_DIR}/{SECRET_KEY_SECRET_KEY}"),
+        ]
     return [{"name": str(k), "value": v} for k, v in pairs if v is not None]
 
 
@@ -224,16 +253,19 @@ def _proxy_env(cdi: CDIConfig, config: ImporterPodConfig) -> list[tuple[str, str
     proxy = cdi.import_proxy
     pairs: list[tuple[str, str | None]] = []
     if proxy is not None:
-        pairs += [(ImporterEnv.HTTP_PROXY, proxy.http_proxy or None),
-                  (ImporterEnv.HTTPS_PROXY, proxy.https_proxy or None),
-                  (ImporterEnv.NO_PROXY, proxy.no_proxy or None)]
+        pairs += [
+            (ImporterEnv.HTTP_PROXY, proxy.http_proxy or None),
+            (ImporterEnv.HTTPS_PROXY, proxy.https_proxy or None),
+            (ImporterEnv.NO_PROXY, proxy.no_proxy or None),
+        ]
     if config.proxy_ca_config_map:
         pairs.append((ImporterEnv.PROXY_CERT_DIR, PROXY_CERT_DIR))
     return pairs
 
 
-def _mounts(block: bool, settings: SourceSettings, config: ImporterPodConfig
-            ) -> list[dict[str, Any]]:
+def _mounts(
+    block: bool, settings: SourceSettings, config: ImporterPodConfig
+) -> list[dict[str, Any]]:
     mounts: list[dict[str, Any]] = [{"name": TMP_VOLUME, "mountPath": TMP_DIR}]
     if not block:
         mounts.append({"name": DATA_VOLUME, "mountPath": DATA_MOUNT_PATH})
@@ -246,31 +278,55 @@ def _mounts(block: bool, settings: SourceSettings, config: ImporterPodConfig
     if settings.secret_ref:
         mounts.append({"name": AUTH_VOLUME, "mountPath": AUTH_SECRET_DIR, "readOnly": True})
     for i, _ in enumerate(settings.secret_headers):
-        mounts.append({"name": f"cdi-secret-extra-headers-vol-{i}",
-                       "mountPath": f"{EXTRA_HEADERS_DIR}/{i}", "readOnly": True})
+        mounts.append(
+            {
+                "name": f"cdi-secret-extra-headers-vol-{i}",
+                "mountPath": f"{EXTRA_HEADERS_DIR}/{i}",
+                "readOnly": True,
+            }
+        )
     return mounts
 
 
-def _volumes(claim: str, settings: SourceSettings, config: ImporterPodConfig
-             ) -> list[dict[str, Any]]:
+def _volumes(
+    claim: str, settings: SourceSettings, config: ImporterPodConfig
+) -> list[dict[str, Any]]:
     volumes: list[dict[str, Any]] = [
         {"name": DATA_VOLUME, "persistentVolumeClaim": {"claimName": claim}},
         {"name": TMP_VOLUME, "emptyDir": {}},
     ]
     if config.scratch_pvc_name:
-        volumes.append({"name": SCRATCH_VOLUME,
-                        "persistentVolumeClaim": {"claimName": config.scratch_pvc_name}})
+        volumes.append(
+            {
+                "name": SCRATCH_VOLUME,
+                "persistentVolumeClaim": {"claimName": config.scratch_pvc_name},
+            }
+        )
     if settings.cert_config_map:
         volumes.append({"name": CERT_VOLUME, "configMap": {"name": settings.cert_config_map}})
     if config.proxy_ca_config_map:
-        volumes.append({"name": PROXY_CERT_VOLUME,
-                        "configMap": {"name": config.proxy_ca_config_map}})
+        volumes.append(
+            {"name": PROXY_CERT_VOLUME, "configMap": {"name": config.proxy_ca_config_map}}
+        )
     if settings.secret_ref:
-        volumes.append({"name": AUTH_VOLUME, "secret": {
-            "secretName": settings.secret_ref, "defaultMode": 0o440,
-            "items": [{"key": k, "path": k}
-                      for k in (SECRET_KEY_ACCESS_KEY_ID, SECRET_KEY_SECRET_KEY)]}})
+        volumes.append(
+            {
+                "name": AUTH_VOLUME,
+                "secret": {
+                    "secretName": settings.secret_ref,
+                    "defaultMode": 0o440,
+                    "items": [
+                        {"key": k, "path": k}
+                        for k in (SECRET_KEY_ACCESS_KEY_ID, SECRET_KEY_SECRET_KEY)
+                    ],
+                },
+            }
+        )
     for i, name in enumerate(settings.secret_headers):
-        volumes.append({"name": f"cdi-secret-extra-headers-vol-{i}",
-                        "secret": {"secretName": name, "defaultMode": 0o440}})
+        volumes.append(
+            {
+                "name": f"cdi-secret-extra-headers-vol-{i}",
+                "secret": {"secretName": name, "defaultMode": 0o440},
+            }
+        )
     return volumes

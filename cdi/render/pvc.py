@@ -73,8 +73,11 @@ def render_pvc(
         "metadata": {
             "name": pvc_name(dv.name),
             "namespace": dv.namespace,
-            "labels": {**dv.metadata.labels, LABEL_APP: LABEL_APP_VALUE,
-                       LABEL_KUBE_PV_FILLING_UP: "disabled"},
+            "labels": {
+                **dv.metadata.labels,
+                LABEL_APP: LABEL_APP_VALUE,
+                LABEL_KUBE_PV_FILLING_UP: "disabled",
+            },
             "annotations": pvc_annotations(dv, cdi_config),
             "ownerReferences": [datavolume_reference(dv)],
         },
@@ -100,10 +103,12 @@ def render_storage_spec(
     return spec
 
 
-def _modes(dv: DataVolume, storage: ClaimSpec, profile: StorageProfile | None
-           ) -> tuple[tuple[str, ...], VolumeMode]:
-    requested = storage.volume_mode if storage.volume_mode != VolumeMode.FROM_STORAGE_PROFILE \
-        else None
+def _modes(
+    dv: DataVolume, storage: ClaimSpec, profile: StorageProfile | None
+) -> tuple[tuple[str, ...], VolumeMode]:
+    requested = (
+        storage.volume_mode if storage.volume_mode != VolumeMode.FROM_STORAGE_PROFILE else None
+    )
     if dv.spec.effective_content_type == ContentType.ARCHIVE:
         if requested == VolumeMode.BLOCK:
             raise RenderError("DataVolume with ContentType Archive cannot have block volumeMode")
@@ -115,35 +120,49 @@ def _modes(dv: DataVolume, storage: ClaimSpec, profile: StorageProfile | None
         if access:
             return access, resolve_volume_mode(requested)
         name = profile.storage_class if profile else storage.storage_class_name
-        raise RenderError(f"no accessMode defined on StorageProfile for {name} StorageClass"
-                          if name else "no accessMode defined on DV, no StorageProfile")
+        raise RenderError(
+            f"no accessMode defined on StorageProfile for {name} StorageClass"
+            if name
+            else "no accessMode defined on DV, no StorageProfile"
+        )
     return _from_profile(profile, access, requested)
 
 
-def _from_profile(profile: StorageProfile, access: tuple[str, ...], mode: str | None
-                  ) -> tuple[tuple[str, ...], VolumeMode]:
+def _from_profile(
+    profile: StorageProfile, access: tuple[str, ...], mode: str | None
+) -> tuple[tuple[str, ...], VolumeMode]:
     sets = profile.claim_property_sets
     if mode is not None:
         match = next((s for s in sets if s.volume_mode == mode and s.access_modes), None)
         if match is None:
-            raise RenderError(f"no accessMode specified in StorageProfile {profile.storage_class} "
-                              f"for volume mode {mode}")
+            raise RenderError(
+                f"no accessMode specified in StorageProfile {profile.storage_class} "
+                f"for volume mode {mode}"
+            )
         return match.access_modes, resolve_volume_mode(mode)
     if access:
         found = next((s for s in sets if set(access) <= set(s.access_modes)), None)
         if found is None:
-            raise RenderError(f"no volumeMode specified in StorageProfile "
-                              f"{profile.storage_class} for access modes {list(access)}")
+            raise RenderError(
+                f"no volumeMode specified in StorageProfile "
+                f"{profile.storage_class} for access modes {list(access)}"
+            )
         return access, resolve_volume_mode(found.volume_mode)
     first = sets[0]
     if not first.access_modes:
-        raise RenderError(f"no accessMode defined on StorageProfile for {profile.storage_class} "
-                          "StorageClass")
+        raise RenderError(
+            f"no accessMode defined on StorageProfile for {profile.storage_class} StorageClass"
+        )
     return first.access_modes, resolve_volume_mode(first.volume_mode)
 
 
-def _size(dv: DataVolume, storage: ClaimSpec, mode: VolumeMode, profile: StorageProfile | None,
-          overhead: str) -> int | None:
+def _size(
+    dv: DataVolume,
+    storage: ClaimSpec,
+    mode: VolumeMode,
+    profile: StorageProfile | None,
+    overhead: str,
+) -> int | None:
     requested = storage.requested_size
     if requested is None:
         if dv.spec.is_clone:
@@ -173,8 +192,9 @@ def pvc_annotations(dv: DataVolume, cdi_config: CDIConfig) -> dict[str, str]:
     out[ANN_POD_RESTARTS] = "0"
     out[ANN_CONTENT_TYPE] = str(spec.effective_content_type)
     out[ANN_CREATED_FOR_DATAVOLUME] = dv.uid
-    preallocation = spec.preallocation if spec.preallocation is not None else (
-        cdi_config.preallocation)
+    preallocation = (
+        spec.preallocation if spec.preallocation is not None else (cdi_config.preallocation)
+    )
     out[ANN_PREALLOCATION_REQUESTED] = str(preallocation).lower()
     if spec.priority_class_name:
         out[ANN_PRIORITY_CLASS] = spec.priority_class_name
@@ -190,21 +210,33 @@ def source_annotations(source: DataVolumeSource) -> dict[str, str]:
     pairs: dict[str, str | None] = {}
     if source.http is not None:
         http = source.http
-        pairs = {ANN_SOURCE: "http", ANN_ENDPOINT: http.url, ANN_SECRET: http.secret_ref,
-                 ANN_CERT_CONFIG_MAP: http.cert_config_map, ANN_CHECKSUM: http.checksum,
-                 ANN_INSECURE_SKIP_VERIFY: _flag(http.insecure_skip_verify)}
+        pairs = {
+            ANN_SOURCE: "http",
+            ANN_ENDPOINT: http.url,
+            ANN_SECRET: http.secret_ref,
+            ANN_CERT_CONFIG_MAP: http.cert_config_map,
+            ANN_CHECKSUM: http.checksum,
+            ANN_INSECURE_SKIP_VERIFY: _flag(http.insecure_skip_verify),
+        }
     elif source.s3 is not None:
-        pairs = {ANN_SOURCE: "s3", ANN_ENDPOINT: source.s3.url, ANN_SECRET: source.s3.secret_ref,
-                 ANN_CERT_CONFIG_MAP: source.s3.cert_config_map}
+        pairs = {
+            ANN_SOURCE: "s3",
+            ANN_ENDPOINT: source.s3.url,
+            ANN_SECRET: source.s3.secret_ref,
+            ANN_CERT_CONFIG_MAP: source.s3.cert_config_map,
+        }
     elif source.gcs is not None:
-        pairs = {ANN_SOURCE: "gcs", ANN_ENDPOINT: source.gcs.url,
-                 ANN_SECRET: source.gcs.secret_ref}
+        pairs = {ANN_SOURCE: "gcs", ANN_ENDPOINT: source.gcs.url, ANN_SECRET: source.gcs.secret_ref}
     elif source.registry is not None:
         reg = source.registry
-        pairs = {ANN_SOURCE: "registry", ANN_ENDPOINT: reg.url or reg.image_stream,
-                 ANN_SECRET: reg.secret_ref, ANN_CERT_CONFIG_MAP: reg.cert_config_map,
-                 ANN_REGISTRY_IMPORT_METHOD: reg.pull_method,
-                 ANN_REGISTRY_ARCHITECTURE: reg.platform.architecture if reg.platform else None}
+        pairs = {
+            ANN_SOURCE: "registry",
+            ANN_ENDPOINT: reg.url or reg.image_stream,
+            ANN_SECRET: reg.secret_ref,
+            ANN_CERT_CONFIG_MAP: reg.cert_config_map,
+            ANN_REGISTRY_IMPORT_METHOD: reg.pull_method,
+            ANN_REGISTRY_ARCHITECTURE: reg.platform.architecture if reg.platform else None,
+        }
     elif source.blank is not None:
         pairs = {ANN_SOURCE: IMPORT_SOURCE_NONE}
     return {k: v for k, v in pairs.items() if v}

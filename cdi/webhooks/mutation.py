@@ -54,8 +54,9 @@ def mutate_datavolume(
     return _requester_patch(new, old, user) + _defaults_patch(new)
 
 
-def _requester_patch(new: Mapping[str, Any], old: Mapping[str, Any] | None, user: UserInfo
-                     ) -> Patch:
+def _requester_patch(
+    new: Mapping[str, Any], old: Mapping[str, Any] | None, user: UserInfo
+) -> Patch:
     annotations = (new.get("metadata") or {}).get("annotations")
     current = dict(annotations or {})
     if old is None:
@@ -87,8 +88,13 @@ def _defaults_patch(new: Mapping[str, Any]) -> Patch:
         patch.append({"op": "add", "path": "/spec/contentType", "value": str(ContentType.KUBEVIRT)})
     registry = (spec.get("source") or {}).get("registry")
     if isinstance(registry, Mapping) and registry.get("url") and not registry.get("pullMethod"):
-        patch.append({"op": "add", "path": "/spec/source/registry/pullMethod",
-                      "value": str(RegistryPullMethod.POD)})
+        patch.append(
+            {
+                "op": "add",
+                "path": "/spec/source/registry/pullMethod",
+                "value": str(RegistryPullMethod.POD),
+            }
+        )
     return patch
 
 
@@ -96,8 +102,9 @@ def apply_patch(obj: Mapping[str, Any], patch: Sequence[Mapping[str, Any]]) -> d
     """Apply the add/remove operations this module emits (tests and dry runs use it)."""
     doc: dict[str, Any] = json.loads(json.dumps(obj))
     for op in patch:
-        *parents, last = [t.replace("~1", "/").replace("~0", "~")
-                          for t in str(op["path"]).split("/")[1:]]
+        *parents, last = [
+            t.replace("~1", "/").replace("~0", "~") for t in str(op["path"]).split("/")[1:]
+        ]
         target = doc
         for token in parents:
             target = target[token]

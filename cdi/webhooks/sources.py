@@ -52,8 +52,9 @@ def import_source_causes(spec: DataVolumeSpec) -> Causes:
     if source.gcs is not None:
         return source_url_causes(source.gcs.url, "GCS", _GCS_SCHEMES)
     if source.blank is not None and spec.content_type == ContentType.ARCHIVE:
-        return [Cause("SourceType cannot be blank and the contentType be archive",
-                      "spec.contentType")]
+        return [
+            Cause("SourceType cannot be blank and the contentType be archive", "spec.contentType")
+        ]
     if source.registry is not None:
         return _registry_causes(source.registry, spec.content_type)
     if source.imageio is not None:
@@ -109,8 +110,12 @@ def _registry_causes(registry: RegistrySource, content_type: str | None) -> Caus
     if registry.image_stream == "":
         return [Cause("Source registry ImageStream is not valid", f"{field}.importMethod")]
     if registry.image_stream is not None and method != RegistryPullMethod.NODE:
-        return [Cause("Source registry ImageStream is supported only with node pull import method",
-                      f"{field}.importMethod")]
+        return [
+            Cause(
+                "Source registry ImageStream is supported only with node pull import method",
+                f"{field}.importMethod",
+            )
+        ]
     return []
 
 
@@ -119,8 +124,9 @@ def _imageio_causes(imageio: ImageIOSource) -> Causes:
     if not imageio.secret_ref or not imageio.disk_id:
         return [Cause(f"{field} source Imageio is not valid", field)]
     if not imageio.cert_config_map and not imageio.insecure_skip_verify:
-        return [Cause(f"{field} source Imageio requires CertConfigMap or InsecureSkipVerify",
-                      field)]
+        return [
+            Cause(f"{field} source Imageio requires CertConfigMap or InsecureSkipVerify", field)
+        ]
     return source_url_causes(imageio.url, "ImageIO")
 
 
@@ -133,30 +139,35 @@ def _vddk_causes(vddk: VDDKSource) -> Causes:
 
 def same_reference(a: TypedObjectReference, b: TypedObjectReference) -> bool:
     return (a.api_group or "", a.kind, a.name) == (b.api_group or "", b.kind, b.name) and (
-        not b.namespace)
+        not b.namespace
+    )
 
 
 def typed_reference_causes(ref: TypedObjectReference, label: str, path: str) -> Causes:
     """CDI's ``validateDataSource`` / ``validateDataSourceRef``: every problem, not the first."""
     causes: Causes = []
     if label == "DataSourceRef" and ref.namespace:
-        causes.append(Cause("Invalid value: DataSourceRef namespace not supported",
-                            f"{path}.namespace"))
+        causes.append(
+            Cause("Invalid value: DataSourceRef namespace not supported", f"{path}.namespace")
+        )
     if not ref.name:
         causes.append(Cause(f"Required value: {label} name", f"{path}.name"))
     if not ref.kind:
         causes.append(Cause(f"Required value: {label} kind", f"{path}.kind"))
     if not ref.api_group and ref.kind != "PersistentVolumeClaim":
-        causes.append(Cause(f"Required value: {label} apiGroup when kind is not "
-                            "'PersistentVolumeClaim'", f"{path}.apiGroup"))
+        causes.append(
+            Cause(
+                f"Required value: {label} apiGroup when kind is not 'PersistentVolumeClaim'",
+                f"{path}.apiGroup",
+            )
+        )
     return causes
 
 
 def clone_size_causes(spec: DataVolumeSpec, source_pvc: Mapping[str, Any], path: str) -> Causes:
     """With the ``pvc`` API the target must be at least as large as the source's request."""
     target = spec.pvc.requested_size if spec.pvc else None
-    raw = ((source_pvc.get("spec") or {}).get("resources") or {}).get("requests", {}).get(
-        "storage")
+    raw = ((source_pvc.get("spec") or {}).get("resources") or {}).get("requests", {}).get("storage")
     if target is None or raw is None:
         return []
     try:
@@ -164,8 +175,13 @@ def clone_size_causes(spec: DataVolumeSpec, source_pvc: Mapping[str, Any], path:
     except QuantityError:
         return []
     if source.value() > target.value():
-        return [Cause("target resources requests storage size is smaller than the source "
-                      f"{target.value()} < {source.value()}", path)]
+        return [
+            Cause(
+                "target resources requests storage size is smaller than the source "
+                f"{target.value()} < {source.value()}",
+                path,
+            )
+        ]
     return []
 
 
@@ -202,9 +218,12 @@ def _name_causes(name: str | None, path: str) -> Causes:
 
 def _header_causes(http: HTTPSource) -> Causes:
     return [
-        Cause(f'spec.source.http.extraHeaders[{i}]: Invalid value: "{line}": must be '
-              '"Name: value"', f"spec.source.http.extraHeaders[{i}]")
-        for i, line in enumerate(http.extra_headers) if not is_header_line(line)
+        Cause(
+            f'spec.source.http.extraHeaders[{i}]: Invalid value: "{line}": must be "Name: value"',
+            f"spec.source.http.extraHeaders[{i}]",
+        )
+        for i, line in enumerate(http.extra_headers)
+        if not is_header_line(line)
     ]
 
 
@@ -212,10 +231,16 @@ def _checkpoint_causes(spec: DataVolumeSpec) -> Causes:
     if not spec.checkpoints:
         return []
     if spec.source_kind not in (SourceKind.IMAGEIO, SourceKind.VDDK):
-        return [Cause("Checkpoints are only supported with imageio and vddk sources",
-                      "spec.checkpoints")]
-    return [Cause(f"spec.checkpoints[{i}].current: Required value", f"spec.checkpoints[{i}]")
-            for i, cp in enumerate(spec.checkpoints) if not cp.current]
+        return [
+            Cause(
+                "Checkpoints are only supported with imageio and vddk sources", "spec.checkpoints"
+            )
+        ]
+    return [
+        Cause(f"spec.checkpoints[{i}].current: Required value", f"spec.checkpoints[{i}]")
+        for i, cp in enumerate(spec.checkpoints)
+        if not cp.current
+    ]
 
 
 def volume_mode_causes(spec: DataVolumeSpec) -> Causes:
@@ -228,8 +253,12 @@ def volume_mode_causes(spec: DataVolumeSpec) -> Causes:
     path = f"spec.{name}.volumeMode"
     if claim.volume_mode not in allowed:
         values = ", ".join(f'"{v}"' for v in allowed)
-        return [Cause(f'{path}: Unsupported value: "{claim.volume_mode}": supported values: '
-                      f"{values}", path)]
+        return [
+            Cause(
+                f'{path}: Unsupported value: "{claim.volume_mode}": supported values: {values}',
+                path,
+            )
+        ]
     if claim.volume_mode == VolumeMode.BLOCK and spec.content_type == ContentType.ARCHIVE:
         return [Cause("DataVolume with ContentType Archive cannot have block volumeMode", path)]
     return []
@@ -248,6 +277,8 @@ def warnings(spec: DataVolumeSpec) -> list[str]:
         except URLError:
             continue
         if parsed.userinfo:
-            out.append(f"spec.source.{kind}.url contains credentials; store them in a Secret and "
-                       "reference it with secretRef")
+            out.append(
+                f"spec.source.{kind}.url contains credentials; store them in a Secret and "
+                "reference it with secretRef"
+            )
     return out

@@ -68,8 +68,14 @@ from cdi.webhooks import sources as src
 from cdi.webhooks.syntax import DNS1123_SUBDOMAIN_MSG, is_dns1123_subdomain
 from cdi.webhooks.verdict import Cause, Causes, CauseType, ValidationResult
 
-__all__ = ["Cause", "CauseType", "ClusterLookup", "StaticLookup", "ValidationResult",
-           "validate_datavolume"]
+__all__ = [
+    "Cause",
+    "CauseType",
+    "ClusterLookup",
+    "StaticLookup",
+    "ValidationResult",
+    "validate_datavolume",
+]
 
 
 class ClusterLookup(Protocol):
@@ -102,7 +108,7 @@ class StaticLookup:
         return self.adoption_enabled
 
 
-_ACCESS_MODES = ('"ReadOnlyMany", "ReadWriteMany", "ReadWriteOnce", "ReadWriteOncePod"')
+_ACCESS_MODES = '"ReadOnlyMany", "ReadWriteMany", "ReadWriteOnce", "ReadWriteOncePod"'
 
 
 def validate_datavolume(
@@ -219,23 +225,31 @@ def _check_spec(spec: DataVolumeSpec, ns: str, ctx: ClusterLookup, *, creating: 
         lambda: _check_storage_class_name(spec),
         lambda: _check_access_modes(spec),
         # An externally populated claim ends the spec rules, admitted or not (as in CDI).
-        lambda: (_check_external_population(spec) if _externally_populated(spec)
-                 else _check_source_choice(spec, ns, ctx, creating=creating)),
+        lambda: (
+            _check_external_population(spec)
+            if _externally_populated(spec)
+            else _check_source_choice(spec, ns, ctx, creating=creating)
+        ),
     )
 
 
 def _externally_populated(spec: DataVolumeSpec) -> bool:
     claim = spec.claim
-    return claim is not None and (claim.data_source is not None
-                                  or claim.data_source_ref is not None)
+    return claim is not None and (
+        claim.data_source is not None or claim.data_source_ref is not None
+    )
 
 
 def _check_claim_presence(spec: DataVolumeSpec) -> Causes:
     if spec.pvc is None and spec.storage is None:
         return [Cause("Missing Data volume PVC", "spec.PVC")]
     if spec.pvc is not None and spec.storage is not None:
-        return [Cause("Duplicate storage definition, both target storage and target pvc defined",
-                      "spec.PVC.Storage")]
+        return [
+            Cause(
+                "Duplicate storage definition, both target storage and target pvc defined",
+                "spec.PVC.Storage",
+            )
+        ]
     return []
 
 
@@ -283,8 +297,9 @@ def _check_external_population(spec: DataVolumeSpec) -> Causes:
     assert claim is not None
     causes: Causes = []
     if spec.source is not None or spec.source_ref is not None:
-        causes.append(Cause("External population is incompatible with Source and SourceRef",
-                            "spec.source"))
+        causes.append(
+            Cause("External population is incompatible with Source and SourceRef", "spec.source")
+        )
     ds, ref = claim.data_source, claim.data_source_ref
     if ds is not None and ref is not None and not src.same_reference(ds, ref):
         causes.append(Cause("DataSourceRef and DataSource must match"))
@@ -302,8 +317,12 @@ def _check_source_choice(
     spec: DataVolumeSpec, ns: str, ctx: ClusterLookup, *, creating: bool
 ) -> Causes:
     if (spec.source is None) == (spec.source_ref is None):
-        return [Cause("Data volume should have either Source or SourceRef, or be externally "
-                      "populated", "spec.source")]
+        return [
+            Cause(
+                "Data volume should have either Source or SourceRef, or be externally populated",
+                "spec.source",
+            )
+        ]
     if spec.source_ref is not None:
         return _check_source_ref(spec, ns, ctx, creating=creating)
     return _first(
@@ -314,15 +333,20 @@ def _check_source_choice(
     )
 
 
-def _check_source_ref(spec: DataVolumeSpec, ns: str, ctx: ClusterLookup, *, creating: bool
-                      ) -> Causes:
+def _check_source_ref(
+    spec: DataVolumeSpec, ns: str, ctx: ClusterLookup, *, creating: bool
+) -> Causes:
     ref = spec.source_ref
     assert ref is not None
     if not ref.kind:
         return [Cause("Missing sourceRef kind", "spec.sourceRef.Kind")]
     if ref.kind != "DataSource":
-        return [Cause(f"Unsupported sourceRef kind {ref.kind}, currently only DataSource is "
-                      "supported", "spec.sourceRef.Kind")]
+        return [
+            Cause(
+                f"Unsupported sourceRef kind {ref.kind}, currently only DataSource is supported",
+                "spec.sourceRef.Kind",
+            )
+        ]
     if not ref.name:
         return [Cause("Missing sourceRef name", "spec.sourceRef.Name")]
     if not creating:
@@ -330,16 +354,24 @@ def _check_source_ref(spec: DataVolumeSpec, ns: str, ctx: ClusterLookup, *, crea
     ref_ns = ref.namespace or ns
     data_source = ctx.get_data_source(ref_ns, ref.name)
     if data_source is None:
-        return [Cause(f"SourceRef {ref.kind}/{ref_ns}/{ref.name} not found", "spec.sourceRef",
-                      CauseType.NOT_FOUND)]
+        return [
+            Cause(
+                f"SourceRef {ref.kind}/{ref_ns}/{ref.name} not found",
+                "spec.sourceRef",
+                CauseType.NOT_FOUND,
+            )
+        ]
     source = (data_source.get("spec") or {}).get("source") or {}
     if source.get("pvc"):
         pvc = ObjectRef.from_dict(source["pvc"], "spec.source.pvc")
         return _check_source_pvc(spec, pvc, ctx, "spec.sourceRef")
     if source.get("snapshot"):
         return []
-    return [Cause(f"Empty source field in '{ref.name}'. DataSource may not be ready yet",
-                  "spec.sourceRef")]
+    return [
+        Cause(
+            f"Empty source field in '{ref.name}'. DataSource may not be ready yet", "spec.sourceRef"
+        )
+    ]
 
 
 def _check_source_count(spec: DataVolumeSpec) -> Causes:
@@ -360,8 +392,10 @@ def _check_content_type(spec: DataVolumeSpec) -> Causes:
 def _check_clone_source(spec: DataVolumeSpec, ctx: ClusterLookup, *, creating: bool) -> Causes:
     source = spec.source
     assert source is not None
-    for ref, label, path in ((source.pvc, "PVC", "spec.source.PVC"),
-                             (source.snapshot, "snapshot", "spec.source.Snapshot")):
+    for ref, label, path in (
+        (source.pvc, "PVC", "spec.source.PVC"),
+        (source.snapshot, "snapshot", "spec.source.Snapshot"),
+    ):
         if ref is not None and (not ref.namespace or not ref.name):
             return [Cause(f"{path} source {label} is not valid", path)]
     if creating and source.pvc is not None:
@@ -369,19 +403,28 @@ def _check_clone_source(spec: DataVolumeSpec, ctx: ClusterLookup, *, creating: b
     return []
 
 
-def _check_source_pvc(spec: DataVolumeSpec, ref: ObjectRef, ctx: ClusterLookup, path: str
-                      ) -> Causes:
+def _check_source_pvc(
+    spec: DataVolumeSpec, ref: ObjectRef, ctx: ClusterLookup, path: str
+) -> Causes:
     """A clone source that exists must match; one that does not yet exist is fine (CDI waits)."""
     pvc = ctx.get_pvc(ref.namespace, ref.name)
     if pvc is None:
         return []
     annotations = (pvc.get("metadata") or {}).get("annotations") or {}
-    source_type = (ContentType.ARCHIVE if annotations.get(ANN_CONTENT_TYPE) == ContentType.ARCHIVE
-                   else ContentType.KUBEVIRT)
+    source_type = (
+        ContentType.ARCHIVE
+        if annotations.get(ANN_CONTENT_TYPE) == ContentType.ARCHIVE
+        else ContentType.KUBEVIRT
+    )
     target_type = spec.effective_content_type
     if source_type != target_type:
-        return [Cause(f"Source contentType ({source_type}) and target contentType "
-                      f"({target_type}) do not match", path)]
+        return [
+            Cause(
+                f"Source contentType ({source_type}) and target contentType "
+                f"({target_type}) do not match",
+                path,
+            )
+        ]
     return src.clone_size_causes(spec, pvc, path)
 
 
@@ -391,9 +434,10 @@ def _check_source_pvc(spec: DataVolumeSpec, ref: ObjectRef, ctx: ClusterLookup, 
 def _check_extras(spec: DataVolumeSpec) -> Causes:
     causes = src.extra_source_causes(spec)
     causes += src.volume_mode_causes(spec)
-    for value, path in ((spec.priority_class_name, "spec.priorityClassName"),
-                        (spec.service_account_name, "spec.serviceAccountName")):
+    for value, path in (
+        (spec.priority_class_name, "spec.priorityClassName"),
+        (spec.service_account_name, "spec.serviceAccountName"),
+    ):
         if value and not is_dns1123_subdomain(value):
-            causes.append(Cause(f'{path}: Invalid value: "{value}": {DNS1123_SUBDOMAIN_MSG}',
-                                path))
+            causes.append(Cause(f'{path}: Invalid value: "{value}": {DNS1123_SUBDOMAIN_MSG}', path))
     return causes

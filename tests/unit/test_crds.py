@@ -81,8 +81,9 @@ def test_schema_is_structural(path: Path) -> None:
         if node.get("x-kubernetes-int-or-string"):
             assert node["anyOf"] == [{"type": "integer"}, {"type": "string"}], where
             continue
-        assert node.get("type") in ("object", "array", "string", "integer", "boolean",
-                                    "number"), f"{where}: every node needs a type"
+        assert node.get("type") in ("object", "array", "string", "integer", "boolean", "number"), (
+            f"{where}: every node needs a type"
+        )
         assert not ("properties" in node and "additionalProperties" in node), where
         assert "x-kubernetes-preserve-unknown-fields" not in node, f"{where}: use a schema"
         for key in node.get("required", ()):
@@ -107,8 +108,11 @@ def test_datavolume_prints_like_cdi() -> None:
     crd = crd_named("DataVolume")
     columns = crd["spec"]["versions"][0]["additionalPrinterColumns"]
     assert [(c["name"], c["jsonPath"]) for c in columns] == [
-        ("Phase", ".status.phase"), ("Progress", ".status.progress"),
-        ("Restarts", ".status.restartCount"), ("Age", ".metadata.creationTimestamp")]
+        ("Phase", ".status.phase"),
+        ("Progress", ".status.progress"),
+        ("Restarts", ".status.restartCount"),
+        ("Age", ".metadata.creationTimestamp"),
+    ]
     assert crd["spec"]["names"]["shortNames"] == ["dv", "dvs"]
     assert crd["spec"]["scope"] == "Namespaced"
 
@@ -133,8 +137,9 @@ def violations(value: Any, node: Schema, path: str = "") -> list[str]:
     if kind == "integer":
         good = isinstance(value, int) and not isinstance(value, bool)
     else:
-        good = isinstance(value, _TYPES[kind]) and not (kind != "boolean"
-                                                         and isinstance(value, bool))
+        good = isinstance(value, _TYPES[kind]) and not (
+            kind != "boolean" and isinstance(value, bool)
+        )
     if not good:
         return [f"{path}: must be of type {kind}"]
     if "enum" in node and value not in node["enum"]:
@@ -158,7 +163,7 @@ def _object_violations(value: dict[str, Any], node: Schema, path: str) -> list[s
         elif isinstance(extra, dict):
             errors += violations(sub, extra, f"{path}.{key}")
         elif props is not None:
-            errors.append(f"{path}: unknown field \"{key}\"")
+            errors.append(f'{path}: unknown field "{key}"')
     return errors
 
 
@@ -388,19 +393,28 @@ def test_cdi_manifest_fits_the_schema(text: str) -> None:
     assert violations(manifest, schema_of(manifest["kind"])) == []
 
 
-@pytest.mark.parametrize(("manifest", "expected"), [
-    ({"spec": {"contentType": "invalid", "pvc": {}}}, '.spec.contentType: Unsupported value: '
-                                                       '"invalid"'),
-    ({"spec": {"source": {"http": {}}, "pvc": {}}}, ".spec.source.http.url: Required value"),
-    ({"spec": {"source": {"pvc": {"namespace": "ns"}}, "pvc": {}}},
-     ".spec.source.pvc.name: Required value"),
-    ({"spec": {"pvc": {"resources": {"requests": {"storage": "2Ng"}}}}},
-     ".spec.pvc.resources.requests.storage: should match"),
-    ({"spec": {"source": {"http": None}}}, ".spec.source.http: must be of type object"),
-    ({}, ".spec: Required value"),
-    ({"spec": {"sourse": {}}}, '.spec: unknown field "sourse"'),
-], ids=["contentType", "http url", "pvc source name", "quantity", "http null", "no spec",
-        "typo"])
+@pytest.mark.parametrize(
+    ("manifest", "expected"),
+    [
+        (
+            {"spec": {"contentType": "invalid", "pvc": {}}},
+            '.spec.contentType: Unsupported value: "invalid"',
+        ),
+        ({"spec": {"source": {"http": {}}, "pvc": {}}}, ".spec.source.http.url: Required value"),
+        (
+            {"spec": {"source": {"pvc": {"namespace": "ns"}}, "pvc": {}}},
+            ".spec.source.pvc.name: Required value",
+        ),
+        (
+            {"spec": {"pvc": {"resources": {"requests": {"storage": "2Ng"}}}}},
+            ".spec.pvc.resources.requests.storage: should match",
+        ),
+        ({"spec": {"source": {"http": None}}}, ".spec.source.http: must be of type object"),
+        ({}, ".spec: Required value"),
+        ({"spec": {"sourse": {}}}, '.spec: unknown field "sourse"'),
+    ],
+    ids=["contentType", "http url", "pvc source name", "quantity", "http null", "no spec", "typo"],
+)
 def test_schema_rejects_what_cdis_schema_rejects(manifest: dict[str, Any], expected: str) -> None:
     errors = violations(manifest, schema_of("DataVolume"))
     assert any(e.startswith(expected) for e in errors), errors

@@ -22,8 +22,10 @@ def dv(annotations: dict[str, str] | None = None, **spec: Any) -> dict[str, Any]
 def test_create_records_username_and_groups() -> None:
     out = apply_patch(dv(), mutate_datavolume(dv(), None, USER))
     assert out["metadata"]["annotations"][ANN_USER] == "alice"
-    assert json.loads(out["metadata"]["annotations"][ANN_GROUPS]) == ["devs",
-                                                                      "system:authenticated"]
+    assert json.loads(out["metadata"]["annotations"][ANN_GROUPS]) == [
+        "devs",
+        "system:authenticated",
+    ]
 
 
 def test_create_overwrites_a_forged_requester() -> None:
@@ -48,8 +50,10 @@ def test_update_cannot_add_a_requester_the_object_never_had() -> None:
 
 
 def test_defaults_content_type_and_registry_pull_method() -> None:
-    new = {"metadata": {"name": "dv"},
-           "spec": {"source": {"registry": {"url": "docker://quay.io/a/b"}}}}
+    new = {
+        "metadata": {"name": "dv"},
+        "spec": {"source": {"registry": {"url": "docker://quay.io/a/b"}}},
+    }
     out = apply_patch(new, mutate_datavolume(new, None, USER))
     assert out["spec"]["contentType"] == "kubevirt"
     assert out["spec"]["source"]["registry"]["pullMethod"] == "pod"

@@ -17,20 +17,30 @@ GI = 1 << 30
 
 
 def datavolume(spec: dict[str, Any], annotations: dict[str, str] | None = None) -> DataVolume:
-    return DataVolume.from_dict({
-        "apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataVolume",
-        "metadata": {"name": "disk", "namespace": "vms", "uid": "dv-uid",
-                     "labels": {"team": "a"}, "annotations": annotations or {}},
-        "spec": {"source": {"http": {"url": "https://h/disk.qcow2"}}, **spec},
-    })
+    return DataVolume.from_dict(
+        {
+            "apiVersion": "cdi.kubevirt.io/v1beta1",
+            "kind": "DataVolume",
+            "metadata": {
+                "name": "disk",
+                "namespace": "vms",
+                "uid": "dv-uid",
+                "labels": {"team": "a"},
+                "annotations": annotations or {},
+            },
+            "spec": {"source": {"http": {"url": "https://h/disk.qcow2"}}, **spec},
+        }
+    )
 
 
 def profile(*sets: dict[str, Any], minimum: str | None = None) -> StorageProfile:
     annotations = {"cdi.kubevirt.io/minimumSupportedPvcSize": minimum} if minimum else {}
-    return StorageProfile.from_dict({
-        "metadata": {"name": "local", "annotations": annotations},
-        "status": {"storageClass": "local", "claimPropertySets": list(sets)},
-    })
+    return StorageProfile.from_dict(
+        {
+            "metadata": {"name": "local", "annotations": annotations},
+            "status": {"storageClass": "local", "claimPropertySets": list(sets)},
+        }
+    )
 
 
 FS_RWO = {"accessModes": ["ReadWriteOnce"], "volumeMode": "Filesystem"}
@@ -48,18 +58,30 @@ def storage(size: str | None = "1Gi", **fields: Any) -> dict[str, Any]:
 
 
 def test_pvc_api_is_copied_verbatim_with_owner_labels_and_annotations() -> None:
-    pvc_spec = {"accessModes": ["ReadWriteOnce"], "volumeMode": "Block",
-                "storageClassName": "fast", "resources": {"requests": {"storage": "5Gi"}}}
-    dv = datavolume({"pvc": pvc_spec}, annotations={"user": "note",
-                                                     "kubectl.kubernetes.io/last-applied"
-                                                     "-configuration": "{}"})
+    pvc_spec = {
+        "accessModes": ["ReadWriteOnce"],
+        "volumeMode": "Block",
+        "storageClassName": "fast",
+        "resources": {"requests": {"storage": "5Gi"}},
+    }
+    dv = datavolume(
+        {"pvc": pvc_spec},
+        annotations={"user": "note", "kubectl.kubernetes.io/last-applied-configuration": "{}"},
+    )
     pvc = render_pvc(dv, None, CDIConfig())
     assert pvc["spec"] == pvc_spec
     meta = pvc["metadata"]
     assert (meta["name"], meta["namespace"]) == ("disk", "vms")
-    assert meta["ownerReferences"] == [{
-        "apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataVolume", "name": "disk",
-        "uid": "dv-uid", "controller": True, "blockOwnerDeletion": True}]
+    assert meta["ownerReferences"] == [
+        {
+            "apiVersion": "cdi.kubevirt.io/v1beta1",
+            "kind": "DataVolume",
+            "name": "disk",
+            "uid": "dv-uid",
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+    ]
     assert meta["labels"]["app"] == "containerized-data-importer"
     assert meta["labels"]["team"] == "a"
     ann = meta["annotations"]
@@ -75,23 +97,26 @@ def test_pvc_api_is_copied_verbatim_with_owner_labels_and_annotations() -> None:
 def test_storage_api_takes_modes_from_the_profile_and_adds_filesystem_overhead() -> None:
     pvc = render_pvc(datavolume(storage()), profile(FS_RWO), CDIConfig())
     assert pvc["spec"] == {
-        "accessModes": ["ReadWriteOnce"], "volumeMode": "Filesystem",
+        "accessModes": ["ReadWriteOnce"],
+        "volumeMode": "Filesystem",
         "storageClassName": "local",
         "resources": {"requests": {"storage": str(1142278537)}},  # ceil(1Gi / 0.94), CDI's bytes
     }
 
 
 def test_overhead_comes_from_cdiconfig_per_storage_class() -> None:
-    config = CDIConfig.from_dict({"status": {"filesystemOverhead": {
-        "global": "0.1", "storageClass": {"local": "0.2"}}}})
+    config = CDIConfig.from_dict(
+        {"status": {"filesystemOverhead": {"global": "0.1", "storageClass": {"local": "0.2"}}}}
+    )
     pvc = render_pvc(datavolume(storage()), profile(FS_RWO), config)
     assert pvc["spec"]["resources"]["requests"]["storage"] == str(required_space(0.2, GI))
     assert required_space(0.2, GI) == 1342177280
 
 
 def test_block_volumes_get_no_overhead() -> None:
-    pvc = render_pvc(datavolume(storage(volumeMode="Block")), profile(FS_RWO, BLOCK_RWX),
-                     CDIConfig())
+    pvc = render_pvc(
+        datavolume(storage(volumeMode="Block")), profile(FS_RWO, BLOCK_RWX), CDIConfig()
+    )
     assert pvc["spec"]["accessModes"] == ["ReadWriteMany"]  # first set with that volume mode
     assert pvc["spec"]["resources"]["requests"]["storage"] == str(GI)
 
@@ -119,25 +144,48 @@ def test_minimum_supported_size_raises_small_claims() -> None:
 
 def test_archive_forces_filesystem() -> None:
     dv = datavolume({**storage(), "contentType": "archive"})
-    assert render_pvc(dv, profile(BLOCK_RWX, FS_RWO), CDIConfig())["spec"]["volumeMode"] == \
-        "Filesystem"
+    assert (
+        render_pvc(dv, profile(BLOCK_RWX, FS_RWO), CDIConfig())["spec"]["volumeMode"]
+        == "Filesystem"
+    )
 
 
-@pytest.mark.parametrize(("spec", "sp", "message"), [
-    ({**storage(volumeMode="Block"), "contentType": "archive"}, profile(BLOCK_RWX),
-     "DataVolume with ContentType Archive cannot have block volumeMode"),
-    (storage(), None, "no accessMode defined on DV, no StorageProfile"),
-    (storage(), profile(), "no accessMode defined on StorageProfile for local StorageClass"),
-    (storage(volumeMode="Block"), profile(FS_RWO),
-     "no accessMode specified in StorageProfile local for volume mode Block"),
-    (storage(size=None), profile(FS_RWO), "PVC Spec is not valid - missing storage size"),
-    (storage(size="1000k"), profile(FS_RWO),
-     "PVC Spec is not valid - storage size should be at least 1MiB"),
-    ({}, profile(FS_RWO), "DataVolume has neither spec.pvc nor spec.storage"),
-], ids=["archive block", "no profile", "empty profile", "no set for mode", "no size",
-        "too small", "no claim"])
-def test_unrenderable_claims_say_why(spec: dict[str, Any], sp: StorageProfile | None,
-                                     message: str) -> None:
+@pytest.mark.parametrize(
+    ("spec", "sp", "message"),
+    [
+        (
+            {**storage(volumeMode="Block"), "contentType": "archive"},
+            profile(BLOCK_RWX),
+            "DataVolume with ContentType Archive cannot have block volumeMode",
+        ),
+        (storage(), None, "no accessMode defined on DV, no StorageProfile"),
+        (storage(), profile(), "no accessMode defined on StorageProfile for local StorageClass"),
+        (
+            storage(volumeMode="Block"),
+            profile(FS_RWO),
+            "no accessMode specified in StorageProfile local for volume mode Block",
+        ),
+        (storage(size=None), profile(FS_RWO), "PVC Spec is not valid - missing storage size"),
+        (
+            storage(size="1000k"),
+            profile(FS_RWO),
+            "PVC Spec is not valid - storage size should be at least 1MiB",
+        ),
+        ({}, profile(FS_RWO), "DataVolume has neither spec.pvc nor spec.storage"),
+    ],
+    ids=[
+        "archive block",
+        "no profile",
+        "empty profile",
+        "no set for mode",
+        "no size",
+        "too small",
+        "no claim",
+    ],
+)
+def test_unrenderable_claims_say_why(
+    spec: dict[str, Any], sp: StorageProfile | None, message: str
+) -> None:
     with pytest.raises(RenderError) as err:
         render_pvc(datavolume(spec), sp, CDIConfig())
     assert err.value.message == message
@@ -145,16 +193,20 @@ def test_unrenderable_claims_say_why(spec: dict[str, Any], sp: StorageProfile | 
 
 
 def test_clone_with_storage_api_may_leave_the_size_to_the_source() -> None:
-    dv = DataVolume.from_dict({"metadata": {"name": "c", "namespace": "n", "uid": "u"},
-                               "spec": {"source": {"pvc": {"namespace": "a", "name": "b"}},
-                                        "storage": {}}})
+    dv = DataVolume.from_dict(
+        {
+            "metadata": {"name": "c", "namespace": "n", "uid": "u"},
+            "spec": {"source": {"pvc": {"namespace": "a", "name": "b"}}, "storage": {}},
+        }
+    )
     assert "resources" not in render_pvc(dv, profile(FS_RWO), CDIConfig())["spec"]
 
 
 def test_rendering_is_deterministic() -> None:
     dv = datavolume(storage())
-    assert render_pvc(dv, profile(FS_RWO), CDIConfig()) == render_pvc(dv, profile(FS_RWO),
-                                                                       CDIConfig())
+    assert render_pvc(dv, profile(FS_RWO), CDIConfig()) == render_pvc(
+        dv, profile(FS_RWO), CDIConfig()
+    )
 
 
 # --- naming -------------------------------------------------------------------------------------
@@ -180,8 +232,12 @@ def test_long_names_are_shortened_with_a_hash_within_the_limit() -> None:
 # --- importer pod -------------------------------------------------------------------------------
 
 
-def pod_for(spec: dict[str, Any], sp: StorageProfile | None = None,
-            config: ImporterPodConfig | None = None, **kw: Any) -> dict[str, Any]:
+def pod_for(
+    spec: dict[str, Any],
+    sp: StorageProfile | None = None,
+    config: ImporterPodConfig | None = None,
+    **kw: Any,
+) -> dict[str, Any]:
     dv = datavolume(spec, **kw)
     pvc = render_pvc(dv, sp or profile(FS_RWO, BLOCK_RWX), CDIConfig())
     return render_importer_pod(dv, pvc, config or ImporterPodConfig(image="importer:dev"))
@@ -196,16 +252,19 @@ def test_filesystem_import_pod() -> None:
     assert pod["metadata"]["name"] == "importer-disk"
     assert pod["metadata"]["ownerReferences"][0]["uid"] == "dv-uid"
     assert pod["metadata"]["labels"]["cdi.kubevirt.io"] == "importer"
-    assert pod["metadata"]["annotations"] == {"k8s.v1.cni.cncf.io/networks": "net1",
-                                              "sidecar.istio.io/inject": "false",
-                                              "linkerd.io/inject": "disabled"}
+    assert pod["metadata"]["annotations"] == {
+        "k8s.v1.cni.cncf.io/networks": "net1",
+        "sidecar.istio.io/inject": "false",
+        "linkerd.io/inject": "disabled",
+    }
     spec = pod["spec"]
     assert spec["restartPolicy"] == "Never"
     container = spec["containers"][0]
     assert {"name": "cdi-data-vol", "mountPath": "/data"} in container["volumeMounts"]
     assert "volumeDevices" not in container
-    assert {"name": "cdi-data-vol", "persistentVolumeClaim": {"claimName": "disk"}} in \
-        spec["volumes"]
+    assert {"name": "cdi-data-vol", "persistentVolumeClaim": {"claimName": "disk"}} in spec[
+        "volumes"
+    ]
     assert container["terminationMessagePath"] == "/dev/termination-log"
     assert container["ports"] == [{"name": "metrics", "containerPort": 8443, "protocol": "TCP"}]
     assert container["resources"]["limits"] == {"cpu": "750m", "memory": "600M"}
@@ -221,8 +280,9 @@ def test_filesystem_import_pod() -> None:
 def test_block_import_pod_gets_the_device() -> None:
     pod = pod_for(storage(volumeMode="Block"))
     container = pod["spec"]["containers"][0]
-    assert container["volumeDevices"] == [{"name": "cdi-data-vol",
-                                           "devicePath": "/dev/cdi-block-volume"}]
+    assert container["volumeDevices"] == [
+        {"name": "cdi-data-vol", "devicePath": "/dev/cdi-block-volume"}
+    ]
     assert all(m["mountPath"] != "/data" for m in container["volumeMounts"])
     assert env_of(pod)["FILESYSTEM_OVERHEAD"] == "0"
 
@@ -230,20 +290,37 @@ def test_block_import_pod_gets_the_device() -> None:
 def test_pod_runs_restricted() -> None:
     pod = pod_for(storage())
     assert pod["spec"]["securityContext"] == {
-        "runAsNonRoot": True, "runAsUser": 107, "runAsGroup": 107, "fsGroup": 107,
-        "seccompProfile": {"type": "RuntimeDefault"}}
+        "runAsNonRoot": True,
+        "runAsUser": 107,
+        "runAsGroup": 107,
+        "fsGroup": 107,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
     assert pod["spec"]["containers"][0]["securityContext"] == {
-        "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
-        "readOnlyRootFilesystem": True, "runAsNonRoot": True}
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "readOnlyRootFilesystem": True,
+        "runAsNonRoot": True,
+    }
     assert pod["spec"]["automountServiceAccountToken"] is False
     assert pod["spec"]["enableServiceLinks"] is False
 
 
 def test_auth_secret_is_mounted_as_files_and_ca_configmap_mounted() -> None:
-    spec = {"source": {"http": {"url": "https://h/d.img", "secretRef": "creds",
-                                "certConfigMap": "ca", "checksum": "md5:" + "a" * 32,
-                                "extraHeaders": ["X-A: 1"], "secretExtraHeaders": ["hdrs"],
-                                "insecureSkipVerify": True}}, **storage()}
+    spec = {
+        "source": {
+            "http": {
+                "url": "https://h/d.img",
+                "secretRef": "creds",
+                "certConfigMap": "ca",
+                "checksum": "md5:" + "a" * 32,
+                "extraHeaders": ["X-A: 1"],
+                "secretExtraHeaders": ["hdrs"],
+                "insecureSkipVerify": True,
+            }
+        },
+        **storage(),
+    }
     pod = pod_for(spec)
     env = env_of(pod)
     assert "IMPORTER_SECRET_KEY" not in env and "IMPORTER_ACCESS_KEY_ID" not in env
@@ -262,14 +339,23 @@ def test_auth_secret_is_mounted_as_files_and_ca_configmap_mounted() -> None:
 
 
 def test_cluster_config_flows_into_the_pod() -> None:
-    cdi = CDIConfig.from_dict({
-        "spec": {"importProxy": {"HTTPProxy": "http://p:3128", "noProxy": ".local"},
-                 "imagePullSecrets": [{"name": "pull"}], "preallocation": True,
-                 "podResourceRequirements": {"limits": {"memory": "2Gi"}}},
-    })
-    config = ImporterPodConfig(image="importer:dev", cdi_config=cdi, scratch_pvc_name="disk-"
-                               "scratch", proxy_ca_config_map="import-proxy-cm-disk",
-                               direct_io=True)
+    cdi = CDIConfig.from_dict(
+        {
+            "spec": {
+                "importProxy": {"HTTPProxy": "http://p:3128", "noProxy": ".local"},
+                "imagePullSecrets": [{"name": "pull"}],
+                "preallocation": True,
+                "podResourceRequirements": {"limits": {"memory": "2Gi"}},
+            },
+        }
+    )
+    config = ImporterPodConfig(
+        image="importer:dev",
+        cdi_config=cdi,
+        scratch_pvc_name="disk-scratch",
+        proxy_ca_config_map="import-proxy-cm-disk",
+        direct_io=True,
+    )
     pod = pod_for({**storage(), "priorityClassName": "high"}, config=config)
     env = env_of(pod)
     assert env["http_proxy"] == "http://p:3128" and env["no_proxy"] == ".local"
