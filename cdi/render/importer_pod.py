@@ -296,37 +296,28 @@ def _volumes(
         {"name": TMP_VOLUME, "emptyDir": {}},
     ]
     if config.scratch_pvc_name:
-        volumes.append(
-            {
-                "name": SCRATCH_VOLUME,
-                "persistentVolumeClaim": {"claimName": config.scratch_pvc_name},
-            }
-        )
+        scratch = {"claimName": config.scratch_pvc_name}
+        volumes.append({"name": SCRATCH_VOLUME, "persistentVolumeClaim": scratch})
     if settings.cert_config_map:
         volumes.append({"name": CERT_VOLUME, "configMap": {"name": settings.cert_config_map}})
     if config.proxy_ca_config_map:
-        volumes.append(
-            {"name": PROXY_CERT_VOLUME, "configMap": {"name": config.proxy_ca_config_map}}
-        )
+        proxy_ca = {"name": config.proxy_ca_config_map}
+        volumes.append({"name": PROXY_CERT_VOLUME, "configMap": proxy_ca})
+    return volumes + _secret_volumes(settings)
+
+
+def _secret_volumes(settings: SourceSettings) -> list[dict[str, Any]]:
+    """Credentials and secret headers as read-only files, never as environment variables."""
+    volumes: list[dict[str, Any]] = []
     if settings.secret_ref:
-        volumes.append(
-            {
-                "name": AUTH_VOLUME,
-                "secret": {
-                    "secretName": settings.secret_ref,
-                    "defaultMode": 0o440,
-                    "items": [
-                        {"key": k, "path": k}
-                        for k in (SECRET_KEY_ACCESS_KEY_ID, SECRET_KEY_SECRET_KEY)
-                    ],
-                },
-            }
-        )
+        keys = (SECRET_KEY_ACCESS_KEY_ID, SECRET_KEY_SECRET_KEY)
+        auth = {
+            "secretName": settings.secret_ref,
+            "defaultMode": 0o440,
+            "items": [{"key": k, "path": k} for k in keys],
+        }
+        volumes.append({"name": AUTH_VOLUME, "secret": auth})
     for i, name in enumerate(settings.secret_headers):
-        volumes.append(
-            {
-                "name": f"cdi-secret-extra-headers-vol-{i}",
-                "secret": {"secretName": name, "defaultMode": 0o440},
-            }
-        )
+        header = {"secretName": name, "defaultMode": 0o440}
+        volumes.append({"name": f"cdi-secret-extra-headers-vol-{i}", "secret": header})
     return volumes
