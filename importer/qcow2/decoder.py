@@ -36,7 +36,7 @@ from .writes import Write, WriteCoalescer
 
 DEFAULT_SPILL_LIMIT = 64 * 1024 * 1024
 DEFAULT_MAX_PENDING_RUNS = 2_000_000
-MAX_L2_TABLES = 1 << 20
+MAX_L2_TABLES = 1 << 18  # 512 GiB at 4 KiB clusters, 128 TiB at 64 KiB
 
 
 class SpillLimitExceeded(WorkerError):
@@ -46,7 +46,7 @@ class SpillLimitExceeded(WorkerError):
     transient = False
 
 
-@dataclass
+@dataclass(slots=True)
 class _Table:
     """An L1 or L2 table being assembled (``l1_index`` is -1 for L1)."""
 
@@ -56,7 +56,7 @@ class _Table:
     acc: bytearray = field(default_factory=bytearray)
 
 
-@dataclass
+@dataclass(slots=True)
 class _Compressed:
     """A compressed cluster being assembled (it may straddle chunk boundaries).
 
@@ -71,7 +71,7 @@ class _Compressed:
     keep_from: int
 
 
-@dataclass
+@dataclass(slots=True)
 class _Runs:
     """The runs of one L2 table, consumed in host order from ``index``."""
 
