@@ -21,7 +21,7 @@ from importer.config import ImportConfig, ca_files, parse_size, split_header
 from importer.decode import ContentType
 from importer.runner import run_import
 from importer.sources.http import HttpOptions, ProxyConfig
-from importer.taps import ChecksumSpec, Progress
+from importer.taps import Progress, parse_checksum
 from importer.target import TargetSpec
 
 
@@ -125,7 +125,7 @@ def config_from_args(a: argparse.Namespace) -> ImportConfig:
         http=http,
         file_path=a.source if source == "file" else None,
         content_type=ContentType(a.content_type),
-        checksum=ChecksumSpec.parse(a.checksum) if a.checksum else None,
+        checksum=parse_checksum(a.checksum) if a.checksum else None,
         scratch_dir=a.scratch_dir or (tempfile.gettempdir() if block else None),
         termination_path=a.termination_message,
         metrics_port=a.metrics_port,

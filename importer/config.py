@@ -11,10 +11,13 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from cdi.api.checksum import Checksum
+from cdi.api.constants import EXTRA_HEADERS_DIR, IMPORTER_EXTRA_HEADER_PREFIX, ImporterEnv
 from cdi.api.errors import InvalidConfig
+from cdi.api.quantity import Quantity, QuantityError
 from importer.decode import ContentType
 from importer.sources.http import HttpOptions, ProxyConfig
-from importer.taps import ChecksumSpec
+from importer.taps import parse_checksum
 from importer.target import TargetSpec
 
 BLOCK_DEVICE_PATH = "/dev/cdi-block-volume"
@@ -30,7 +33,7 @@ class ImportConfig:
     http: HttpOptions | None = None
     file_path: str | None = None
     content_type: ContentType = ContentType.KUBEVIRT
-    checksum: ChecksumSpec | None = None
+    checksum: Checksum | None = None
     scratch_dir: str | None = SCRATCH_DIR  # None: a folder beside a file target
     termination_path: str | None = None
     metrics_port: int | None = None
@@ -39,34 +42,12 @@ class ImportConfig:
     labels: dict[str, str] = field(default_factory=dict)
 
 
-_QUANTITY = {
-    "Ki": 2**10,
-    "Mi": 2**20,
-    "Gi": 2**30,
-    "Ti": 2**40,
-    "Pi": 2**50,
-    "k": 10**3,
-    "M": 10**6,
-    "G": 10**9,
-    "T": 10**12,
-    "P": 10**15,
-}
-
-
 def parse_size(text: str) -> int:
     """A Kubernetes quantity ("10Gi", "500M", "1073741824") in bytes."""
-    text = text.strip()
-    for suffix in sorted(_QUANTITY, key=len, reverse=True):
-        if text.endswith(suffix):
-            number = text[: -len(suffix)]
-            try:
-                return int(float(number) * _QUANTITY[suffix])
-            except ValueError:
-                break
     try:
-        return int(float(text))
-    except ValueError as exc:
-        raise InvalidConfig(f"{text!r} is not a size (e.g. 10Gi, 512Mi, 1000000)") from exc
+        return Quantity.parse(text.strip()).value()
+    except QuantityError as exc:
+        raise InvalidConfig(f"{text!r} is not a size (e.g. 10Gi, 512Mi): {exc}") from exc
 
 
 def _read_dir(path: str | None) -> dict[str, str]:
@@ -94,11 +75,21 @@ def ca_files(cert_dir: str | None) -> tuple[str, ...]:
 
 def _headers(env: Mapping[str, str]) -> list[tuple[str, str]]:
     out = []
-    for key in sorted(k for k in env if k.startswith("IMPORTER_EXTRA_HEADER_")):
+    for key in sorted(k for k in env if k.startswith(IMPORTER_EXTRA_HEADER_PREFIX)):
         out.append(split_header(env[key]))
-    for value in _read_dir(env.get("IMPORTER_SECRET_EXTRA_HEADERS_DIR", "/extraheaders")).values():
-        out.append(split_header(value))
+    # Secret headers: one mounted Secret per folder /extraheaders/<i>/, each file one header.
+    root = env.get("IMPORTER_SECRET_EXTRA_HEADERS_DIR", EXTRA_HEADERS_DIR)
+    if os.path.isdir(root):
+        for sub in sorted(os.listdir(root)):
+            out.extend(split_header(v) for v in _read_dir(os.path.join(root, sub)).values())
     return out
+
+
+def _read_file(path: str | None) -> str | None:
+    if not path:
+        return None
+    with open(path, encoding="utf-8") as fh:
+        return fh.read().strip()
 
 
 def split_header(text: str) -> tuple[str, str]:
@@ -110,12 +101,12 @@ def split_header(text: str) -> tuple[str, str]:
 
 def from_env(env: Mapping[str, str]) -> ImportConfig:
     """Build the pod's configuration from CDI's environment variables."""
-    source = env.get("IMPORTER_SOURCE", "http")
+    source = env.get(ImporterEnv.SOURCE, "http")
     block_path = env.get("IMPORTER_BLOCK_PATH", BLOCK_DEVICE_PATH)
     data_dir = env.get("IMPORTER_DATA_DIR", DATA_DIR)
     block = os.path.exists(block_path)
-    size = env.get("IMPORTER_IMAGE_SIZE")
-    content_type = ContentType(env.get("IMPORTER_CONTENTTYPE", "kubevirt") or "kubevirt")
+    size = env.get(ImporterEnv.IMAGE_SIZE)
+    content_type = ContentType(env.get(ImporterEnv.CONTENT_TYPE, "kubevirt") or "kubevirt")
     fs_path = (
         data_dir if content_type is ContentType.ARCHIVE else os.path.join(data_dir, "disk.img")
     )
@@ -123,8 +114,8 @@ def from_env(env: Mapping[str, str]) -> ImportConfig:
         path=block_path if block else fs_path,
         block=block,
         size=parse_size(size) if size else None,
-        filesystem_overhead=float(env.get("FILESYSTEM_OVERHEAD", "0") or 0),
-        preallocate=env.get("PREALLOCATION", "false").lower() == "true",
+        filesystem_overhead=float(env.get(ImporterEnv.FILESYSTEM_OVERHEAD, "0") or 0),
+        preallocate=env.get(ImporterEnv.PREALLOCATION, "false").lower() == "true",
     )
     auth = _read_dir(env.get("IMPORTER_AUTH_DIR"))
     proxy = ProxyConfig(
@@ -135,25 +126,29 @@ def from_env(env: Mapping[str, str]) -> ImportConfig:
     http = None
     if source == "http":
         http = HttpOptions(
-            url=env.get("IMPORTER_ENDPOINT", ""),
+            url=env.get(ImporterEnv.ENDPOINT, ""),
             headers=tuple(_headers(env)),
-            username=env.get("IMPORTER_ACCESS_KEY_ID") or auth.get("accessKeyId"),
-            password=env.get("IMPORTER_SECRET_KEY") or auth.get("secretKey"),
-            ca_files=ca_files(env.get("IMPORTER_CERT_DIR"))
-            + ca_files(env.get("IMPORTER_PROXY_CERT_DIR")),
-            insecure=env.get("INSECURE_TLS", "false").lower() == "true",
+            username=_read_file(env.get(ImporterEnv.ACCESS_KEY_ID_FILE))
+            or env.get("IMPORTER_ACCESS_KEY_ID")
+            or auth.get("accessKeyId"),
+            password=_read_file(env.get(ImporterEnv.SECRET_KEY_FILE))
+            or env.get("IMPORTER_SECRET_KEY")
+            or auth.get("secretKey"),
+            ca_files=ca_files(env.get(ImporterEnv.CERT_DIR))
+            + ca_files(env.get(ImporterEnv.PROXY_CERT_DIR)),
+            insecure=env.get(ImporterEnv.INSECURE_TLS, "false").lower() == "true",
             proxy=proxy,
         )
-    checksum = env.get("IMPORTER_CHECKSUM")
+    checksum = env.get(ImporterEnv.CHECKSUM)
     return ImportConfig(
         source="blank" if source in ("none", "blank") else source,
         target=target,
         http=http,
         content_type=content_type,
-        checksum=ChecksumSpec.parse(checksum) if checksum else None,
+        checksum=parse_checksum(checksum) if checksum else None,
         scratch_dir=env.get("IMPORTER_SCRATCH_DIR", SCRATCH_DIR),
         termination_path=env.get("IMPORTER_TERMINATION_PATH", TERMINATION_PATH),
         metrics_port=int(env.get("IMPORTER_METRICS_PORT", "8443")),
         metrics_addr=env.get("IMPORTER_METRICS_ADDR", "0.0.0.0"),
-        owner_uid=env.get("OWNER_UID", ""),
+        owner_uid=env.get(ImporterEnv.OWNER_UID, ""),
     )

@@ -1,6 +1,7 @@
 """The importer as an explicit phase machine: every path an import can take is in ``_NEXT``.
 
-    Info -> Transfer -> Verify -> Resize -> Complete                  raw, compressed raw
+    Info -> Transfer -> Verify -> Resize -> Complete                  raw, qcow2 (streamed)
+    Info -> Transfer -> TransferScratch -> Verify -> Validate -> ...  qcow2 too disordered to stream
     Info -> Transfer -> Verify -> Validate -> Convert -> Resize -> ... formats qemu-img converts
     Info -> Blank -> Resize -> Complete                               blank disk
     Info -> Transfer -> Verify -> Complete                            archive
@@ -24,6 +25,7 @@ from importer import qemu
 from importer.config import ImportConfig
 from importer.decode import SCRATCH_NAME, ContentType, DecodePlan, DecodeResult, decode_into
 from importer.formats import ImageFormat
+from importer.qcow2 import SpillLimitExceeded
 from importer.sources import Source
 from importer.stage import ThreadStage
 from importer.taps import Progress, hash_stream, verify
@@ -34,6 +36,7 @@ class Phase(enum.Enum):
     INFO = "Info"
     BLANK = "Blank"
     TRANSFER = "Transfer"
+    TRANSFER_SCRATCH = "TransferScratch"
     VERIFY = "Verify"
     VALIDATE = "Validate"
     CONVERT = "Convert"
@@ -143,20 +146,35 @@ class Importer:
         return Phase.RESIZE
 
     async def _transfer(self) -> Phase:
+        try:
+            await self._stream_source(stream_qcow2=True)
+        except SpillLimitExceeded:
+            return Phase.TRANSFER_SCRATCH
+        return Phase.VERIFY
+
+    async def _transfer_scratch(self) -> Phase:
+        """The qcow2 layout was too disordered to stream: download again, through scratch."""
+        self._close()
+        self.fd, self.capacity = open_target(self.config.target)
+        self.decoded = DecodeResult()
+        self.progress.done = 0
+        await self._stream_source(stream_qcow2=False)
+        return Phase.VERIFY
+
+    async def _stream_source(self, *, stream_qcow2: bool) -> None:
         assert self.source is not None
+        target = self.config.target
         writer = None
         if self.fd >= 0:
-            writer = RawWriter(
-                self.fd,
-                self.capacity,
-                zero_fill=self.config.target.block and not self.config.target.zeroed,
-            )
+            writer = RawWriter(self.fd, self.capacity, zero_fill=target.block and not target.zeroed)
         plan = DecodePlan(
             content_type=self.config.content_type,
             capacity=self.capacity,
             writer=writer,
-            archive_dir=self.config.target.path,
+            archive_dir=target.path,
             scratch_dir=self.scratch_dir,
+            stream_qcow2=stream_qcow2,
+            before_random_writes=self._zero_block_device if writer and writer.zero_fill else None,
         )
         decode = ThreadStage(lambda chunks: decode_into(chunks, plan, self.decoded), name="decode")
         checksum = self.config.checksum
@@ -179,7 +197,6 @@ class Importer:
         await decode.finish()
         if hasher is not None:
             self.actual_checksum = await hasher.finish()
-        return Phase.VERIFY
 
     async def _verify(self) -> Phase:
         if self.config.checksum is not None:
@@ -233,6 +250,11 @@ class Importer:
         return os.path.join(
             os.path.dirname(os.path.abspath(self.config.target.path)), ".cdi-scratch"
         )
+
+    def _zero_block_device(self) -> None:
+        """Random-order writes leave gaps: zero the device first (discard or write-zeroes)."""
+        assert self.capacity is not None
+        RawWriter(self.fd, self.capacity, zero_fill=True).zero_range(0, self.capacity)
 
     def _close(self) -> None:
         if self.fd >= 0:

@@ -8,33 +8,20 @@ thread stage: hashlib releases the GIL on large buffers, so it overlaps decompre
 from __future__ import annotations
 
 import hashlib
-import re
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from cdi.api.checksum import Checksum, ChecksumFormatError
 from cdi.api.errors import ChecksumMismatch, InvalidConfig
 
-_HEX_LENGTHS = {"md5": 32, "sha1": 40, "sha256": 64, "sha512": 128}
-_SPEC = re.compile(r"^(md5|sha1|sha256|sha512):([0-9a-fA-F]+)$")
 
-
-@dataclass(frozen=True)
-class ChecksumSpec:
-    algorithm: str
-    hexdigest: str
-
-    @classmethod
-    def parse(cls, text: str) -> ChecksumSpec:
-        match = _SPEC.match(text.strip())
-        if not match or len(match.group(2)) != _HEX_LENGTHS[match.group(1)]:
-            raise InvalidConfig(
-                f"checksum {text!r} is not <md5|sha1|sha256|sha512>:<hex digest of its length>"
-            )
-        return cls(match.group(1), match.group(2).lower())
-
-    def __str__(self) -> str:
-        return f"{self.algorithm}:{self.hexdigest}"
+def parse_checksum(text: str) -> Checksum:
+    """CDI's ``algorithm:hex`` checksum (shared parser in ``cdi.api.checksum``)."""
+    try:
+        return Checksum.parse(text)
+    except ChecksumFormatError as exc:
+        raise InvalidConfig(f"checksum {text!r}: {exc}") from exc
 
 
 def hash_stream(algorithm: str, chunks: Iterator[bytes]) -> str:
@@ -45,7 +32,7 @@ def hash_stream(algorithm: str, chunks: Iterator[bytes]) -> str:
     return f"{algorithm}:{digest.hexdigest()}"
 
 
-def verify(expected: ChecksumSpec, actual: str) -> None:
+def verify(expected: Checksum, actual: str) -> None:
     if actual != str(expected):
         raise ChecksumMismatch(f"checksum mismatch: expected {expected}, calculated {actual}")
 

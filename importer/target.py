@@ -17,6 +17,7 @@ import ctypes
 import ctypes.util
 import errno
 import fcntl
+import math
 import os
 import stat
 import struct
@@ -62,9 +63,12 @@ def block_device_size(fd: int) -> int:
 
 
 def usable_space(available: int, overhead: float) -> int:
-    """CDI's GetUsableSpace: room for the image once the filesystem takes its share, in MiB."""
+    """CDI's GetUsableSpace: room for the image once the filesystem takes its share, rounded
+    down to MiB. The inverse of the renderer's ``size / (1 - overhead)`` PVC request."""
+    if not overhead:
+        return available
     mib = 1024 * 1024
-    return (int(-(-available // (1 + overhead))) // mib) * mib if overhead else available
+    return (math.ceil((1 - overhead) * available) // mib) * mib
 
 
 def open_target(spec: TargetSpec) -> tuple[int, int | None]:
@@ -145,8 +149,11 @@ class RawWriter:
         self.bytes_written += stop - start
 
     def _zero(self, offset: int, length: int) -> None:
-        if not self.zero_fill or not length:
-            return
+        if self.zero_fill and length:
+            self.zero_range(offset, length)
+
+    def zero_range(self, offset: int, length: int) -> None:
+        """Make ``[offset, offset+length)`` read as zeros, as cheaply as the device allows."""
         for mode in (_FALLOC_FL_PUNCH_HOLE | _FALLOC_FL_KEEP_SIZE, _FALLOC_FL_ZERO_RANGE):
             try:
                 fallocate(self.fd, mode, offset, length)

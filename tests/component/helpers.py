@@ -11,7 +11,7 @@ from importer.config import ImportConfig
 from importer.decode import ContentType
 from importer.runner import run_import
 from importer.sources.http import HttpOptions
-from importer.taps import ChecksumSpec
+from importer.taps import parse_checksum
 from importer.target import TargetSpec
 
 
@@ -34,7 +34,7 @@ def http_config(
         target=TargetSpec(path=str(target), block=block, size=size),
         http=options if url.startswith("http") else None,
         content_type=ContentType(content_type),
-        checksum=ChecksumSpec.parse(checksum) if checksum else None,
+        checksum=parse_checksum(checksum) if checksum else None,
         scratch_dir=scratch_dir,
         termination_path=str(termination) if termination else None,
         metrics_port=None,

@@ -92,5 +92,5 @@ async def test_preallocation_allocates_everything(
 
 
 def test_usable_space_matches_cdi_rounding() -> None:
-    assert usable_space(10 * 1024 * MiB, 0.055) == 9706 * MiB  # floor(10240 / 1.055) MiB
+    assert usable_space(10 * 1024 * MiB, 0.055) == 9676 * MiB  # floor(10240 * 0.945) MiB
     assert usable_space(10 * 1024 * MiB, 0.0) == 10 * 1024 * MiB
