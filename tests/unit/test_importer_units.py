@@ -1,0 +1,114 @@
+"""Pure parts of the importer: sniffing, frame walking, xz block maths, zero detection, stages."""
+
+from __future__ import annotations
+
+import lzma
+import os
+import subprocess
+
+import pytest
+import zstandard
+
+from cdi.api.errors import InvalidImage
+from importer.decompress import decompress
+from importer.formats import ImageFormat, sniff
+from importer.sources.http import ProxyConfig
+from importer.streams import Peekable, rechunk
+from importer.target import RawWriter, _segments
+from importer.xz_parallel import block_sizes, decode_xz
+from importer.zstd_frames import checked_frames
+
+
+@pytest.mark.parametrize(
+    ("head", "fmt"),
+    [
+        (b"QFI\xfb\x00\x00\x00\x03", ImageFormat.QCOW2),
+        (b"KDMV\x01\x00\x00\x00", ImageFormat.VMDK),
+        (b"\x00" * 0x40 + b"\x7f\x10\xda\xbe", ImageFormat.VDI),
+        (b"conectix" + b"\x00" * 100, ImageFormat.VHD),
+        (b"vhdxfile" + b"\x00" * 100, ImageFormat.VHDX),
+        (b"\x1f\x8b\x08\x00", ImageFormat.GZIP),
+        (b"\xfd7zXZ\x00\x00\x04", ImageFormat.XZ),
+        (b"\x28\xb5\x2f\xfd\x00", ImageFormat.ZSTD),
+        (b"BZh91AY&SY" + b"\x00" * 10, ImageFormat.BZIP2),
+        (b"\x00" * 0x101 + b"ustar\x0000", ImageFormat.TAR),
+        (b"<!DOCTYPE html><html><body>Not Found</body></html>", ImageFormat.TEXT),
+        (b'{"error": "not found", "code": 404}', ImageFormat.TEXT),
+        (b"\x00" * 4096, ImageFormat.RAW),
+        (os.urandom(4096).replace(b"\x00", b"\x01") + b"\x00", ImageFormat.RAW),
+        (b"", ImageFormat.RAW),
+    ],
+)
+def test_sniff_by_content(head: bytes, fmt: ImageFormat) -> None:
+    assert sniff(head) is fmt
+
+
+def test_bzip2_needs_its_block_magic() -> None:
+    assert sniff(b"BZh is just text, not bzip2 at all") is not ImageFormat.BZIP2
+
+
+def test_peekable_does_not_consume() -> None:
+    stream = Peekable(iter([b"ab", b"cd", b"ef"]))
+    assert stream.peek(3) == b"abc"
+    assert b"".join(stream) == b"abcdef"
+
+
+def test_zstd_truncation_is_detected_and_multi_frame_passes() -> None:
+    data = os.urandom(300_000) + bytes(3_000_000)
+    frames = zstandard.ZstdCompressor().compress(data[:1000]) + zstandard.ZstdCompressor(
+        write_checksum=True
+    ).compress(data[1000:])
+    assert b"".join(checked_frames(rechunk(iter([frames]), 777))) == frames
+    out = b"".join(decompress(ImageFormat.ZSTD, rechunk(iter([frames]), 4096)))
+    assert out == data
+    with pytest.raises(InvalidImage, match="truncated"):
+        b"".join(decompress(ImageFormat.ZSTD, iter([frames[:-10]])))
+
+
+def test_xz_multi_block_parallel_equals_sequential(tmp_path: os.PathLike[str]) -> None:
+    data = os.urandom(1 << 20) + bytes(6 << 20) + b"pattern" * 200_000
+    multi = subprocess.run(
+        ["xz", "-T2", "-0", "--block-size=1MiB", "-c"], input=data, capture_output=True, check=True
+    ).stdout
+    assert b"".join(decode_xz(rechunk(iter([multi]), 100_000), workers=2)) == data
+    assert b"".join(decode_xz(iter([multi]), workers=1)) == data
+    single = lzma.compress(data)
+    assert b"".join(decode_xz(iter([single]), workers=2)) == data
+    header = multi[12 : 12 + (multi[12] + 1) * 4]
+    assert block_sizes(header) is not None and block_sizes(header)[1] == 1 << 20  # type: ignore[index]
+    corrupt = bytearray(multi)
+    corrupt[len(multi) // 2] ^= 0xFF
+    with pytest.raises(InvalidImage):
+        b"".join(decompress(ImageFormat.XZ, iter([bytes(corrupt)])))
+
+
+def test_zero_segments_are_aligned_to_absolute_offsets() -> None:
+    data = bytes(8192) + b"\x01" + bytes(4095)
+    segs = list(_segments(data, 4096))  # starts mid 64K block, 4K aligned
+    zero = [(a, b) for a, b, z in segs if z]
+    assert (0, 8192) == (zero[0][0], zero[-1][1]) or zero[0] == (0, 4096)
+    assert all(not z for a, b, z in segs if a <= 8192 < b)
+    unaligned = list(_segments(b"\x00" * 100 + b"\x01", 4000))
+    assert unaligned[0] == (0, 96, True)
+
+
+def test_raw_writer_skips_zeros_and_enforces_capacity(tmp_path: os.PathLike[str]) -> None:
+    path = os.path.join(tmp_path, "out")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        writer = RawWriter(fd, 1 << 20, zero_fill=False)
+        writer.write(bytes(65536) + b"\x07" * 4096 + bytes(65536))
+        assert writer.bytes_written == 4096
+        with pytest.raises(Exception, match="usable size"):
+            writer.write_at((1 << 20) - 10, b"x" * 11)
+    finally:
+        os.close(fd)
+
+
+def test_no_proxy_matching() -> None:
+    proxy = ProxyConfig(http="http://p:3128", https="http://p:3129", no_proxy=("internal", ".lab"))
+    assert proxy.for_url("http://example.com/x") == "http://p:3128"
+    assert proxy.for_url("https://example.com/x") == "http://p:3129"
+    assert proxy.for_url("http://host.internal/x") is None
+    assert proxy.for_url("http://a.lab/x") is None
+    assert ProxyConfig(http="h", no_proxy=("*",)).for_url("http://x") is None
