@@ -67,6 +67,7 @@ CONTROLLERS = (
     "deployment-controller",
     "job-controller",
     "resourcequota-controller",
+    "clusterrole-aggregation-controller",
 )
 
 

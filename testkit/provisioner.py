@@ -150,7 +150,9 @@ class Provisioner:
         if source is not None:
             self._copy_consistent(source, image)
             if image.stat().st_size < size:
-                storage.grow(image, size, None, None)
+                storage.grow(image, size, None)
+            if not block:
+                storage.resize_ext4_offline(str(image))
         else:
             storage.create_sparse(image, size)
             if not block:
@@ -161,8 +163,6 @@ class Provisioner:
         else:
             mnt = self.volumes / name
             storage.mount(device, mnt)
-            if source is not None and image.stat().st_size > 0:
-                storage.run("resize2fs", device)
             path = str(mnt)
         pv = self._pv_object(pvc, cls, name, path, image)
         try:
@@ -258,13 +258,11 @@ class Provisioner:
             return
         image = Path(pv["metadata"]["annotations"][ANN_IMAGE])
         devices = storage.loop_devices_of(image)
-        block = pv["spec"].get("volumeMode") == "Block"
-        storage.grow(
-            image,
-            want,
-            devices[0] if devices else None,
-            None if block else Path(pv["spec"]["local"]["path"]),
-        )
+        device = devices[0] if devices else None
+        if pv["spec"].get("volumeMode") == "Block" or device is None:
+            storage.grow(image, want, device)
+        elif not self._grow_filesystem(pvc, image, device, want):
+            return  # in use and no online resize here: retried once the pods are gone
         new = pvc["spec"]["resources"]["requests"]["storage"]
         self.kube.patch(
             f"/api/v1/persistentvolumes/{pv['metadata']['name']}",
@@ -282,6 +280,30 @@ class Provisioner:
             },
         )
         log.info("expanded %s to %s", pv["metadata"]["name"], new)
+
+    def _grow_filesystem(self, pvc: JSON, image: Path, device: str, size: int) -> bool:
+        storage.grow(image, size, device)
+        if storage.resize_ext4_online(device):
+            return True
+        if self._claim_in_use(pvc):
+            return False
+        mnt = self.volumes / image.stem
+        storage.unmount(mnt)
+        try:
+            storage.resize_ext4_offline(device)
+        finally:
+            storage.mount(device, mnt)
+        return True
+
+    def _claim_in_use(self, pvc: JSON) -> bool:
+        ns, name = pvc["metadata"]["namespace"], pvc["metadata"]["name"]
+        for pod in self.kube.get(ns_path(ns, "pods"))["items"]:
+            if pod.get("status", {}).get("phase") in ("Succeeded", "Failed"):
+                continue
+            for vol in pod["spec"].get("volumes") or []:
+                if (vol.get("persistentVolumeClaim") or {}).get("claimName") == name:
+                    return True
+        return False
 
     # -- deletion -------------------------------------------------------------------------
     def delete_volume(self, pv: JSON) -> None:

@@ -94,14 +94,34 @@ def mountpoints_under(root: Path) -> list[str]:
     return sorted(set(found), key=len, reverse=True)
 
 
-def grow(image: Path, size: int, device: str | None, filesystem: Path | None) -> None:
-    """Grow an image in place, its loop device, and (when mounted) its ext4 filesystem."""
+def grow(image: Path, size: int, device: str | None) -> None:
+    """Grow an image file in place and tell its loop device (if any) about the new size."""
     with open(image, "r+b") as f:
         f.truncate(size)
     if device:
         run("losetup", "--set-capacity", device)
-    if device and filesystem is not None:
-        run("resize2fs", device)
+
+
+def check_ext4(target: str) -> None:
+    """``e2fsck -f -y``: exit 1 means it fixed something (e.g. replayed a journal), fine."""
+    proc = subprocess.run(
+        ["e2fsck", "-f", "-y", target], capture_output=True, text=True, check=False
+    )
+    if proc.returncode not in (0, 1):
+        raise StorageError(f"e2fsck {target}: exit {proc.returncode}: {proc.stdout.strip()}")
+
+
+def resize_ext4_offline(target: str) -> None:
+    """Grow an unmounted ext4 (image file or device) to fill its container."""
+    check_ext4(target)
+    run("resize2fs", target)
+
+
+def resize_ext4_online(device: str) -> bool:
+    """Grow a mounted ext4; False where the kernel refuses (no CAP_SYS_RESOURCE, as in some
+    sandboxes), so the caller can fall back to an offline resize."""
+    proc = subprocess.run(["resize2fs", device], capture_output=True, text=True, check=False)
+    return proc.returncode == 0
 
 
 def release_all_under(root: Path) -> None:

@@ -113,12 +113,13 @@ def test_unprivileged_token_is_refused_and_subject_access_review_agrees(
     assert err.value.status == 403
 
     def review(user: str, verb: str, resource: str) -> bool:
+        groups = ["system:masters"] if user == "admin" else ["testkit:users"]
         body = {
             "apiVersion": "authorization.k8s.io/v1",
             "kind": "SubjectAccessReview",
             "spec": {
                 "user": user,
-                "groups": ["testkit:users", "system:authenticated"],
+                "groups": [*groups, "system:authenticated"],
                 "resourceAttributes": {"namespace": namespace, "verb": verb, "resource": resource},
             },
         }

@@ -3,6 +3,8 @@ WaitForFirstConsumer filesystem claims, block claims, clones, garbage collection
 
 from __future__ import annotations
 
+import os
+import subprocess
 import time
 from pathlib import Path
 
@@ -158,3 +160,27 @@ def test_clone_copies_data_and_released_volume_loses_its_backing_file(
     wait_gone(kube, f"/api/v1/persistentvolumes/{copy_pv['metadata']['name']}")
     assert not image.exists()
     assert not copy_dir.exists()
+
+
+@pytest.mark.parametrize("mode", ["Filesystem", "Block"])
+def test_claim_expansion_grows_the_volume(kube: Kube, namespace: str, mode: str) -> None:
+    claims = ns_path(namespace, "persistentvolumeclaims")
+    sc = "testkit-block" if mode == "Block" else "testkit-fs"
+    kube.create(claims, pvc_manifest("grow", "32Mi", sc, mode=mode))
+    pv = _bound_pv(kube, namespace, "grow")
+    kube.patch(f"{claims}/grow", {"spec": {"resources": {"requests": {"storage": "64Mi"}}}})
+
+    def expanded() -> bool:
+        pvc = kube.get(f"{claims}/grow")
+        return pvc["status"].get("capacity", {}).get("storage") == "64Mi"
+
+    wait_until(expanded, "claim capacity 64Mi", 30)
+    path = pv["spec"]["local"]["path"]
+    if mode == "Block":
+        out = subprocess.run(
+            ["blockdev", "--getsize64", path], capture_output=True, text=True, check=True
+        ).stdout
+        assert int(out) == 64 * 1024 * 1024
+    else:
+        st = os.statvfs(path)
+        assert st.f_blocks * st.f_frsize > 48 * 1024 * 1024  # was about 26 MiB at 32Mi
