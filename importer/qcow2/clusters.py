@@ -8,8 +8,9 @@ file), and accepts the cluster once exactly ``cluster_size`` bytes came out:
   must end exactly there. Output is bounded by the cluster size before it is produced: a
   frame's declared content size is checked first and frames without one are fed in small
   slices, so a hostile "zip bomb" cluster cannot allocate more than a cluster or two.
-Both functions also return how many input bytes the stream really used, so the decoder can
-keep the overrun (which may be the head of the next compressed cluster) when it must.
+Both functions also return how many input bytes the stream really used (0 if unknown), so
+the decoder claims no more than that and keeps the overrun, which may be the head of the next
+compressed cluster.
 """
 
 from __future__ import annotations
@@ -33,8 +34,11 @@ def inflate_cluster(data: bytes, cluster_size: int) -> tuple[bytes, int]:
         raise InvalidImage(f"corrupt deflate cluster: {exc}") from None
     if len(out) != cluster_size:
         raise InvalidImage(f"deflate cluster gave {len(out)} bytes, not {cluster_size}")
-    used = len(data) - len(inflater.unconsumed_tail) - len(inflater.unused_data)
-    return out, used
+    if not inflater.eof:
+        # The output filled up before the end-of-stream code was read (qemu accepts that):
+        # the stream's real length is unknown, so claim none of the input.
+        return out, 0
+    return out, len(data) - len(inflater.unused_data)
 
 
 def zstd_cluster(data: bytes, cluster_size: int) -> tuple[bytes, int]:

@@ -60,15 +60,17 @@ class _Table:
 class _Compressed:
     """A compressed cluster being assembled (it may straddle chunk boundaries).
 
-    ``keep_from`` is where its claim on the stream stops (see ``_claim_end``): bytes after it
-    may belong to a neighbouring compressed cluster.
+    qemu packs compressed clusters back to back, and each one's range runs to the end of its
+    last 512-byte sector, past its real stream, so ranges overlap their neighbours' heads. A
+    compressed cluster therefore claims only the bytes its stream really used, known once it
+    is decompressed; until then its bytes count as unclaimed (and are spilled while tables are
+    pending, in case a neighbour mapped by a later table starts among them).
     """
 
     start: int
     end: int
     virt: int
     acc: bytearray
-    keep_from: int
 
 
 @dataclass(slots=True)
@@ -154,7 +156,7 @@ class Qcow2StreamDecoder:
         missing: list[tuple[int, str]] = []
         for start, _, item in sorted(self._heap, key=lambda entry: entry[:2]):
             if isinstance(item, _Compressed):
-                self._finish_compressed(item, b"")
+                self._finish_compressed(item, b"", self._pos, None)
             else:
                 missing.append((start, _describe(item)))
         self._heap.clear()
@@ -271,9 +273,8 @@ class Qcow2StreamDecoder:
             item.index += 1
             self._pending_runs -= 1
             if kind == COMPRESSED_RUN:
-                keep_from = self._claim_end(runs, item.index, start, end)
                 self._serve_compressed_run(
-                    _Compressed(start, end, virt, bytearray(), keep_from), chunk, c0, c1, served
+                    _Compressed(start, end, virt, bytearray()), chunk, c0, c1, served
                 )
                 continue
             if start < c0:
@@ -292,22 +293,6 @@ class Qcow2StreamDecoder:
                 self._push(c1, item)
                 return
 
-    @staticmethod
-    def _claim_end(runs: list[Run], index: int, start: int, end: int) -> int:
-        """Where a compressed cluster's claim on the stream stops.
-
-        qemu packs compressed clusters back to back, and each one's range runs to the end of
-        its last 512-byte sector, so that sector may hold the heads of the next ones. If the
-        next run of the same table starts inside the range, the claim stops there (that run
-        claims the rest); otherwise the last sector stays unclaimed, to be spilled in case a
-        table still to come maps a cluster that starts in it.
-        """
-        if index < len(runs):
-            next_start, _, _, kind = runs[index]
-            if kind == COMPRESSED_RUN and start < next_start < end:
-                return next_start
-        return max(start, (end - 1) & ~511)
-
     def _serve_compressed_run(
         self,
         item: _Compressed,
@@ -319,10 +304,9 @@ class Qcow2StreamDecoder:
         if item.start < c0:
             past_end = min(item.end, c0)
             item.acc += self._past_prefix(item.start, past_end)
-            self._spill.discard(item.start, min(past_end, item.keep_from))
             if len(item.acc) < past_end - item.start:
-                # A gap in what was kept: the real stream must end before it (EOF-like).
-                self._finish_compressed(item, b"")
+                # A gap in what was kept: the real stream must end before it (as at EOF).
+                self._finish_compressed(item, b"", c0, None)
                 return
         self._serve_compressed(item, chunk, c0, c1, served)
 
@@ -346,26 +330,30 @@ class Qcow2StreamDecoder:
         served: list[tuple[int, int]] | None,
     ) -> None:
         lo = max(item.start + len(item.acc), c0)
-        hi = min(item.end, c1)
-        piece = chunk[lo - c0 : hi - c0] if lo < hi else b""
-        if served is not None and lo < min(hi, item.keep_from):
-            served.append((lo, min(hi, item.keep_from)))
+        piece = chunk[lo - c0 : min(item.end, c1) - c0] if lo < c1 else b""
         if item.end > c1:
             item.acc += piece
             self._push(c1, item)
             return
-        self._finish_compressed(item, piece)
+        self._finish_compressed(item, piece, c0, served)
 
-    def _finish_compressed(self, item: _Compressed, piece: bytes) -> None:
-        """Decompress a whole compressed cluster (its overrun may be missing at EOF)."""
+    def _finish_compressed(
+        self, item: _Compressed, piece: bytes, c0: int, served: list[tuple[int, int]] | None
+    ) -> None:
+        """Decompress a whole compressed cluster (its overrun may be missing at EOF), then
+        claim exactly the bytes its stream used: in this chunk, and in the spill."""
         header = self._header
         assert header is not None
         data = bytes(item.acc) + piece if item.acc else piece
         if header.compression_type == COMPRESSION_ZSTD:
-            out, _ = zstd_cluster(data, header.cluster_size)
+            out, used = zstd_cluster(data, header.cluster_size)
         else:
-            out, _ = inflate_cluster(data, header.cluster_size)
+            out, used = inflate_cluster(data, header.cluster_size)
         self._out.add(item.virt, out)
+        real_end = item.start + used
+        if served is not None and real_end > max(item.start, c0):
+            served.append((max(item.start, c0), real_end))
+        self._spill.discard(item.start, min(real_end, c0))
 
     # -- tables --------------------------------------------------------------------------
 

@@ -131,6 +131,68 @@ def l1_moved_to_end(d: Path) -> Path:
     return out
 
 
+def dirty_lazy_refcounts(d: Path) -> Path:
+    """qemu-io aborts mid-session: the dirty bit stays set and refcounts are stale."""
+    out = d / "img.qcow2"
+    run(
+        "qemu-img", "create", "-f", "qcow2", "-o", "lazy_refcounts=on,cluster_size=4096", out, "16M"
+    )
+    done = subprocess.run(
+        [
+            "qemu-io",
+            "-f",
+            "qcow2",
+            "-c",
+            "write -P 3 1M 300k",
+            "-c",
+            "write -P 4 9M 4k",
+            "-c",
+            "abort",
+            str(out),
+        ],
+        capture_output=True,
+    )
+    assert done.returncode != 0  # abort() is the point
+    assert struct.unpack_from(">Q", out.read_bytes(), 72)[0] & 1, "dirty bit not set"
+    return out
+
+
+def random_history(seed: int, cluster_size: int) -> Recipe:
+    """Compressed clusters, then random writes, zero writes, discards and snapshots."""
+
+    def build(d: Path) -> Path:
+        rng = random.Random(seed)
+        rnd = random_file(d / "rand.bin", 256 * 1024, seed=seed)
+        out = d / "img.qcow2"
+        run("qemu-img", "create", "-f", "qcow2", "-o", f"cluster_size={cluster_size}", out, "8M")
+        # qemu can only write compressed clusters into unallocated space: do those first.
+        slots = rng.sample(range(8 * MiB // cluster_size), 16)
+        qemu_io(
+            out, *[f"write -c -P {i % 250 + 1} {i * cluster_size} {cluster_size}" for i in slots]
+        )
+        kinds = ["rand", "pattern", "zero", "discard"]
+        for step in range(4):
+            ops = []
+            for _ in range(12):
+                off = rng.randrange(0, 8 * MiB - 256 * 1024, 512)
+                length = rng.randrange(512, 256 * 1024, 512)
+                kind = rng.choice(kinds)
+                if kind == "rand":
+                    ops.append(f"write -s {rnd} {off} {length}")
+                elif kind == "pattern":
+                    ops.append(f"write -P {rng.randrange(1, 255)} {off} {length}")
+                elif kind == "zero":
+                    ops.append(f"write -z {off} {length}")
+                else:
+                    ops.append(f"discard {off} {length}")
+            qemu_io(out, *ops)
+            if step < 3 and rng.random() < 0.7:
+                run("qemu-img", "snapshot", "-c", f"s{step}", out)
+        return out
+
+    return build
+
+
 def compressed_in_place(compression: str) -> Recipe:
     def build(d: Path) -> Path:
         rnd = random_file(d / "rand.bin", MiB, seed=13)
@@ -185,9 +247,14 @@ MATRIX: dict[str, Recipe] = {
     "l1-after-data": l1_moved_to_end,
     "compressed-in-place-zlib": compressed_in_place("zlib"),
     "compressed-in-place-zstd": compressed_in_place("zstd"),
+    "dirty-lazy-refcounts": dirty_lazy_refcounts,
+    "random-history-512": random_history(1, 512),
+    "random-history-4k": random_history(2, 4096),
+    "random-history-64k": random_history(3, 65536),
 }
 # Byte-by-byte feeding is slow in pure Python; a few small images get the odd 7-byte chunks.
 TINY_CHUNK_CASES = {
+    "random-history-4k",
     "unordered-512",
     "compressed-in-place-zstd",
     "snapshots",

@@ -41,7 +41,8 @@ def decode(image: bytes, chunks: int | list[int] = 65536, **kwargs: int) -> byte
     pos = 0
     sizes = iter(chunks) if isinstance(chunks, list) else None
     while pos < len(image):
-        step = next(sizes, 4096) if sizes else chunks
+        step = next(sizes, 4096) if sizes is not None else chunks
+        assert isinstance(step, int)
         writes += decoder.feed(memoryview(image)[pos : pos + step])
         pos += step
     writes += decoder.finish()
@@ -320,17 +321,14 @@ def test_overlapping_or_misaligned_tables_are_refused(patch: str) -> None:
     spec.data[900] = cluster(900)
     image = bytearray(build(spec))
     l1, l2 = _l1_l2(image)
-    entry_l1, entry_l2, value = {
-        "l2-on-l1": (0, None, l1),
-        "l2-on-header": (0, None, 0x200),
-        "shared-l2": (900 // 64, None, l2),
-        "data-on-l2": (None, 0, l2),
-        "data-on-l1": (None, 0, l1),
+    table, index, value = {
+        "l2-on-l1": (l1, 0, l1),
+        "l2-on-header": (l1, 0, 0x200),
+        "shared-l2": (l1, 900 // 64, l2),
+        "data-on-l2": (l2, 0, l2),
+        "data-on-l1": (l2, 0, l1),
     }[patch]
-    if entry_l1 is not None:
-        struct.pack_into(">Q", image, l1 + 8 * entry_l1, value | (1 << 63))
-    else:
-        struct.pack_into(">Q", image, l2 + 8 * entry_l2, value | (1 << 63))
+    struct.pack_into(">Q", image, table + 8 * index, value | (1 << 63))
     with pytest.raises(UnsafeImage):
         decode(bytes(image))
 
