@@ -75,6 +75,7 @@ class LaunchSpec:
     termination_host_path: Path
     termination_path: str
     fallback_to_logs: bool
+    record_path: Path  # the wrapper lists here the mount points it had to create on the host
 
 
 class ContainerProcess:
@@ -87,6 +88,7 @@ class ContainerProcess:
         spec.termination_host_path.parent.mkdir(parents=True, exist_ok=True)
         spec.termination_host_path.write_bytes(b"")
         argv = ["unshare", "--mount", "--propagation", "private", "--", "/bin/sh", str(MOUNTNS)]
+        argv += ["--record", str(spec.record_path)]
         for b in spec.binds:
             if b.device:
                 argv += ["--dev", str(b.src), b.dst]
@@ -297,3 +299,20 @@ class ContainerRuntime:
             if self.last_exit:
                 st["lastState"] = self.last_exit.as_state(self.last_container_id)
         return st
+
+
+def remove_created_mount_points(records: list[Path]) -> None:
+    """Remove the empty directories and empty placeholder files that containers had to create
+    on the host as mount points (listed by mountns.sh), deepest first. Anything that is no
+    longer empty was not ours alone and stays."""
+    paths: set[str] = set()
+    for rec in records:
+        with contextlib.suppress(OSError):
+            paths.update(p for p in rec.read_text().splitlines() if p.startswith("/"))
+    for p in sorted(paths, key=lambda x: x.count("/"), reverse=True):
+        path = Path(p)
+        with contextlib.suppress(OSError):
+            if path.is_dir() and not path.is_symlink():
+                path.rmdir()
+            elif path.is_file() and path.stat().st_size == 0:
+                path.unlink()

@@ -38,6 +38,7 @@ from testkit.containers import (
     LaunchSpec,
     Probe,
     now_rfc3339,
+    remove_created_mount_points,
 )
 from testkit.images import DEFAULT_MAP, ImageMap, UnknownImage
 from testkit.kubeclient import JSON, STRATEGIC_PATCH, ApiError, Kube, ns_path
@@ -377,6 +378,7 @@ class NodeAgent:
             termination_host_path=rt.dir / "containers" / c.name / "termination-log",
             termination_path=c.spec.get("terminationMessagePath") or DEFAULT_TERMINATION_PATH,
             fallback_to_logs=c.spec.get("terminationMessagePolicy") == "FallbackToLogsOnError",
+            record_path=rt.dir / "created-mount-points",
         )
 
     def _write_status(self, rt: PodRuntime) -> None:
@@ -453,7 +455,10 @@ class NodeAgent:
             with contextlib.suppress(Exception):
                 c.proc.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
             c.proc.signal(signal.SIGKILL)
+            with contextlib.suppress(Exception):
+                c.proc.proc.wait(timeout=5)
         self.probes.shutdown(wait=False, cancel_futures=True)
+        remove_created_mount_points(sorted(self.pods_dir.glob("*/created-mount-points")))
 
 
 def main(argv: list[str] | None = None) -> None:

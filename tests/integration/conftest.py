@@ -19,13 +19,15 @@ from testkit.cluster import Cluster, ClusterConfig
 from testkit.kubeclient import Kube
 from testkit.waiting import wait_until
 
+START_TIME = pytest.StashKey[float]()
+
 
 @pytest.fixture(scope="session")
-def cluster() -> Iterator[Cluster]:
+def cluster(pytestconfig: pytest.Config) -> Iterator[Cluster]:
     state = Path(tempfile.mkdtemp(prefix="testkit-"))
     c = Cluster(ClusterConfig(state_dir=state))
     c.start()
-    print(f"\ntestkit cluster ready in {c.started_in:.1f} s at {c.server} (state {state})")
+    pytestconfig.stash[START_TIME] = c.started_in
     try:
         yield c
     finally:
@@ -54,3 +56,11 @@ def namespace(cluster: Cluster, kube: Kube, request: pytest.FixtureRequest) -> I
     wait_until(lambda: kube.get_or_none(sa), f"default service account in {name}", 30)
     yield name
     kube.delete_ignore_missing(f"/api/v1/namespaces/{name}")
+
+
+def pytest_terminal_summary(
+    terminalreporter: pytest.TerminalReporter, config: pytest.Config
+) -> None:
+    started = config.stash.get(START_TIME, None)
+    if started is not None:
+        terminalreporter.write_line(f"testkit cluster started in {started:.1f} s")
