@@ -31,6 +31,7 @@ from cdi.api.errors import (
     WorkerError,
 )
 from importer.sources import SourceInfo
+from importer.sources.ranges import RangesUnsupported, parallel_ranges
 from importer.streams import CHUNK_SIZE
 
 USER_AGENT = "cdi-py-importer"
@@ -62,6 +63,8 @@ class HttpOptions:
     ca_files: tuple[str, ...] = ()
     insecure: bool = False
     proxy: ProxyConfig = field(default_factory=ProxyConfig)
+    connections: int = 4  # parallel ranged connections when the server supports ranges
+    segment_size: int = 8 * 1024 * 1024
     attempts: int = 5  # per request, for transient statuses and connection errors
     resumes: int = 10  # mid-body cuts survived per import
     backoff_initial: float = 0.5
@@ -101,6 +104,8 @@ class HttpSource:
         self.resumed = 0  # cuts continued with a Range request
         self.restarted = 0  # cuts where the server sent the whole body again
         self.cuts = 0
+        self.info = SourceInfo(size=None, ranges=False)
+        self.parallel = False  # whether the last stream() used parallel ranges
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None:
@@ -131,16 +136,19 @@ class HttpSource:
                 proxy=self.options.proxy.for_url(self.options.url),
             ) as resp:
                 if resp.status != 200:
-                    return SourceInfo(size=None, ranges=False)
-                return SourceInfo(
+                    return self.info
+                self.info = SourceInfo(
                     size=resp.content_length,
                     ranges=resp.headers.get("Accept-Ranges", "").lower() == "bytes",
                 )
+                return self.info
         except (TimeoutError, aiohttp.ClientError):
             return SourceInfo(size=None, ranges=False)
 
-    async def _open(self, start: int) -> aiohttp.ClientResponse:
-        headers = {"Range": f"bytes={start}-"} if start else {}
+    async def _open(self, start: int, end: int | None = None) -> aiohttp.ClientResponse:
+        headers = {"Range": f"bytes={start}-{'' if end is None else end - 1}"}
+        if not start and end is None:
+            headers = {}
         retrying = AsyncRetrying(
             stop=stop_after_attempt(self.options.attempts),
             wait=wait_exponential_jitter(
@@ -164,8 +172,64 @@ class HttpSource:
                 return resp
         raise AssertionError("unreachable")
 
-    async def stream(self) -> AsyncIterator[bytes]:
-        received = 0
+    async def stream(self, start: int = 0) -> AsyncIterator[bytes]:
+        """Bytes from ``start`` to the end: parallel ranges when the server allows, else one
+        streamed GET."""
+        size, opts = self.info.size, self.options
+        self.parallel = bool(
+            opts.connections > 1
+            and self.info.ranges
+            and size
+            and size - start >= 2 * opts.segment_size
+        )
+        if self.parallel:
+            assert size is not None
+            try:
+                async for chunk in parallel_ranges(
+                    self._fetch_range,
+                    size,
+                    start,
+                    connections=opts.connections,
+                    segment=opts.segment_size,
+                ):
+                    yield chunk
+                return
+            except RangesUnsupported:
+                self.parallel = False  # nothing was yielded yet: fall back to one stream
+        async for chunk in self._single(start):
+            yield chunk
+
+    async def _fetch_range(self, start: int, end: int) -> bytes:
+        """One segment, resumed from its last byte if the connection is cut."""
+        buf = bytearray()
+        while len(buf) < end - start:
+            try:
+                resp = await self._open(start + len(buf), end)
+            except (TimeoutError, aiohttp.ClientError) as exc:
+                raise SourceUnavailable(f"cannot reach {self.options.url}: {exc}") from exc
+            try:
+                expected = f"bytes {start + len(buf)}-{end - 1}/"
+                if resp.status != 206 or not resp.headers.get("Content-Range", "").startswith(
+                    expected
+                ):
+                    raise RangesUnsupported()
+                async for chunk in resp.content.iter_chunked(CHUNK_SIZE):
+                    buf += chunk
+            except (
+                TimeoutError,
+                aiohttp.ClientPayloadError,
+                aiohttp.ClientConnectionError,
+                ConnectionError,
+            ) as exc:
+                await self._before_resume(exc, start + len(buf))
+            finally:
+                resp.release()
+        if len(buf) > end - start:
+            raise SourceUnavailable(f"{self.options.url} sent more bytes than the range asked")
+        return bytes(buf)
+
+    async def _single(self, start: int) -> AsyncIterator[bytes]:
+        received = start
         total: int | None = None
         while True:
             try:
@@ -173,8 +237,10 @@ class HttpSource:
             except (TimeoutError, aiohttp.ClientError) as exc:
                 raise SourceUnavailable(f"cannot reach {self.options.url}: {exc}") from exc
             skip = self._skip_for(resp, received)
-            if total is None and resp.status == 200:
-                total = resp.content_length
+            if total is None and resp.content_length is not None:
+                total = (
+                    received + resp.content_length if resp.status == 206 else (resp.content_length)
+                )
             try:
                 async for chunk in resp.content.iter_chunked(CHUNK_SIZE):
                     if skip:

@@ -33,6 +33,14 @@ def _parse_range(header: str | None, size: int) -> int:
     return int(start) if start else 0
 
 
+def _range_end(header: str | None, size: int) -> int:
+    """Exclusive end of a ``bytes=a-b`` request (``size`` when open-ended)."""
+    if not header or not header.startswith("bytes="):
+        return size
+    end = header[6:].split("-", 1)[1]
+    return min(size, int(end) + 1) if end else size
+
+
 async def _send(
     request: web.Request,
     path: Path,
@@ -44,22 +52,23 @@ async def _send(
     status: int = 200,
 ) -> web.StreamResponse:
     size = path.stat().st_size
-    start = _parse_range(request.headers.get(hdrs.RANGE), size) if ranges else 0
-    resp = web.StreamResponse(status=206 if start else status)
+    header = request.headers.get(hdrs.RANGE) if ranges else None
+    start, end = _parse_range(header, size), _range_end(header, size)
+    resp = web.StreamResponse(status=206 if header else status)
     resp.content_type = content_type
     if ranges:
         resp.headers["Accept-Ranges"] = "bytes"
-    if start:
-        resp.headers["Content-Range"] = f"bytes {start}-{size - 1}/{size}"
+    if header:
+        resp.headers["Content-Range"] = f"bytes {start}-{end - 1}/{size}"
     if length:
-        resp.content_length = size - start
+        resp.content_length = end - start
     else:
         resp.enable_chunked_encoding()
     await resp.prepare(request)
     sent = start
     with open(path, "rb") as fh:
         fh.seek(start)
-        while chunk := fh.read(CHUNK):
+        while sent < end and (chunk := fh.read(min(CHUNK, end - sent))):
             if cut_at is not None and sent + len(chunk) > cut_at:
                 await resp.write(chunk[: cut_at - sent])
                 assert request.transport is not None
@@ -166,6 +175,15 @@ async def _alwayscut(request, file_of, rec):  # type: ignore[no-untyped-def]
     return await _send(request, path, cut_at=start + 4096)
 
 
+async def _cuteach(request, file_of, rec):  # type: ignore[no-untyped-def]
+    """The first request for each segment (each range end) is cut 1 MiB in."""
+    path = file_of(request)
+    header = request.headers.get(hdrs.RANGE) or "bytes=0-"
+    start = _parse_range(header, path.stat().st_size)
+    first = request.method == "GET" and rec.bump(f"cuteach:{header.split('-')[-1]}") == 1
+    return await _send(request, path, cut_at=start + CHUNK if first else None)
+
+
 async def _html200(request, file_of, rec):  # type: ignore[no-untyped-def]
     return web.Response(body=HTML_PAGE, content_type="text/html")
 
@@ -197,6 +215,7 @@ BEHAVIOURS = {
     "flaky": _flaky,
     "alwaysdown": _alwaysdown,
     "cut": _cut,
+    "cuteach": _cuteach,
     "cutnoranges": _cutnoranges,
     "alwayscut": _alwayscut,
     "html200": _html200,

@@ -141,3 +141,47 @@ def _sha256(path: Path) -> str:
     import hashlib
 
     return "sha256:" + hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+async def test_parallel_ranges_deliver_in_order_with_every_byte_once(
+    images: ImageFactory, server: Server, tmp_path: Path
+) -> None:
+    image = images.make("raw")
+    target = tmp_path / "disk.img"
+    digest = _sha256(image.path)
+    result = await import_url(
+        server.link("ok", image.path),
+        target,
+        checksum=digest,
+        connections=3,
+        segment_size=4 * 1024 * 1024,
+    )
+    assert result.succeeded, result
+    assert same_content(target, image.reference)
+    ranges = sorted(r for m, _, r in server.recorder.requests if m == "GET" and r)
+    assert len(ranges) == image.path.stat().st_size // (4 * 1024 * 1024)
+    assert "bytes=0-4194303" in ranges
+
+
+async def test_parallel_segments_cut_mid_way_resume_from_their_last_byte(
+    images: ImageFactory, server: Server, tmp_path: Path
+) -> None:
+    image = images.make("raw")
+    target = tmp_path / "disk.img"
+    result = await import_url(
+        server.link("cuteach", image.path),
+        target,
+        checksum=_sha256(image.path),
+        connections=4,
+        segment_size=8 * 1024 * 1024,
+        resumes=10,
+    )
+    assert result.succeeded, result
+    assert same_content(target, image.reference)
+    assert result.bytes_read == image.path.stat().st_size
+    resumed = [
+        r
+        for m, _, r in server.recorder.requests
+        if m == "GET" and r and not r.split("=")[1].split("-")[0].endswith("0")
+    ]
+    assert resumed, "no segment was resumed from the middle"
