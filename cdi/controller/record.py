@@ -1,0 +1,76 @@
+"""The durable record of an import, kept in annotations on the target PVC.
+
+Importer pods are deleted after success and a controller may restart at any moment, so what
+has happened so far must live in the cluster, not in memory. CDI keeps it on the PVC
+(``storage.pod.restarts``, ``storage.pod.phase``, ``storage.import.fatalError``,
+``storage.condition.running.*``); so do we, with the same keys, so ``kubectl describe pvc``
+reads the same. ``ImportRecord`` parses and renders those annotations; the reconciler writes
+them with one merge patch per decision, before acting on the decision (bump the attempt count,
+then create the next pod), so a crash in between is repaired by the next reconcile.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from cdi.api.constants import (
+    ANN_FATAL_ERROR,
+    ANN_IMPORT_POD_NAME,
+    ANN_POD_PHASE,
+    ANN_POD_RESTARTS,
+)
+
+ANN_RUNNING_REASON = "cdi.kubevirt.io/storage.condition.running.reason"
+ANN_RUNNING_MESSAGE = "cdi.kubevirt.io/storage.condition.running.message"
+ANN_BYTES_WRITTEN = "cdi.kubevirt.io/storage.import.bytesWritten"
+
+OUTCOME_SUCCEEDED = "Succeeded"
+OUTCOME_FAILED = "Failed"
+
+
+@dataclass(frozen=True)
+class ImportRecord:
+    failed_attempts: int = 0  # = index of the current attempt
+    outcome: str | None = None  # Succeeded | Failed once the import is over
+    reason: str | None = None  # of the last finished attempt
+    message: str | None = None
+    pod_name: str | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.outcome in (OUTCOME_SUCCEEDED, OUTCOME_FAILED)
+
+    @classmethod
+    def from_pvc(cls, pvc: Mapping[str, Any] | None) -> ImportRecord:
+        ann = ((pvc or {}).get("metadata") or {}).get("annotations") or {}
+        try:
+            restarts = max(0, int(ann.get(ANN_POD_RESTARTS) or 0))
+        except ValueError:
+            restarts = 0
+        outcome = ann.get(ANN_POD_PHASE)
+        if outcome == OUTCOME_FAILED and ann.get(ANN_FATAL_ERROR) != "true":
+            outcome = None  # CDI: a failed pod is terminal only with fatalError
+        return cls(
+            failed_attempts=restarts,
+            outcome=outcome if outcome in (OUTCOME_SUCCEEDED, OUTCOME_FAILED) else None,
+            reason=ann.get(ANN_RUNNING_REASON) or None,
+            message=ann.get(ANN_RUNNING_MESSAGE) or None,
+            pod_name=ann.get(ANN_IMPORT_POD_NAME) or None,
+        )
+
+    def annotations(self) -> dict[str, str | None]:
+        """A merge patch of the PVC's annotations (None deletes a key)."""
+        return {
+            ANN_POD_RESTARTS: str(self.failed_attempts),
+            ANN_POD_PHASE: self.outcome,
+            ANN_FATAL_ERROR: "true" if self.outcome == OUTCOME_FAILED else None,
+            ANN_RUNNING_REASON: self.reason,
+            ANN_RUNNING_MESSAGE: self.message,
+            ANN_IMPORT_POD_NAME: self.pod_name,
+        }
+
+    def differs_from(self, pvc: Mapping[str, Any] | None) -> bool:
+        ann = ((pvc or {}).get("metadata") or {}).get("annotations") or {}
+        return any(ann.get(k) != v for k, v in self.annotations().items())

@@ -1,0 +1,187 @@
+"""DataVolume status as a pure function of what the reconciler observed.
+
+``compute_status(view, previous, now)`` returns the whole ``status`` object; the reconciler
+compares it with what it read and writes it (once) only when it differs. Phases, conditions
+and messages follow CDI (reference §1.1):
+
+=====================================  ====================
+observed                               phase
+=====================================  ====================
+no PVC / PVC not ours / not renderable Pending
+PVC Pending on a WaitForFirstConsumer  WaitForFirstConsumer
+class, no immediate-binding request
+PVC Pending otherwise (no pod)         Pending
+PVC Bound, no importer pod yet         PVCBound
+importer pod Pending (or a retry is    ImportScheduled
+waiting for its backoff)
+importer pod Running / just finished   ImportInProgress
+record says Succeeded                  Succeeded (progress 100.0%)
+record says Failed, or PVC Lost        Failed
+=====================================  ====================
+
+Conditions: ``Bound`` from the PVC; ``Running`` True while the pod runs (its message carries
+bytes and rate), else False with the last attempt's reason verbatim; ``Ready`` True only when
+Succeeded, False with the failure reason when Failed. A condition's ``lastTransitionTime``
+changes only when its ``status`` changes; ``lastHeartbeatTime`` when anything in it changes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from cdi.api.constants import (
+    PROGRESS_COMPLETE,
+    PROGRESS_NOT_AVAILABLE,
+    ConditionReason,
+    ConditionStatus,
+    ConditionType,
+    Phase,
+)
+from cdi.controller.progress import Progress
+from cdi.controller.record import OUTCOME_FAILED, OUTCOME_SUCCEEDED, ImportRecord
+
+Condition = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ClaimProblem:
+    """Why there is no usable PVC: the reason (``ErrClaimNotValid``, ``ErrResourceExists``)
+    is the Bound condition's reason and the event's."""
+
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class View:
+    """Everything the status depends on, gathered by the reconciler."""
+
+    claim_name: str
+    pvc_phase: str | None = None  # None: no PVC
+    waiting_for_consumer: bool = False
+    problem: ClaimProblem | None = None
+    record: ImportRecord = field(default_factory=ImportRecord)
+    pod_phase: str | None = None  # of the current attempt's importer pod
+    progress: Progress | None = None  # fresh reading, when the pod is running
+    retry_in: float | None = None  # seconds until the next attempt's pod is created
+    max_attempts: int = 1
+
+
+def compute_phase(v: View) -> Phase:
+    if v.problem is not None or v.pvc_phase is None:
+        return Phase.PENDING
+    if v.pvc_phase == "Lost" or v.record.outcome == OUTCOME_FAILED:
+        return Phase.FAILED
+    if v.record.outcome == OUTCOME_SUCCEEDED:
+        return Phase.SUCCEEDED
+    if v.pod_phase == "Running" or v.pod_phase in ("Succeeded", "Failed"):
+        return Phase.IMPORT_IN_PROGRESS
+    if v.pod_phase == "Pending" or v.retry_in is not None:
+        return Phase.IMPORT_SCHEDULED
+    if v.pvc_phase == "Bound":
+        return Phase.PVC_BOUND
+    if v.waiting_for_consumer:
+        return Phase.WAIT_FOR_FIRST_CONSUMER
+    return Phase.PENDING
+
+
+def _bound(v: View) -> Condition:
+    name = v.claim_name
+    if v.problem is not None:
+        return _cond(ConditionType.BOUND, False, v.problem.reason, v.problem.message)
+    if v.pvc_phase is None:
+        return _cond(ConditionType.BOUND, False, ConditionReason.NOT_FOUND, "No PVC found")
+    if v.pvc_phase == "Bound":
+        return _cond(ConditionType.BOUND, True, ConditionReason.BOUND, f"PVC {name} Bound")
+    if v.pvc_phase == "Lost":
+        return _cond(ConditionType.BOUND, False, ConditionReason.CLAIM_LOST, "Claim Lost")
+    return _cond(ConditionType.BOUND, False, ConditionReason.PENDING, f"PVC {name} Pending")
+
+
+def _running(v: View, phase: Phase) -> Condition:
+    rec = v.record
+    if phase == Phase.IMPORT_IN_PROGRESS and v.pod_phase == "Running":
+        message = v.progress.describe() if v.progress else "Import in progress"
+        return _cond(ConditionType.RUNNING, True, "", message)
+    if rec.reason and (phase in (Phase.SUCCEEDED, Phase.FAILED) or v.retry_in is not None):
+        message = rec.message or ""
+        if phase not in (Phase.SUCCEEDED, Phase.FAILED) and v.retry_in is not None:
+            attempt = rec.failed_attempts + 1
+            message = (f"{message} (attempt {attempt} of {v.max_attempts} "
+                       f"in {v.retry_in:.0f}s)").strip()
+        return _cond(ConditionType.RUNNING, False, rec.reason, message)
+    if v.pod_phase == "Pending":
+        return _cond(ConditionType.RUNNING, False, ConditionReason.PENDING, "Importer pod pending")
+    return _cond(ConditionType.RUNNING, False, "", "")
+
+
+def _ready(v: View, phase: Phase) -> Condition:
+    if phase == Phase.SUCCEEDED:
+        return _cond(ConditionType.READY, True, "", "")
+    if phase == Phase.FAILED:
+        reason = v.record.reason or ConditionReason.CLAIM_LOST
+        return _cond(ConditionType.READY, False, reason, v.record.message or "Claim Lost")
+    if phase in (Phase.IMPORT_IN_PROGRESS, Phase.IMPORT_SCHEDULED):
+        return _cond(ConditionType.READY, False, ConditionReason.TRANSFER_RUNNING, "")
+    return _cond(ConditionType.READY, False, "", "")
+
+
+def _cond(type_: str, status: bool, reason: str, message: str) -> Condition:
+    return {
+        "type": str(type_),
+        "status": str(ConditionStatus.TRUE if status else ConditionStatus.FALSE),
+        "reason": str(reason),
+        "message": message,
+    }
+
+
+def _progress(v: View, phase: Phase, previous: Mapping[str, Any]) -> str:
+    if phase == Phase.SUCCEEDED:
+        return PROGRESS_COMPLETE
+    if v.progress is not None and phase == Phase.IMPORT_IN_PROGRESS:
+        return v.progress.text
+    if phase in (Phase.IMPORT_IN_PROGRESS, Phase.FAILED):
+        return str(previous.get("progress") or PROGRESS_NOT_AVAILABLE)
+    return PROGRESS_NOT_AVAILABLE
+
+
+def merge_conditions(
+    previous: Sequence[Mapping[str, Any]], wanted: Sequence[Condition], now: str
+) -> list[Condition]:
+    """Keep each condition's timestamps unless it changed (transition time: status only)."""
+    old = {str(c.get("type")): c for c in previous}
+    out: list[Condition] = []
+    for cond in wanted:
+        prev = old.get(cond["type"])
+        merged = dict(cond)
+        same_status = prev is not None and prev.get("status") == cond["status"]
+        unchanged = same_status and all(
+            (prev or {}).get(k, "") == cond[k] for k in ("reason", "message")
+        )
+        merged["lastTransitionTime"] = (
+            (prev or {}).get("lastTransitionTime") or now if same_status else now
+        )
+        merged["lastHeartbeatTime"] = (
+            (prev or {}).get("lastHeartbeatTime") or now if unchanged else now
+        )
+        out.append(merged)
+    return out
+
+
+def compute_status(view: View, previous: Mapping[str, Any] | None, now: str) -> dict[str, Any]:
+    prev = dict(previous or {})
+    phase = compute_phase(view)
+    conditions = [_bound(view), _ready(view, phase), _running(view, phase)]
+    return {
+        "claimName": view.claim_name,
+        "phase": str(phase),
+        "progress": _progress(view, phase, prev),
+        "restartCount": view.record.failed_attempts,
+        "conditions": merge_conditions(prev.get("conditions") or [], conditions, now),
+    }
+
+
+def status_changed(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> bool:
+    return dict(old or {}) != dict(new)

@@ -1,0 +1,327 @@
+"""The one module that talks to the ``kubernetes`` client: JSON in, JSON out, typed errors.
+
+Objects stay plain dicts in the API's own camelCase: the renderers produce dicts, the API types
+parse dicts (``DataVolume.from_dict``), and nothing gains from the generated model classes.
+Requests go through ``kubernetes.client.ApiClient`` so TLS, bearer tokens, kubeconfig and
+in-cluster configuration are the official client's. Every failure leaves here as one of
+``cdi.kube.errors`` (mapped once, in ``_call``), never as ``ApiException`` or a urllib3 error.
+
+The official client is synchronous. ``AsyncKube`` runs each call on a bounded thread pool so
+the controller's event loop never blocks on the network; watches get a thread of their own
+(``cdi.kube.informer``) because they block for minutes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any, TypeVar
+from urllib.parse import quote
+
+import urllib3
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+
+from cdi.kube.errors import Gone, KubeError, NotFound, Unavailable, from_status
+
+JSON = dict[str, Any]
+T = TypeVar("T")
+
+MERGE_PATCH = "application/merge-patch+json"
+JSON_PATCH = "application/json-patch+json"
+APPLY_PATCH = "application/apply-patch+yaml"
+
+
+@dataclass(frozen=True)
+class Resource:
+    """Where a kind lives in the REST API."""
+
+    group: str
+    version: str
+    plural: str
+    kind: str
+    namespaced: bool = True
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+    def path(self, namespace: str | None = None, name: str = "", sub: str = "") -> str:
+        base = f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
+        if self.namespaced and namespace:
+            base += f"/namespaces/{quote(namespace)}"
+        base += f"/{self.plural}"
+        if name:
+            base += f"/{quote(name)}"
+        if sub:
+            base += f"/{sub}"
+        return base
+
+
+PODS = Resource("", "v1", "pods", "Pod")
+PVCS = Resource("", "v1", "persistentvolumeclaims", "PersistentVolumeClaim")
+EVENTS = Resource("", "v1", "events", "Event")
+SECRETS = Resource("", "v1", "secrets", "Secret")
+NAMESPACES = Resource("", "v1", "namespaces", "Namespace", namespaced=False)
+STORAGE_CLASSES = Resource("storage.k8s.io", "v1", "storageclasses", "StorageClass", False)
+LEASES = Resource("coordination.k8s.io", "v1", "leases", "Lease")
+DATAVOLUMES = Resource("cdi.kubevirt.io", "v1beta1", "datavolumes", "DataVolume")
+STORAGE_PROFILES = Resource(
+    "cdi.kubevirt.io", "v1beta1", "storageprofiles", "StorageProfile", False
+)
+CDI_CONFIGS = Resource("cdi.kubevirt.io", "v1beta1", "cdiconfigs", "CDIConfig", False)
+DATA_SOURCES = Resource("cdi.kubevirt.io", "v1beta1", "datasources", "DataSource")
+VALIDATING_WEBHOOKS = Resource(
+    "admissionregistration.k8s.io", "v1", "validatingwebhookconfigurations",
+    "ValidatingWebhookConfiguration", False,
+)
+MUTATING_WEBHOOKS = Resource(
+    "admissionregistration.k8s.io", "v1", "mutatingwebhookconfigurations",
+    "MutatingWebhookConfiguration", False,
+)
+SUBJECT_ACCESS_REVIEWS = Resource(
+    "authorization.k8s.io", "v1", "subjectaccessreviews", "SubjectAccessReview", False
+)
+
+
+def load_api_client(kubeconfig: Path | None = None) -> client.ApiClient:
+    """From a kubeconfig file, else the pod's service account (in-cluster)."""
+    cfg = client.Configuration()
+    if kubeconfig is not None:
+        config.load_kube_config(config_file=str(kubeconfig), client_configuration=cfg)
+    else:
+        config.load_incluster_config(client_configuration=cfg)
+    return client.ApiClient(cfg)
+
+
+class Kube:
+    """Synchronous JSON requests with one identity. Thread-safe (urllib3 pools are)."""
+
+    def __init__(self, api: client.ApiClient, timeout: float = 30.0) -> None:
+        self.api = api
+        self.timeout = timeout
+
+    # -- the one place requests are made and errors mapped -----------------------------------
+    def _call(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        query: dict[str, Any] | None = None,
+        content_type: str = "application/json",
+        timeout: float | None = None,
+        stream: bool = False,
+    ) -> Any:
+        headers = {"Accept": "application/json", "Content-Type": content_type}
+        params = [(k, v) for k, v in (query or {}).items() if v is not None]
+        try:
+            method_, url, hdrs, body_, post = self.api.param_serialize(
+                method=method,
+                resource_path=path,
+                query_params=params or None,
+                header_params=headers,
+                body=body,
+                auth_settings=["BearerToken"],
+            )
+            resp = self.api.call_api(
+                method_,
+                url,
+                header_params=hdrs,
+                body=body_,
+                post_params=post,
+                _request_timeout=timeout or self.timeout,
+            )
+            if resp.status >= 400:
+                raise from_status(resp.status, resp.read())
+            if stream:
+                return resp.response
+            raw = resp.read() or b"{}"
+        except ApiException as exc:
+            raise from_status(exc.status or 0, exc.body or str(exc.reason)) from exc
+        except (TimeoutError, urllib3.exceptions.HTTPError, OSError) as exc:
+            raise Unavailable(f"{method} {path}: {exc}") from exc
+        return json.loads(raw)
+
+    # -- verbs -----------------------------------------------------------------------------
+    def get(self, res: Resource, name: str, namespace: str | None = None) -> JSON:
+        return dict(self._call("GET", res.path(namespace, name)))
+
+    def get_or_none(self, res: Resource, name: str, namespace: str | None = None) -> JSON | None:
+        try:
+            return self.get(res, name, namespace)
+        except NotFound:
+            return None
+
+    def list(
+        self,
+        res: Resource,
+        namespace: str | None = None,
+        *,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        limit: int | None = None,
+        continue_: str | None = None,
+    ) -> JSON:
+        query = {
+            "labelSelector": label_selector,
+            "fieldSelector": field_selector,
+            "limit": limit,
+            "continue": continue_,
+        }
+        return dict(self._call("GET", res.path(namespace), query=query))
+
+    def create(
+        self, res: Resource, obj: JSON, namespace: str | None = None, *, dry_run: bool = False
+    ) -> JSON:
+        ns = namespace or (obj.get("metadata") or {}).get("namespace")
+        query = {"dryRun": "All" if dry_run else None}
+        return dict(self._call("POST", res.path(ns), obj, query=query))
+
+    def patch(
+        self,
+        res: Resource,
+        name: str,
+        patch: Any,
+        namespace: str | None = None,
+        *,
+        sub: str = "",
+        content_type: str = MERGE_PATCH,
+        field_manager: str | None = None,
+        force: bool | None = None,
+        dry_run: bool = False,
+    ) -> JSON:
+        query: dict[str, Any] = {
+            "fieldManager": field_manager,
+            "force": None if force is None else str(force).lower(),
+            "dryRun": "All" if dry_run else None,
+        }
+        if content_type == APPLY_PATCH and not isinstance(patch, str):
+            patch = json.dumps(patch)  # JSON is YAML
+        path = res.path(namespace, name, sub)
+        return dict(self._call("PATCH", path, patch, query=query, content_type=content_type))
+
+    def replace(self, res: Resource, obj: JSON, *, sub: str = "") -> JSON:
+        meta = obj.get("metadata") or {}
+        return dict(self._call("PUT", res.path(meta.get("namespace"), meta["name"], sub), obj))
+
+    def delete(
+        self,
+        res: Resource,
+        name: str,
+        namespace: str | None = None,
+        *,
+        propagation: str | None = "Background",
+        uid: str | None = None,
+    ) -> None:
+        body: JSON = {"kind": "DeleteOptions", "apiVersion": "v1"}
+        if propagation:
+            body["propagationPolicy"] = propagation
+        if uid:
+            body["preconditions"] = {"uid": uid}
+        self._call("DELETE", res.path(namespace, name), body)
+
+    def watch(
+        self,
+        res: Resource,
+        namespace: str | None = None,
+        *,
+        resource_version: str,
+        label_selector: str | None = None,
+        timeout_seconds: int = 60,
+    ) -> Iterator[tuple[str, JSON]]:
+        """Yield ``(type, object)`` until the server ends the watch; raise ``Gone`` when the
+        resourceVersion is too old (whether as HTTP 410 or as an ERROR event)."""
+        query = {
+            "watch": "true",
+            "resourceVersion": resource_version,
+            "labelSelector": label_selector,
+            "allowWatchBookmarks": "true",
+            "timeoutSeconds": timeout_seconds,
+        }
+        resp = self._call(
+            "GET", res.path(namespace), query=query, timeout=timeout_seconds + 15, stream=True
+        )
+        try:
+            buf = b""
+            try:
+                for chunk in resp.stream(amt=None, decode_content=True):
+                    buf += chunk
+                    *lines, buf = buf.split(b"\n")
+                    for line in lines:
+                        if line.strip():
+                            yield _watch_event(json.loads(line))
+            except (urllib3.exceptions.HTTPError, OSError) as exc:
+                raise Unavailable(f"watch {res.plural}: {exc}") from exc
+        finally:
+            resp.release_conn()
+
+
+def _watch_event(event: JSON) -> tuple[str, JSON]:
+    kind, obj = str(event.get("type", "")), dict(event.get("object") or {})
+    if kind == "ERROR":
+        err = from_status(int(obj.get("code") or 0), obj)
+        if isinstance(err, Gone):
+            raise err
+        raise err if err.status else KubeError(str(obj.get("message")), body=obj)
+    return kind, obj
+
+
+class AsyncKube:
+    """``Kube`` for asyncio code: each call runs on a bounded pool of threads."""
+
+    def __init__(self, kube: Kube, max_threads: int = 8) -> None:
+        self.sync = kube
+        self._pool = ThreadPoolExecutor(max_threads, thread_name_prefix="kube")
+
+    async def _run(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, partial(fn, *args, **kwargs))
+
+    async def get(self, res: Resource, name: str, namespace: str | None = None) -> JSON:
+        return dict(await self._run(self.sync.get, res, name, namespace))
+
+    async def get_or_none(
+        self, res: Resource, name: str, namespace: str | None = None
+    ) -> JSON | None:
+        out = await self._run(self.sync.get_or_none, res, name, namespace)
+        return None if out is None else dict(out)
+
+    async def list(self, res: Resource, namespace: str | None = None, **kw: Any) -> JSON:
+        return dict(await self._run(self.sync.list, res, namespace, **kw))
+
+    async def create(self, res: Resource, obj: JSON, namespace: str | None = None) -> JSON:
+        return dict(await self._run(self.sync.create, res, obj, namespace))
+
+    async def patch(
+        self, res: Resource, name: str, patch: Any, namespace: str | None = None, **kw: Any
+    ) -> JSON:
+        return dict(await self._run(self.sync.patch, res, name, patch, namespace, **kw))
+
+    async def replace(self, res: Resource, obj: JSON, *, sub: str = "") -> JSON:
+        return dict(await self._run(self.sync.replace, res, obj, sub=sub))
+
+    async def delete(
+        self, res: Resource, name: str, namespace: str | None = None, **kw: Any
+    ) -> None:
+        await self._run(self.sync.delete, res, name, namespace, **kw)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def object_key(obj: JSON) -> str:
+    """``namespace/name`` (or ``name`` for cluster-scoped objects), as the work queue keys."""
+    meta = obj.get("metadata") or {}
+    ns, name = meta.get("namespace"), meta.get("name", "")
+    return f"{ns}/{name}" if ns else str(name)
+
+
+def split_key(key: str) -> tuple[str | None, str]:
+    ns, _, name = key.rpartition("/")
+    return (ns or None), name

@@ -1,0 +1,158 @@
+"""A keyed work queue with rate-limited requeue, drained by a bounded number of workers.
+
+The semantics are client-go's ``workqueue`` (the shape controller-runtime builds on):
+
+- a key is queued at most once however many events arrive for it (``dirty``);
+- a key being processed is never handed to a second worker: an ``add`` during processing marks
+  it dirty and it is queued again when the first worker calls ``done`` (``processing``);
+- ``add_after`` delays a key (the earliest pending deadline wins);
+- ``add_rate_limited`` delays it by a per-key exponential backoff (``base * 2^failures``,
+  capped) until ``forget`` resets the count, so a failing object does not spin;
+- ``shutdown`` wakes every waiting ``get``, which then returns None.
+
+``run_workers`` is the loop each worker runs: get a key, call the reconciler, requeue as its
+``Result`` (or its exception) says, mark done. Pure asyncio; no Kubernetes here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Result:
+    """What a reconcile asks for: nothing (``Result()``), or to run again after a delay."""
+
+    requeue_after: float | None = None
+
+
+@dataclass(frozen=True)
+class Backoff:
+    base: float = 0.05
+    cap: float = 60.0
+
+    def delay(self, failures: int) -> float:
+        return float(min(self.cap, self.base * (2 ** max(0, failures))))
+
+
+class WorkQueue:
+    def __init__(self, backoff: Backoff | None = None) -> None:
+        self.backoff = backoff or Backoff()
+        self._queue: deque[str] = deque()
+        self._dirty: set[str] = set()
+        self._processing: set[str] = set()
+        self._failures: dict[str, int] = {}
+        self._timers: dict[str, tuple[float, asyncio.TimerHandle]] = {}
+        self._ready = asyncio.Event()
+        self._shutting_down = False
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+    @property
+    def processing(self) -> frozenset[str]:
+        return frozenset(self._processing)
+
+    def add(self, key: str) -> None:
+        if self._shutting_down or key in self._dirty:
+            return
+        self._dirty.add(key)
+        if key in self._processing:
+            return  # queued again by done()
+        self._queue.append(key)
+        self._wake()
+
+    def add_after(self, key: str, delay: float) -> None:
+        if self._shutting_down:
+            return
+        if delay <= 0:
+            self.add(key)
+            return
+        loop = asyncio.get_running_loop()
+        when = loop.time() + delay
+        pending = self._timers.get(key)
+        if pending is not None:
+            if pending[0] <= when:
+                return
+            pending[1].cancel()
+        self._timers[key] = (when, loop.call_at(when, self._fire, key))
+
+    def _fire(self, key: str) -> None:
+        self._timers.pop(key, None)
+        self.add(key)
+
+    def add_rate_limited(self, key: str) -> float:
+        failures = self._failures.get(key, 0)
+        self._failures[key] = failures + 1
+        delay = self.backoff.delay(failures) * random.uniform(0.9, 1.1)
+        self.add_after(key, delay)
+        return delay
+
+    def failures(self, key: str) -> int:
+        return self._failures.get(key, 0)
+
+    def forget(self, key: str) -> None:
+        self._failures.pop(key, None)
+
+    async def get(self) -> str | None:
+        while not self._queue and not self._shutting_down:
+            self._ready.clear()
+            await self._ready.wait()
+        if not self._queue:
+            return None
+        key = self._queue.popleft()
+        self._processing.add(key)
+        self._dirty.discard(key)
+        return key
+
+    def done(self, key: str) -> None:
+        self._processing.discard(key)
+        if key in self._dirty and not self._shutting_down:
+            self._queue.append(key)
+            self._wake()
+
+    def shutdown(self) -> None:
+        self._shutting_down = True
+        for _, handle in self._timers.values():
+            handle.cancel()
+        self._timers.clear()
+        self._queue.clear()
+        self._wake()
+
+    def _wake(self) -> None:
+        self._ready.set()  # every waiter re-checks the queue; one of them takes the key
+
+
+Reconcile = Callable[[str], Awaitable[Result]]
+
+
+async def worker(queue: WorkQueue, reconcile: Reconcile, name: str = "worker") -> None:
+    """One worker: until shutdown, reconcile keys and requeue them as asked."""
+    while True:
+        key = await queue.get()
+        if key is None:
+            return
+        try:
+            result = await reconcile(key)
+        except Exception as exc:
+            delay = queue.add_rate_limited(key)
+            log.warning("%s: reconcile %s failed (%s: %s); retry in %.2fs",
+                        name, key, type(exc).__name__, exc, delay)
+        else:
+            queue.forget(key)
+            if result.requeue_after is not None:
+                queue.add_after(key, result.requeue_after)
+        finally:
+            queue.done(key)
+
+
+async def run_workers(queue: WorkQueue, reconcile: Reconcile, count: int) -> None:
+    """``count`` workers in parallel; returns when the queue shuts down and all are idle."""
+    await asyncio.gather(*(worker(queue, reconcile, f"worker-{i}") for i in range(count)))
