@@ -47,6 +47,7 @@ from testkit.procs import ManagedProcess, kill_processes_with_env
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_BIN_DIR = REPO_ROOT / "hack" / "kube" / "_build" / "bin"
+SERVICE_CIDR = "127.2.0.0/16"
 BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler")
 
 # Controllers the tests rely on; everything else in kube-controller-manager stays off, which
@@ -276,12 +277,13 @@ class Cluster:
                 f"--service-account-signing-key-file={d / 'sa.key'}",
                 "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
                 "--api-audiences=https://kubernetes.default.svc.cluster.local",
-                "--service-cluster-ip-range=10.96.0.0/16",
+                # ClusterIPs on loopback: the node's service proxy listens on them (pod IPs are
+                # loopback too, which EndpointSlices refuse), and no traffic can leave the machine.
+                f"--service-cluster-ip-range={SERVICE_CIDR}",
                 "--enable-admission-plugins=NamespaceLifecycle,ServiceAccount,DefaultStorageClass,"
                 "StorageObjectInUseProtection,PersistentVolumeClaimResize,ResourceQuota,"
                 "MutatingAdmissionWebhook,ValidatingAdmissionWebhook,ValidatingAdmissionPolicy",
                 "--endpoint-reconciler-type=none",  # a loopback address is no valid endpoint
-                "--enable-aggregator-routing=true",  # Service webhooks reach pod IPs directly
                 "--allow-privileged=true",
                 "--profiling=false",
                 "--v=1",

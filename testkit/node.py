@@ -8,7 +8,8 @@ sends SIGTERM to every container's process group, SIGKILL after the grace period
 removes the pod object, as a kubelet does.
 
 Each pod gets its own loopback address (127.1.x.y) as pod IP; servers in pods bind to it (the
-downward API exposes it as ``status.podIP``). Logs are plain files under
+downward API exposes it as ``status.podIP``). Service ClusterIPs are loopback addresses too
+(127.2.0.0/16) and ``testkit.serviceproxy`` forwards them to ready pods. Logs are plain files under
 ``<state>/pods/<namespace>_<name>_<uid>/logs/<container>/<restartCount>.log``.
 
 The loop polls the API server (a few list calls a second) instead of keeping watches: every
@@ -44,6 +45,7 @@ from testkit.images import DEFAULT_MAP, ImageMap, UnknownImage
 from testkit.kubeclient import JSON, STRATEGIC_PATCH, ApiError, Kube, ns_path
 from testkit.podenv import NotReady, PodFacts, base_env, container_env, expand
 from testkit.podvolumes import KubeLookup, Volume, VolumeBuilder, container_binds
+from testkit.serviceproxy import ServiceProxy
 
 log = logging.getLogger("testkit.node")
 
@@ -158,6 +160,7 @@ class NodeAgent:
         self.pods_dir = config.state_dir / "pods"
         self.pods_dir.mkdir(parents=True, exist_ok=True)
         self._last_heartbeat = 0.0
+        self.proxy = ServiceProxy()
 
     # -- node object ------------------------------------------------------------------------
     def register(self) -> None:
@@ -282,6 +285,7 @@ class NodeAgent:
         for uid in list(self.pods):
             if uid not in seen:  # force-deleted behind our back
                 self._kill_now(self.pods.pop(uid))
+        self.proxy.sync(self.kube.get("/api/v1/services")["items"], listing["items"])
 
     def _admit(self, pod: JSON) -> PodRuntime:
         meta = pod["metadata"]
@@ -458,6 +462,7 @@ class NodeAgent:
             with contextlib.suppress(Exception):
                 c.proc.proc.wait(timeout=5)
         self.probes.shutdown(wait=False, cancel_futures=True)
+        self.proxy.close()
         remove_created_mount_points(sorted(self.pods_dir.glob("*/created-mount-points")))
 
 

@@ -15,6 +15,8 @@ bin="$out/bin"
 stamp="$out/stamp"
 binaries=(etcd kube-apiserver kube-controller-manager kube-scheduler)
 
+command -v go >/dev/null || { echo "hack/kube: no Go toolchain on PATH (need Go >= 1.25)" >&2; exit 1; }
+
 kube_version="$(awk '$1 == "k8s.io/kubernetes" {print $2}' "$here/k8s/go.mod" | head -n1)"
 # The module may list it in a require block ("k8s.io/kubernetes vX") or a one-line require.
 if [[ -z "$kube_version" ]]; then

@@ -4,6 +4,7 @@ loopback, readiness probes, restarts under restartPolicy, SIGTERM on deletion, l
 from __future__ import annotations
 
 import time
+import urllib.request
 
 import pytest
 
@@ -171,3 +172,42 @@ def test_never_restart_pod_fails_with_exit_code_and_log_fallback_message(
     assert pod["status"]["phase"] == "Failed"
     assert state["exitCode"] == 42 and state["reason"] == "Error"
     assert state["message"].strip() == "something went wrong"
+
+
+def test_service_cluster_ip_forwards_to_a_ready_pod(kube: Kube, namespace: str) -> None:
+    script = (
+        "echo hello-from-pod > /srv/index.html; exec python3 -m http.server -d /srv "
+        "--bind $POD_IP 8080"
+    )
+    pod = pod_manifest(
+        "web",
+        script,
+        restart_policy="Always",
+        env=[{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}],
+        ports=[{"name": "http", "containerPort": 8080}],
+        readinessProbe={"tcpSocket": {"port": 8080}, "periodSeconds": 1},
+        volumes=[{"name": "srv", "emptyDir": {}}],
+        mounts=[{"name": "srv", "mountPath": "/srv"}],
+    )
+    pod["metadata"]["labels"] = {"app": "web"}
+    kube.create(ns_path(namespace, "pods"), pod)
+    svc = kube.create(
+        ns_path(namespace, "services"),
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": "web"},
+            "spec": {"selector": {"app": "web"}, "ports": [{"port": 80, "targetPort": "http"}]},
+        },
+    )
+    ip = svc["spec"]["clusterIP"]
+    assert ip.startswith("127.")
+
+    def fetch() -> str | None:
+        try:
+            with urllib.request.urlopen(f"http://{ip}:80/index.html", timeout=2) as resp:
+                return resp.read().decode()
+        except OSError:
+            return None
+
+    assert wait_until(fetch, "the Service to answer", 60) == "hello-from-pod\n"
