@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 
 from cdi.api.errors import WorkerError
 from cdi.api.termination import TerminationMessage
-from importer.config import ImportConfig, ca_files, parse_size, split_header
+from importer.config import CHECKPOINT_SUFFIX, ImportConfig, ca_files, parse_size, split_header
 from importer.decode import ContentType
 from importer.runner import run_import
 from importer.sources.http import HttpOptions, ProxyConfig
@@ -83,8 +83,10 @@ def _read(path: str | None) -> str | None:
 
 def config_from_args(a: argparse.Namespace) -> ImportConfig:
     block = os.path.exists(a.target) and stat.S_ISBLK(os.stat(a.target).st_mode)
+    checkpoint = None if block else f"{a.target}{CHECKPOINT_SUFFIX}"
     if (
-        not block
+        not (checkpoint and os.path.exists(checkpoint))  # an interrupted import resumes
+        and not block
         and a.content_type == "kubevirt"
         and os.path.exists(a.target)
         and os.path.getsize(a.target) > 0
@@ -128,6 +130,7 @@ def config_from_args(a: argparse.Namespace) -> ImportConfig:
         checksum=parse_checksum(a.checksum) if a.checksum else None,
         scratch_dir=a.scratch_dir or (tempfile.gettempdir() if block else None),
         termination_path=a.termination_message,
+        checkpoint_path=checkpoint,
         metrics_port=a.metrics_port,
         metrics_addr="127.0.0.1",
         owner_uid=a.owner_uid,

@@ -15,6 +15,7 @@ from cdi.api.checksum import Checksum
 from cdi.api.constants import EXTRA_HEADERS_DIR, IMPORTER_EXTRA_HEADER_PREFIX, ImporterEnv
 from cdi.api.errors import InvalidConfig
 from cdi.api.quantity import Quantity, QuantityError
+from importer.checkpoint import INTERVAL as CHECKPOINT_INTERVAL
 from importer.decode import ContentType
 from importer.sources.http import HttpOptions, ProxyConfig
 from importer.taps import parse_checksum
@@ -24,6 +25,8 @@ BLOCK_DEVICE_PATH = "/dev/cdi-block-volume"
 DATA_DIR = "/data"
 SCRATCH_DIR = "/scratch"
 TERMINATION_PATH = "/dev/termination-log"
+CHECKPOINT_NAME = ".cdi-import-checkpoint"  # beside disk.img; removed when the import ends
+CHECKPOINT_SUFFIX = ".cdi-checkpoint"  # the CLI's: <target>.cdi-checkpoint
 
 
 @dataclass(frozen=True)
@@ -36,6 +39,8 @@ class ImportConfig:
     checksum: Checksum | None = None
     scratch_dir: str | None = SCRATCH_DIR  # None: a folder beside a file target
     termination_path: str | None = None
+    checkpoint_path: str | None = None  # where progress is persisted for resume (raw only)
+    checkpoint_interval: int = CHECKPOINT_INTERVAL
     metrics_port: int | None = None
     metrics_addr: str = "0.0.0.0"
     owner_uid: str = ""
@@ -148,6 +153,9 @@ def from_env(env: Mapping[str, str]) -> ImportConfig:
         checksum=parse_checksum(checksum) if checksum else None,
         scratch_dir=env.get("IMPORTER_SCRATCH_DIR", SCRATCH_DIR),
         termination_path=env.get("IMPORTER_TERMINATION_PATH", TERMINATION_PATH),
+        checkpoint_path=env.get("IMPORTER_CHECKPOINT_PATH")
+        or (None if block else os.path.join(data_dir, CHECKPOINT_NAME)),
+        checkpoint_interval=int(env.get("IMPORTER_CHECKPOINT_INTERVAL", CHECKPOINT_INTERVAL)),
         metrics_port=int(env.get("IMPORTER_METRICS_PORT", "8443")),
         metrics_addr=env.get("IMPORTER_METRICS_ADDR", "0.0.0.0"),
         owner_uid=env.get(ImporterEnv.OWNER_UID, ""),

@@ -53,6 +53,8 @@ class DecodePlan:
     spill_limit: int = 64 * 1024 * 1024
     source_size: int | None = None  # bytes on the wire, when known (Content-Length)
     before_random_writes: Callable[[], None] | None = None  # e.g. zero a block device first
+    resume_offset: int = 0  # continue a raw image at this offset (importer.checkpoint)
+    checkpointer: Callable[[int], None] | None = None  # told the position after raw writes
 
 
 def peel(chunks: Iterator[bytes], chain: list[str]) -> tuple[ImageFormat, Peekable]:
@@ -70,6 +72,11 @@ def peel(chunks: Iterator[bytes], chain: list[str]) -> tuple[ImageFormat, Peekab
 def decode_into(chunks: Iterator[bytes], plan: DecodePlan, result: DecodeResult) -> DecodeResult:
     """Decode into the target; ``result`` is filled as we go, so a failure still reports
     the format chain found so far."""
+    if plan.resume_offset:
+        assert plan.writer is not None
+        result.format_chain.append(ImageFormat.RAW.value)
+        plan.writer.position = plan.resume_offset
+        return _write_raw(chunks, plan, plan.writer, result)
     fmt, stream = peel(chunks, result.format_chain)
     result.image_format = fmt
     if plan.content_type is ContentType.ARCHIVE:
@@ -88,10 +95,20 @@ def decode_into(chunks: Iterator[bytes], plan: DecodePlan, result: DecodeResult)
                 return _stream_qcow2(stream, plan, plan.writer, result)
         return _to_scratch(stream, plan, result)
     assert plan.writer is not None
-    for piece in stream:  # raw, ISO and (CDI-compatible) tar written verbatim
-        plan.writer.write(piece)
-    result.virtual_size = plan.writer.position
-    result.bytes_written = plan.writer.bytes_written
+    return _write_raw(stream, plan, plan.writer, result)  # raw, ISO, (CDI-compatible) tar
+
+
+def _write_raw(
+    chunks: Iterator[bytes], plan: DecodePlan, writer: RawWriter, result: DecodeResult
+) -> DecodeResult:
+    # Source offset == target offset only without compression: only then can we checkpoint.
+    checkpointer = plan.checkpointer if len(result.format_chain) == 1 else None
+    for piece in chunks:
+        writer.write(piece)
+        if checkpointer is not None:
+            checkpointer(writer.position)
+    result.virtual_size = writer.position
+    result.bytes_written = writer.bytes_written
     return result
 
 

@@ -17,17 +17,19 @@ import contextlib
 import enum
 import os
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 
 from cdi.api.errors import InvalidConfig, WorkerError
 from cdi.api.termination import REASON_COMPLETED, TerminationMessage
-from importer import qemu
+from importer import checkpoint, qemu
+from importer.checkpoint import Checkpoint, Checkpointer
 from importer.config import ImportConfig
 from importer.decode import SCRATCH_NAME, ContentType, DecodePlan, DecodeResult, decode_into
 from importer.formats import ImageFormat
 from importer.qcow2 import SpillLimitExceeded
-from importer.sources import Source
+from importer.sources import Source, SourceInfo
 from importer.stage import ThreadStage
+from importer.streams import CHUNK_SIZE
 from importer.taps import Progress, hash_stream, verify
 from importer.target import RawWriter, open_target
 
@@ -68,6 +70,9 @@ class Importer:
         self.decoded = DecodeResult()
         self.actual_checksum: str | None = None
         self.scratch_dir = self._pick_scratch_dir()
+        self.info = SourceInfo(size=None, ranges=False)
+        self.resume_offset = 0
+        self.notes: list[str] = []  # said in the final message
         self.handlers: dict[Phase, Callable[[], Awaitable[Phase]]] = {
             Phase.INFO: self._info,
             Phase.BLANK: self._blank,
@@ -90,7 +95,7 @@ class Importer:
                 phase = await self.handlers[phase]()
         except WorkerError as exc:
             self.progress.phase = "Failed"
-            self._discard()
+            self._discard(keep_for_resume=exc.transient)
             return self._message(exc.reason, exc.message, started, transient=exc.transient)
         finally:
             self._close()
@@ -98,7 +103,9 @@ class Importer:
                 await self.source.close()
         self.progress.phase = "Complete"
         self.progress.done = self.progress.total or self.progress.done
-        return self._message(REASON_COMPLETED, "Import Complete", started)
+        checkpoint.remove(self.config.checkpoint_path)
+        text = "; ".join(["Import Complete", *self.notes])
+        return self._message(REASON_COMPLETED, text, started)
 
     def _message(
         self, reason: str, text: str, started: float, *, transient: bool = False
@@ -114,6 +121,7 @@ class Importer:
             checksum=self.actual_checksum,
             duration_seconds=round(time.monotonic() - started, 3),
             scratch_used=self.decoded.scratch_path is not None,
+            resumed_from=self.resume_offset,
             preallocation_applied=self.config.target.preallocate,
             labels=self.config.labels,
         )
@@ -127,17 +135,37 @@ class Importer:
                 raise InvalidConfig("content type archive needs a filesystem volume")
             os.makedirs(target.path, exist_ok=True)
             self.capacity = target.size
-        else:
-            self.fd, self.capacity = open_target(target)
         if self.config.source == "blank":
             if self.config.content_type is ContentType.ARCHIVE:
                 raise InvalidConfig("Cannot create empty disk with content type archive")
+            self.fd, self.capacity = open_target(target)
             return Phase.BLANK
         if self.source is None:
             raise InvalidConfig(f"unknown source {self.config.source!r}")
-        info = await self.source.probe()
-        self.progress.total = info.size
+        self.info = await self.source.probe()
+        self.progress.total = self.info.size
+        if self.config.content_type is ContentType.KUBEVIRT:
+            self.resume_offset = self._resume_offset()
+            self.fd, self.capacity = open_target(target, truncate=not self.resume_offset)
         return Phase.TRANSFER
+
+    def _resume_offset(self) -> int:
+        """Where a checkpoint of an earlier, interrupted attempt lets us continue (0: fresh)."""
+        path, info = self.config.checkpoint_path, self.info
+        found = checkpoint.load(path) if path else None
+        if found is None:
+            return 0
+        checkpoint.remove(path)
+        if not (
+            info.ranges
+            and found.matches(self._source_id(), info.size, info.validator)
+            and os.path.exists(self.config.target.path)
+        ):
+            self.notes.append(
+                "an earlier attempt's checkpoint does not match the source; restarted from byte 0"
+            )
+            return 0
+        return found.offset
 
     async def _blank(self) -> Phase:
         if self.capacity is None:
@@ -175,16 +203,22 @@ class Importer:
             scratch_dir=self.scratch_dir,
             stream_qcow2=stream_qcow2,
             before_random_writes=self._zero_block_device if writer and writer.zero_fill else None,
+            resume_offset=self.resume_offset,
+            checkpointer=self._checkpointer(),
         )
         decode = ThreadStage(lambda chunks: decode_into(chunks, plan, self.decoded), name="decode")
         checksum = self.config.checksum
         hasher = (
-            ThreadStage(lambda chunks: hash_stream(checksum.algorithm, chunks), name="hash")
+            ThreadStage(
+                lambda chunks: hash_stream(checksum.algorithm, self._with_prefix(chunks)),
+                name="hash",
+            )
             if checksum
             else None
         )
+        self.progress.done = self.resume_offset
         try:
-            async for chunk in self.source.stream():
+            async for chunk in self.source.stream(self.resume_offset):
                 self.progress.add(len(chunk))
                 if hasher is not None:
                     await hasher.put(chunk)
@@ -251,6 +285,30 @@ class Importer:
             os.path.dirname(os.path.abspath(self.config.target.path)), ".cdi-scratch"
         )
 
+    def _source_id(self) -> str:
+        return self.config.http.url if self.config.http else self.config.file_path or ""
+
+    def _checkpointer(self) -> Checkpointer | None:
+        info, path = self.info, self.config.checkpoint_path
+        if not (path and info.ranges and info.size and info.validator and self.fd >= 0):
+            return None
+        base = Checkpoint(self._source_id(), info.size, info.validator, self.resume_offset)
+        return Checkpointer(path, base, self.fd, self.config.checkpoint_interval)
+
+    def _with_prefix(self, chunks: Iterator[bytes]) -> Iterator[bytes]:
+        """On resume the checksum must still cover the bytes imported before: re-read them
+        from the target (raw, so target bytes are source bytes; holes read as zeros)."""
+        if self.resume_offset:
+            with open(self.config.target.path, "rb") as fh:
+                remaining = self.resume_offset
+                while remaining:
+                    piece = fh.read(min(remaining, CHUNK_SIZE))
+                    if not piece:
+                        raise InvalidConfig("the target is shorter than its checkpoint says")
+                    remaining -= len(piece)
+                    yield piece
+        yield from chunks
+
     def _zero_block_device(self) -> None:
         """Random-order writes leave gaps: zero the device first (discard or write-zeroes)."""
         assert self.capacity is not None
@@ -261,10 +319,16 @@ class Importer:
             os.close(self.fd)
             self.fd = -1
 
-    def _discard(self) -> None:
-        """A failed import must not leave a file that looks like a finished disk."""
+    def _discard(self, *, keep_for_resume: bool) -> None:
+        """A failed import must not leave a file that looks like a finished disk. After a
+        transient failure a checkpointed target is kept, for the next attempt to resume (its
+        termination message says failed, so it is never taken for complete)."""
         self._close()
         target = self.config.target
+        path = self.config.checkpoint_path
+        if keep_for_resume and path and os.path.exists(path):
+            return
+        checkpoint.remove(path)
         if not target.block and self.config.content_type is ContentType.KUBEVIRT:
             with contextlib.suppress(OSError):
                 os.unlink(target.path)

@@ -71,9 +71,10 @@ def usable_space(available: int, overhead: float) -> int:
     return (math.ceil((1 - overhead) * available) // mib) * mib
 
 
-def open_target(spec: TargetSpec) -> tuple[int, int | None]:
+def open_target(spec: TargetSpec, *, truncate: bool = True) -> tuple[int, int | None]:
     """Open the target for writing; return (fd, capacity). A file is truncated to zero first,
-    so anything not written is a hole and nothing from an earlier attempt survives."""
+    so anything not written is a hole and nothing from an earlier attempt survives (unless
+    an interrupted import is being resumed)."""
     try:
         if spec.block:
             st = os.stat(spec.path)
@@ -81,7 +82,8 @@ def open_target(spec: TargetSpec) -> tuple[int, int | None]:
                 raise InvalidConfig(f"{spec.path} is not a block device")
             fd = os.open(spec.path, os.O_WRONLY | os.O_CLOEXEC)
             return fd, block_device_size(fd)
-        fd = os.open(spec.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o660)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | (os.O_TRUNC if truncate else 0)
+        fd = os.open(spec.path, flags, 0o660)
     except FileNotFoundError as exc:
         raise InvalidConfig(f"target {spec.path} does not exist: {exc.strerror}") from exc
     except OSError as exc:

@@ -11,13 +11,14 @@ from typing import Protocol
 class SourceInfo:
     size: int | None  # bytes on the wire, when the source knows
     ranges: bool  # random access (HTTP Range) is available
+    validator: str | None = None  # ETag or Last-Modified: identifies this version of the bytes
 
 
 class Source(Protocol):
     async def probe(self) -> SourceInfo: ...
 
-    def stream(self) -> AsyncIterator[bytes]:
-        """The source bytes from the first to the last, each exactly once."""
+    def stream(self, start: int = 0) -> AsyncIterator[bytes]:
+        """The source bytes from ``start`` to the last, each exactly once."""
         ...
 
     async def close(self) -> None: ...

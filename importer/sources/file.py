@@ -18,12 +18,14 @@ class FileSource:
 
     async def probe(self) -> SourceInfo:
         try:
-            return SourceInfo(size=os.stat(self.path).st_size, ranges=True)
+            st = os.stat(self.path)
+            return SourceInfo(size=st.st_size, ranges=True, validator=f"mtime:{st.st_mtime_ns}")
         except FileNotFoundError as exc:
             raise SourceNotFound(f"source file {self.path} does not exist") from exc
 
-    async def stream(self) -> AsyncIterator[bytes]:
+    async def stream(self, start: int = 0) -> AsyncIterator[bytes]:
         async with aiofiles.open(self.path, "rb") as fh:
+            await fh.seek(start)
             while chunk := await fh.read(CHUNK_SIZE):
                 yield chunk
 

@@ -140,6 +140,7 @@ class HttpSource:
                 self.info = SourceInfo(
                     size=resp.content_length,
                     ranges=resp.headers.get("Accept-Ranges", "").lower() == "bytes",
+                    validator=resp.headers.get("ETag") or resp.headers.get("Last-Modified"),
                 )
                 return self.info
         except (TimeoutError, aiohttp.ClientError):

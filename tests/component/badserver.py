@@ -7,6 +7,7 @@ is recorded so tests can assert what the importer actually asked for.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,6 +51,7 @@ async def _send(
     content_type: str = "application/octet-stream",
     cut_at: int | None = None,
     status: int = 200,
+    delay: float = 0.0,
 ) -> web.StreamResponse:
     size = path.stat().st_size
     header = request.headers.get(hdrs.RANGE) if ranges else None
@@ -76,6 +78,8 @@ async def _send(
                 return resp
             await resp.write(chunk)
             sent += len(chunk)
+            if delay:
+                await asyncio.sleep(delay)
     await resp.write_eof()
     return resp
 
@@ -115,8 +119,13 @@ Handler = Callable[[web.Request, Callable[[web.Request], Path], Recorder], objec
 async def _ok(request, file_of, rec):  # type: ignore[no-untyped-def]
     path = file_of(request)
     if request.method == "HEAD":
+        st = path.stat()
         return web.Response(
-            headers={"Accept-Ranges": "bytes", "Content-Length": str(path.stat().st_size)}
+            headers={
+                "Accept-Ranges": "bytes",
+                "Content-Length": str(st.st_size),
+                "ETag": f'"{st.st_mtime_ns:x}-{st.st_size:x}"',
+            }
         )
     return await _send(request, path)
 
@@ -184,6 +193,14 @@ async def _cuteach(request, file_of, rec):  # type: ignore[no-untyped-def]
     return await _send(request, path, cut_at=start + CHUNK if first else None)
 
 
+async def _slow(request, file_of, rec):  # type: ignore[no-untyped-def]
+    """Ranges work, but bodies trickle until a test sets ``counters["fast"]``."""
+    path = file_of(request)
+    if request.method == "HEAD":
+        return await _ok(request, file_of, rec)
+    return await _send(request, path, delay=0 if rec.counters.get("fast") else 0.1)
+
+
 async def _html200(request, file_of, rec):  # type: ignore[no-untyped-def]
     return web.Response(body=HTML_PAGE, content_type="text/html")
 
@@ -219,6 +236,7 @@ BEHAVIOURS = {
     "cutnoranges": _cutnoranges,
     "alwayscut": _alwayscut,
     "html200": _html200,
+    "slow": _slow,
     "auth": _auth,
     "header": _header,
     "redirect": _redirect,

@@ -135,3 +135,55 @@ async def test_pod_entry_point_reads_cdi_environment(
     disk = tmp_path / "data" / "disk.img"
     assert disk.stat().st_size == 40 * MiB
     assert same_content(disk, image.reference, image.reference.stat().st_size)
+
+
+async def test_killed_importer_resumes_from_its_checkpoint(
+    images: ImageFactory, server: Server, tmp_path: Path
+) -> None:
+    """A raw import killed with SIGKILL continues where its last durable checkpoint was, and
+    the checksum still covers every byte."""
+    import hashlib
+
+    image = images.make("raw")
+    digest = "sha256:" + hashlib.sha256(image.path.read_bytes()).hexdigest()
+    data = tmp_path / "data"
+    data.mkdir()
+    env = {
+        "IMPORTER_SOURCE": "http",
+        "IMPORTER_ENDPOINT": server.link("slow", image.path),
+        "IMPORTER_IMAGE_SIZE": "40Mi",
+        "IMPORTER_CHECKSUM": digest,
+        "IMPORTER_TERMINATION_PATH": str(tmp_path / "term"),
+        "IMPORTER_METRICS_PORT": "0",
+        "IMPORTER_METRICS_ADDR": "127.0.0.1",
+        "IMPORTER_DATA_DIR": str(data),
+        "IMPORTER_CHECKPOINT_INTERVAL": str(4 * MiB),
+        "FILESYSTEM_OVERHEAD": "0",
+    }
+    checkpoint = data / ".cdi-import-checkpoint"
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "importer",
+        env={**os.environ, **env},
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
+    for _ in range(400):
+        if checkpoint.exists() and json.loads(checkpoint.read_text())["offset"] >= 8 * MiB:
+            break
+        await asyncio.sleep(0.025)
+    proc.kill()
+    await proc.wait()
+    server.recorder.counters["fast"] = 1
+    offset = json.loads(checkpoint.read_text())["offset"]
+    assert 0 < offset < image.path.stat().st_size
+    code, _, err = await _run(sys.executable, "-m", "importer", env=env)
+    assert code == 0, err
+    message = TerminationMessage.from_json((tmp_path / "term").read_text())
+    assert message.succeeded and message.resumed_from >= offset
+    assert message.checksum == digest
+    assert same_content(data / "disk.img", image.reference, image.path.stat().st_size)
+    assert not checkpoint.exists()
+    resumed = [r for m, _, r in server.recorder.requests if m == "GET" and r]
+    assert any(r.startswith(f"bytes={message.resumed_from}-") for r in resumed)
