@@ -24,14 +24,30 @@ placeholder() {  # an empty file to bind a file or device on
   mkdirs "$(dirname "$1")"
   if [ ! -e "$1" ]; then : > "$1" && echo "$1" >> "$record"; fi
 }
+bind() {
+  if [ -d "$1" ]; then mkdirs "$2"; else placeholder "$2"; fi
+  mount --bind "$1" "$2" || die "cannot bind $1 on $2"
+  if [ "$3" = ro ]; then mount -o remount,bind,ro "$2" || die "cannot make $2 read-only"; fi
+}
+# A volume mounted over a directory that holds other volumes' sources (an emptyDir at /tmp
+# while the node's state lives under /tmp) must wait until those sources are bound.
+srcs=""; prev=""
+for a in "$@"; do
+  [ "$a" = "--" ] && break
+  case "$prev" in --bind|--dev) srcs="$srcs
+$a" ;; esac
+  prev=$a
+done
+shadows() { printf '%s\n' "$srcs" | { while IFS= read -r s; do case "$s" in "$1"/*) exit 0 ;; esac; done; exit 1; }; }
+deferred=""
+tab=$(printf '\t')
 while [ $# -gt 0 ]; do
   case "$1" in
     --record) record=$2; shift 2 ;;
     --bind)
       src=$2; dst=$3; mode=$4; shift 4
-      if [ -d "$src" ]; then mkdirs "$dst"; else placeholder "$dst"; fi
-      mount --bind "$src" "$dst" || die "cannot bind $src on $dst"
-      if [ "$mode" = ro ]; then mount -o remount,bind,ro "$dst" || die "cannot make $dst read-only"; fi
+      if shadows "$dst"; then deferred="$deferred
+$src$tab$dst$tab$mode"; else bind "$src" "$dst" "$mode"; fi
       ;;
     --dev)
       src=$2; dst=$3; shift 3
@@ -42,6 +58,9 @@ while [ $# -gt 0 ]; do
     --) shift; break ;;
     *) die "unknown option $1" ;;
   esac
+done
+printf '%s\n' "$deferred" | while IFS="$tab" read -r s d m; do
+  [ -z "$s" ] || bind "$s" "$d" "$m"
 done
 [ $# -gt 0 ] || die "no command"
 mkdirs "$workdir"

@@ -7,6 +7,7 @@ most 4096 bytes of it, so ``to_json`` trims the free-text message to stay under 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from dataclasses import asdict, dataclass, field
@@ -55,8 +56,19 @@ class TerminationMessage:
         return cls(**{k: v for k, v in data.items() if k in known})
 
     def write(self, path: str) -> None:
-        """Write atomically so a reader never sees half a message."""
+        """Write atomically where we can, so a reader never sees half a message. In a pod the
+        path is a file the kubelet bind-mounts: renaming onto a mount point fails (EBUSY), and
+        the directory may be read-only. There we write in place, which is safe because the
+        kubelet reads the message only after the container has exited."""
+        text = self.to_json()
         tmp = f"{path}.tmp"
-        with open(tmp, "w", encoding="utf-8") as fh:
-            fh.write(self.to_json())
-        os.replace(tmp, path)
+        try:
+            with open(tmp, "w", encoding="utf-8") as fh:
+                fh.write(text)
+            os.replace(tmp, path)
+            return
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+        with open(path, "w", encoding="utf-8") as fh:
+            fh.write(text)

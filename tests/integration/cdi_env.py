@@ -1,0 +1,350 @@
+"""What the DataVolume integration tests share: our CRDs installed, test images built by real
+qemu-img, a loopback image server, and the controller running as a real process.
+
+The controller runs as ``python -m cdi controller`` against the session cluster with leader
+election on (a short lease, so a restarted controller takes over quickly); tests may SIGKILL it
+by pid and start it again. Images are served from 127.0.0.1, which pods on the local node
+(127.1.x.y) reach directly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from aiohttp import web
+
+from testkit.cluster import Cluster
+from testkit.kubeclient import ApiError, Kube
+from testkit.waiting import wait_until
+
+REPO = Path(__file__).resolve().parents[2]
+MiB = 1024 * 1024
+VIRTUAL = 24 * MiB
+CDI_NAMESPACE = "cdi"
+DV_API = "/apis/cdi.kubevirt.io/v1beta1"
+
+
+def run(*cmd: str | Path) -> None:
+    proc = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, check=False)
+    if proc.returncode:
+        raise AssertionError(f"{' '.join(map(str, cmd))} failed: {proc.stderr}")
+
+
+# -- CRDs -----------------------------------------------------------------------------------
+
+
+def install_crds(kube: Kube) -> None:
+    path = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+    for f in sorted((REPO / "crds").glob("*.yaml")):
+        crd = yaml.safe_load(f.read_text())
+        try:
+            kube.create(path, crd)
+        except ApiError as e:
+            if not e.conflict:
+                raise
+
+    def established() -> bool:
+        for f in (REPO / "crds").glob("*.yaml"):
+            name = yaml.safe_load(f.read_text())["metadata"]["name"]
+            conds = kube.get(f"{path}/{name}").get("status", {}).get("conditions") or []
+            if not any(c["type"] == "Established" and c["status"] == "True" for c in conds):
+                return False
+        return True
+
+    wait_until(established, "CDI CRDs established", 30)
+
+
+def ensure_namespace(kube: Kube, name: str) -> None:
+    try:
+        kube.create("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
+                                           "metadata": {"name": name}})
+    except ApiError as e:
+        if not e.conflict:
+            raise
+
+
+# -- images ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Images:
+    root: Path
+    reference: Path  # raw bytes every good image converts to (qemu-img convert -O raw)
+
+    def path(self, name: str) -> Path:
+        return self.root / name
+
+
+def build_images(root: Path) -> Images:
+    root.mkdir(parents=True, exist_ok=True)
+    base = root / "disk.raw"
+    rng = random.Random(11)
+    with open(base, "wb") as fh:
+        fh.truncate(VIRTUAL)
+        for offset in (0, 5 * MiB + 4096, 11 * MiB - 700, VIRTUAL - MiB):
+            fh.seek(offset)
+            fh.write(rng.randbytes(MiB // 2) + b"cdi-py " * 20000)
+    run("qemu-img", "convert", "-f", "raw", "-O", "qcow2", base, root / "disk.qcow2")
+    with open(root / "disk.qcow2.xz", "wb") as out:
+        subprocess.run(["xz", "-T1", "-1", "-c", str(root / "disk.qcow2")], stdout=out, check=True)
+    with open(root / "disk.raw.gz", "wb") as out:
+        subprocess.run(["gzip", "-1", "-c", str(base)], stdout=out, check=True)
+    reference = root / "reference.raw"
+    run("qemu-img", "convert", "-f", "qcow2", "-O", "raw", root / "disk.qcow2", reference)
+    # A qcow2 that would read the host's files through a backing file: must be refused.
+    run("qemu-img", "create", "-f", "qcow2", "-b", "/etc/hostname", "-F", "raw",
+        root / "unsafe.qcow2", "16M")
+    return Images(root, reference)
+
+
+# -- image server ---------------------------------------------------------------------------
+
+
+@dataclass
+class ImageServer:
+    """``/ok/<file>``, ``/slow/<file>`` (``slow_rate`` bytes/s), ``/down/<file>`` (503)."""
+
+    root: Path
+    slow_rate: int = 3 * MiB
+    port: int = 0
+    requests: list[str] = field(default_factory=list)
+    _loop: asyncio.AbstractEventLoop | None = None
+    _runner: web.AppRunner | None = None
+
+    def url(self, mode: str, name: str) -> str:
+        return f"http://127.0.0.1:{self.port}/{mode}/{name}"
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        mode, name = request.match_info["mode"], request.match_info["name"]
+        self.requests.append(f"{request.method} {mode}/{name}")
+        if mode == "down":
+            raise web.HTTPServiceUnavailable(text="try later")
+        path = self.root / name
+        if not path.is_file():
+            raise web.HTTPNotFound(text="no such image")
+        size = path.stat().st_size
+        resp = web.StreamResponse(headers={"Content-Length": str(size)})
+        resp.content_type = "application/octet-stream"
+        await resp.prepare(request)
+        if request.method == "HEAD":
+            return resp
+        chunk = 256 * 1024
+        with open(path, "rb") as fh:
+            while data := fh.read(chunk):
+                await resp.write(data)
+                if mode == "slow":
+                    await asyncio.sleep(len(data) / self.slow_rate)
+        await resp.write_eof()
+        return resp
+
+    def start(self) -> ImageServer:
+        ready = threading.Event()
+
+        async def main() -> None:
+            app = web.Application()
+            app.router.add_route("*", "/{mode}/{name}", self._handle)
+            self._runner = web.AppRunner(app)
+            await self._runner.setup()
+            site = web.TCPSite(self._runner, "127.0.0.1", 0)
+            await site.start()
+            server = site._server
+            assert server is not None
+            self.port = server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+            ready.set()
+
+        def thread() -> None:
+            self._loop = asyncio.new_event_loop()
+            self._loop.run_until_complete(main())
+            self._loop.run_forever()
+
+        threading.Thread(target=thread, daemon=True, name="image-server").start()
+        ready.wait(10)
+        return self
+
+    def stop(self) -> None:
+        loop = self._loop
+        if loop is not None and self._runner is not None:
+            asyncio.run_coroutine_threadsafe(self._runner.cleanup(), loop).result(10)
+            loop.call_soon_threadsafe(loop.stop)
+
+
+# -- the controller process -----------------------------------------------------------------
+
+
+@dataclass
+class ControllerProcess:
+    cluster: Cluster
+    log_dir: Path
+    args: tuple[str, ...] = ()
+    proc: subprocess.Popen[bytes] | None = None
+    starts: int = 0
+
+    def start(self) -> ControllerProcess:
+        self.starts += 1
+        log = open(self.log_dir / f"controller-{self.starts}.log", "wb")  # noqa: SIM115
+        env = dict(os.environ, PYTHONPATH=str(REPO))
+        self.proc = subprocess.Popen(
+            [
+                sys.executable, "-m", "cdi", "controller",
+                f"--kubeconfig={self.cluster.kubeconfig}",
+                "--importer-image=quay.io/cdi-py/cdi-importer:test",
+                f"--lease-namespace={CDI_NAMESPACE}",
+                "--lease-duration=3", "--renew-deadline=2", "--retry-period=0.5",
+                "--retry-base-delay=1", "--max-attempts=3", "--progress-interval=0.5",
+                "--log-level=DEBUG",
+                *self.args,
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=REPO,
+            start_new_session=True,
+        )
+        log.close()
+        return self
+
+    def kill(self) -> None:
+        """SIGKILL: no graceful shutdown, no lease release (a crash)."""
+        if self.proc is not None:
+            os.kill(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stop(self) -> int | None:
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.kill(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+        return self.proc.returncode
+
+    def log(self) -> str:
+        return "".join(
+            p.read_text(errors="replace") for p in sorted(self.log_dir.glob("controller-*.log"))
+        )
+
+
+# -- fixtures -------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def cdi_crds(kube: Kube) -> None:
+    install_crds(kube)
+    ensure_namespace(kube, CDI_NAMESPACE)
+
+
+@pytest.fixture(scope="session")
+def images(tmp_path_factory: pytest.TempPathFactory) -> Images:
+    return build_images(tmp_path_factory.mktemp("images"))
+
+
+@pytest.fixture(scope="session")
+def image_server(images: Images) -> Iterator[ImageServer]:
+    server = ImageServer(images.root).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def controller(
+    cluster: Cluster, cdi_crds: None, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ControllerProcess]:
+    proc = ControllerProcess(cluster, tmp_path_factory.mktemp("controller")).start()
+    yield proc
+    code = proc.stop()
+    assert code == 0, f"controller exited {code} on SIGTERM:\n{proc.log()[-4000:]}"
+
+
+# -- DataVolume helpers ---------------------------------------------------------------------
+
+
+def datavolume(
+    name: str,
+    source: dict[str, Any],
+    size: str = "64Mi",
+    storage_class: str = "testkit-fs",
+    mode: str = "Filesystem",
+    annotations: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    return {
+        "apiVersion": "cdi.kubevirt.io/v1beta1",
+        "kind": "DataVolume",
+        "metadata": {"name": name, "annotations": annotations or {}},
+        "spec": {
+            "source": source,
+            "storage": {
+                "accessModes": ["ReadWriteOnce"],
+                "volumeMode": mode,
+                "storageClassName": storage_class,
+                "resources": {"requests": {"storage": size}},
+            },
+        },
+    }
+
+
+def dv_path(ns: str, name: str = "") -> str:
+    return f"{DV_API}/namespaces/{ns}/datavolumes" + (f"/{name}" if name else "")
+
+
+def wait_phase(
+    kube: Kube, ns: str, name: str, phases: tuple[str, ...], timeout: float = 120,
+    seen: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    def check() -> dict[str, Any] | None:
+        dv = kube.get(dv_path(ns, name))
+        status = dv.get("status") or {}
+        if seen is not None and (not seen or seen[-1] != status):
+            seen.append(status)
+        return dv if status.get("phase") in phases else None
+
+    return wait_until(check, f"DataVolume {ns}/{name} in {phases}", timeout, interval=0.1)
+
+
+def condition(dv: dict[str, Any], type_: str) -> dict[str, Any]:
+    for c in dv.get("status", {}).get("conditions") or []:
+        if c["type"] == type_:
+            return dict(c)
+    raise AssertionError(f"no {type_} condition in {dv.get('status')}")
+
+
+def events_for(kube: Kube, ns: str, name: str) -> list[dict[str, Any]]:
+    items = kube.get(f"/api/v1/namespaces/{ns}/events")["items"]
+    return [e for e in items if e["involvedObject"].get("name") == name]
+
+
+def pv_of(kube: Kube, ns: str, claim: str) -> dict[str, Any]:
+    pvc = kube.get(f"/api/v1/namespaces/{ns}/persistentvolumeclaims/{claim}")
+    return kube.get(f"/api/v1/persistentvolumes/{pvc['spec']['volumeName']}")
+
+
+def same_prefix_then_zeros(target: Path, reference: Path) -> None:
+    """``target`` starts with ``reference`` byte for byte and holds only zeros after it."""
+    n = reference.stat().st_size
+    with open(target, "rb") as t, open(reference, "rb") as r:
+        offset = 0
+        while offset < n:
+            a, b = t.read(MiB), r.read(MiB)
+            assert a == b[: len(a)] and len(a) == len(b), f"content differs near offset {offset}"
+            offset += len(b)
+        while data := t.read(4 * MiB):
+            assert data.count(0) == len(data), "non-zero bytes after the image"
+
+
+def now() -> float:
+    return time.monotonic()
