@@ -41,6 +41,7 @@ class ImportConfig:
     termination_path: str | None = None
     checkpoint_path: str | None = None  # where progress is persisted for resume (raw only)
     checkpoint_interval: int = CHECKPOINT_INTERVAL
+    qcow2_spill_limit: int = 64 * 1024 * 1024  # bytes held for data ahead of its table
     metrics_port: int | None = None
     metrics_addr: str = "0.0.0.0"
     owner_uid: str = ""

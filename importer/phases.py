@@ -1,4 +1,4 @@
-"""The importer as an explicit phase machine: every path an import can take is in ``_NEXT``.
+"""The importer as an explicit phase machine: the paths an import can take, one handler each.
 
     Info -> Transfer -> Verify -> Resize -> Complete                  raw, qcow2 (streamed)
     Info -> Transfer -> TransferScratch -> Verify -> Validate -> ...  qcow2 too disordered to stream
@@ -50,6 +50,7 @@ _PROGRESS_PHASE = {
     Phase.INFO: "Pending",
     Phase.BLANK: "Resizing",
     Phase.TRANSFER: "Transferring",
+    Phase.TRANSFER_SCRATCH: "Transferring",
     Phase.VERIFY: "Validating",
     Phase.VALIDATE: "Validating",
     Phase.CONVERT: "Converting",
@@ -77,6 +78,7 @@ class Importer:
             Phase.INFO: self._info,
             Phase.BLANK: self._blank,
             Phase.TRANSFER: self._transfer,
+            Phase.TRANSFER_SCRATCH: self._transfer_scratch,
             Phase.VERIFY: self._verify,
             Phase.VALIDATE: self._validate,
             Phase.CONVERT: self._convert,
@@ -205,6 +207,8 @@ class Importer:
             before_random_writes=self._zero_block_device if writer and writer.zero_fill else None,
             resume_offset=self.resume_offset,
             checkpointer=self._checkpointer(),
+            spill_limit=self.config.qcow2_spill_limit,
+            source_size=self.info.size,
         )
         decode = ThreadStage(lambda chunks: decode_into(chunks, plan, self.decoded), name="decode")
         checksum = self.config.checksum

@@ -81,3 +81,40 @@ async def test_multi_member_gzip_and_nested_compression(
         assert result.succeeded, result
         assert list(result.format_chain) == chain
         assert same_content(target, raw.reference)
+
+
+async def test_qcow2_streams_without_scratch(
+    images: ImageFactory, server: Server, tmp_path: Path
+) -> None:
+    image = images.make("qcow2-compressed", "xz")
+    target = tmp_path / "vol" / "disk.img"
+    target.parent.mkdir()
+    result = await import_url(server.link("ok", image.path), target)
+    assert result.succeeded and not result.scratch_used
+    assert list(result.format_chain) == ["xz", "qcow2"]
+    assert same_content(target, image.reference)
+
+
+async def test_disordered_qcow2_falls_back_to_scratch_and_says_so(
+    server: Server, tmp_path: Path
+) -> None:
+    """L1 moved after all the data (a resize): beyond a small spill bound the importer
+    downloads again through scratch + qemu-img, and reports scratch_used."""
+    from dataclasses import replace
+
+    from importer.runner import run_import
+    from tests.component.conftest import run
+    from tests.component.helpers import http_config
+
+    image = tmp_path / "moved.qcow2"
+    run("qemu-img", "create", "-f", "qcow2", "-o", "cluster_size=4096", image, "4M")
+    run("qemu-io", "-c", "write -P 7 0 3M", image)
+    run("qemu-img", "resize", image, "64M")  # grows L1: the new table lands after the data
+    reference = tmp_path / "ref.raw"
+    run("qemu-img", "convert", "-f", "qcow2", "-O", "raw", image, reference)
+    target = tmp_path / "disk.img"
+    config = replace(http_config(server.link("ok", image), target), qcow2_spill_limit=64 * 1024)
+    result = await run_import(config)
+    assert result.succeeded, result
+    assert result.scratch_used
+    assert same_content(target, reference)
