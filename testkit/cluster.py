@@ -16,6 +16,7 @@ From pytest: ``tests/integration/conftest.py`` holds one :class:`Cluster` per se
 from __future__ import annotations
 
 import argparse
+import fcntl
 import os
 import shutil
 import signal
@@ -34,6 +35,7 @@ from pathlib import Path
 from kubernetes import client
 
 from testkit import pki, storage
+from testkit.containers import remove_created_mount_points
 from testkit.kubeclient import ApiError, Kube
 from testkit.kubeconfig import (
     ADMIN,
@@ -47,7 +49,9 @@ from testkit.procs import ManagedProcess, kill_processes_with_env
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_BIN_DIR = REPO_ROOT / "hack" / "kube" / "_build" / "bin"
-SERVICE_CIDR = "127.2.0.0/16"
+NET_LOCK_DIR = Path(tempfile.gettempdir())
+# Shared by every cluster on the machine: host paths containers had to create as mount points.
+MOUNT_POINT_RECORD = NET_LOCK_DIR / "testkit-created-mount-points"
 BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler")
 
 # Controllers the tests rely on; everything else in kube-controller-manager stays off, which
@@ -91,6 +95,36 @@ class ClusterConfig:
     keep_state: bool = False
 
 
+class LoopbackBlocks:
+    """Two /16 blocks of 127.0.0.0/8 for one cluster: pod IPs (127.N.0.0/16) and Service
+    ClusterIPs (127.N+1.0.0/16). Several clusters may run on one machine (developers, CI, a
+    hand-started one), so each holds an flock on ``testkit-net-N.lock`` for its lifetime; the
+    kernel drops it when the process dies, so a crash never leaks a block."""
+
+    def __init__(self) -> None:
+        for n in range(10, 250, 2):
+            fd = os.open(NET_LOCK_DIR / f"testkit-net-{n}.lock", os.O_CREAT | os.O_RDWR, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                continue
+            self.fd, self.n = fd, n
+            return
+        raise ClusterStartFailed("no free loopback block: too many testkit clusters running")
+
+    @property
+    def pod_cidr(self) -> str:
+        return f"127.{self.n}.0.0/16"
+
+    @property
+    def service_cidr(self) -> str:
+        return f"127.{self.n + 1}.0.0/16"
+
+    def release(self) -> None:
+        os.close(self.fd)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -106,6 +140,7 @@ class Cluster:
     processes: list[ManagedProcess] = field(default_factory=list)
     api_port: int = 0
     started_in: float = 0.0
+    net: LoopbackBlocks | None = None
 
     # -- paths and clients ------------------------------------------------------------------
     @property
@@ -115,6 +150,16 @@ class Cluster:
     @property
     def server(self) -> str:
         return f"https://127.0.0.1:{self.api_port}"
+
+    @property
+    def service_cidr(self) -> str:
+        assert self.net is not None
+        return self.net.service_cidr
+
+    @property
+    def pod_cidr(self) -> str:
+        assert self.net is not None
+        return self.net.pod_cidr
 
     @property
     def kubeconfig(self) -> Path:
@@ -163,6 +208,7 @@ class Cluster:
             )
         self.state.mkdir(parents=True, exist_ok=True)
         try:
+            self.net = LoopbackBlocks()
             self._write_pki_and_configs()
             etcd_url = self._start_etcd()
             self._start_apiserver(etcd_url)
@@ -185,8 +231,34 @@ class Cluster:
         self.processes.clear()
         kill_processes_with_env(MARKER_ENV, str(self.state / "node"))
         storage.release_all_under(self.state)
+        # Mount points that containers created on the host may be in use by another cluster's
+        # pods (removing one would detach their mounts), so the last cluster standing tidies.
+        if not self._other_clusters_running() and MOUNT_POINT_RECORD.exists():
+            remove_created_mount_points([MOUNT_POINT_RECORD])
+            MOUNT_POINT_RECORD.unlink(missing_ok=True)
+        if self.net is not None:
+            self.net.release()
+            self.net = None
         if not self.config.keep_state:
             shutil.rmtree(self.state, ignore_errors=True)
+
+    def _other_clusters_running(self) -> bool:
+        own = f"testkit-net-{self.net.n}.lock" if self.net else ""
+        for lock in NET_LOCK_DIR.glob("testkit-net-*.lock"):
+            if lock.name == own:
+                continue
+            try:
+                fd = os.open(lock, os.O_RDWR)
+            except OSError:
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                fcntl.flock(fd, fcntl.LOCK_UN)
+            except BlockingIOError:
+                return True
+            finally:
+                os.close(fd)
+        return False
 
     def __enter__(self) -> Cluster:
         return self.start()
@@ -279,7 +351,7 @@ class Cluster:
                 "--api-audiences=https://kubernetes.default.svc.cluster.local",
                 # ClusterIPs on loopback: the node's service proxy listens on them (pod IPs are
                 # loopback too, which EndpointSlices refuse), and no traffic can leave the machine.
-                f"--service-cluster-ip-range={SERVICE_CIDR}",
+                f"--service-cluster-ip-range={self.service_cidr}",
                 "--enable-admission-plugins=NamespaceLifecycle,ServiceAccount,DefaultStorageClass,"
                 "StorageObjectInUseProtection,PersistentVolumeClaimResize,ResourceQuota,"
                 "MutatingAdmissionWebhook,ValidatingAdmissionWebhook,ValidatingAdmissionPolicy",
@@ -362,6 +434,8 @@ class Cluster:
             f"--state-dir={self.state / 'node'}",
             f"--api-port={self.api_port}",
             f"--ca-file={self.ca_path}",
+            f"--pod-cidr={self.pod_cidr}",
+            f"--mount-point-record={MOUNT_POINT_RECORD}",
         ]
         if self.config.images_config:
             node.append(f"--images={self.config.images_config}")

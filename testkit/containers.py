@@ -87,7 +87,10 @@ class ContainerProcess:
         spec.log_path.parent.mkdir(parents=True, exist_ok=True)
         spec.termination_host_path.parent.mkdir(parents=True, exist_ok=True)
         spec.termination_host_path.write_bytes(b"")
-        argv = ["unshare", "--mount", "--propagation", "private", "--", "/bin/sh", str(MOUNTNS)]
+        # setpriv: a container dies with the node agent that started it, like pods whose
+        # kubelet and runtime went away.
+        argv = ["setpriv", "--pdeathsig", "KILL", "--"]
+        argv += ["unshare", "--mount", "--propagation", "private", "--", "/bin/sh", str(MOUNTNS)]
         argv += ["--record", str(spec.record_path)]
         for b in spec.binds:
             if b.device:

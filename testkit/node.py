@@ -7,9 +7,10 @@ back-off, run readiness probes, and write a kubelet-like status whenever it chan
 sends SIGTERM to every container's process group, SIGKILL after the grace period, and then
 removes the pod object, as a kubelet does.
 
-Each pod gets its own loopback address (127.1.x.y) as pod IP; servers in pods bind to it (the
-downward API exposes it as ``status.podIP``). Service ClusterIPs are loopback addresses too
-(127.2.0.0/16) and ``testkit.serviceproxy`` forwards them to ready pods. Logs are plain files under
+Each pod gets its own loopback address from ``--pod-cidr`` (e.g. 127.10.x.y) as pod IP;
+servers in pods bind to it (the downward API exposes it as ``status.podIP``). Service
+ClusterIPs are loopback addresses too and ``testkit.serviceproxy`` forwards them to ready pods.
+Logs are plain files under
 ``<state>/pods/<namespace>_<name>_<uid>/logs/<container>/<restartCount>.log``.
 
 The loop polls the API server (a few list calls a second) instead of keeping watches: every
@@ -39,7 +40,6 @@ from testkit.containers import (
     LaunchSpec,
     Probe,
     now_rfc3339,
-    remove_created_mount_points,
 )
 from testkit.images import DEFAULT_MAP, ImageMap, UnknownImage
 from testkit.kubeclient import JSON, STRATEGIC_PATCH, ApiError, Kube, ns_path
@@ -51,7 +51,7 @@ log = logging.getLogger("testkit.node")
 
 MARKER_ENV = "TESTKIT_NODE_STATE"  # set in every container: lets the harness find strays
 HEARTBEAT_SECONDS = 10.0
-FIRST_POD_IP = ipaddress.IPv4Address("127.1.0.2")
+DEFAULT_POD_CIDR = "127.1.0.0/16"
 
 
 @dataclass(frozen=True)
@@ -60,6 +60,8 @@ class NodeConfig:
     state_dir: Path
     api_port: int
     images: ImageMap
+    pod_cidr: str = DEFAULT_POD_CIDR
+    mount_point_record: Path | None = None  # default: <state>/created-mount-points
     poll_interval: float = 0.2
 
 
@@ -305,10 +307,10 @@ class NodeAgent:
 
     def _allocate_ip(self) -> str:
         used = {rt.ip for rt in self.pods.values()}
-        ip = FIRST_POD_IP
-        while str(ip) in used or int(ip) & 0xFF in (0, 255):
-            ip += 1
-        return str(ip)
+        for ip in ipaddress.IPv4Network(self.config.pod_cidr).hosts():
+            if str(ip) not in used and int(ip) & 0xFF not in (0, 1, 255):
+                return str(ip)
+        raise RuntimeError(f"pod CIDR {self.config.pod_cidr} is exhausted")
 
     # -- one pod ----------------------------------------------------------------------------
     def sync_pod(self, rt: PodRuntime) -> None:
@@ -382,7 +384,8 @@ class NodeAgent:
             termination_host_path=rt.dir / "containers" / c.name / "termination-log",
             termination_path=c.spec.get("terminationMessagePath") or DEFAULT_TERMINATION_PATH,
             fallback_to_logs=c.spec.get("terminationMessagePolicy") == "FallbackToLogsOnError",
-            record_path=rt.dir / "created-mount-points",
+            record_path=self.config.mount_point_record
+            or self.config.state_dir / "created-mount-points",
         )
 
     def _write_status(self, rt: PodRuntime) -> None:
@@ -463,7 +466,6 @@ class NodeAgent:
                 c.proc.proc.wait(timeout=5)
         self.probes.shutdown(wait=False, cancel_futures=True)
         self.proxy.close()
-        remove_created_mount_points(sorted(self.pods_dir.glob("*/created-mount-points")))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -474,6 +476,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--api-port", type=int, required=True)
     parser.add_argument("--ca-file", type=Path)
     parser.add_argument("--images", type=Path, default=DEFAULT_MAP)
+    parser.add_argument("--pod-cidr", default=DEFAULT_POD_CIDR)
+    parser.add_argument(
+        "--mount-point-record", type=Path, help="file listing mount points created on the host"
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     stop = threading.Event()
@@ -484,7 +490,14 @@ def main(argv: list[str] | None = None) -> None:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     args.state_dir.mkdir(parents=True, exist_ok=True)
-    config = NodeConfig(args.node_name, args.state_dir, args.api_port, ImageMap.load(args.images))
+    config = NodeConfig(
+        args.node_name,
+        args.state_dir,
+        args.api_port,
+        ImageMap.load(args.images),
+        pod_cidr=args.pod_cidr,
+        mount_point_record=args.mount_point_record,
+    )
     NodeAgent(Kube.from_kubeconfig(args.kubeconfig), config).run(stop)
 
 

@@ -2,7 +2,9 @@
 
 Every component (etcd, the Kubernetes servers, the node agent, the provisioner) is started with
 ``start_new_session=True`` so that stopping it signals its whole group: nothing it forked is
-left behind. Stopping is SIGTERM, a grace period, then SIGKILL.
+left behind. Stopping is SIGTERM, a grace period, then SIGKILL. Each also gets a parent-death
+signal (util-linux ``setpriv --pdeathsig``), so a harness that is itself killed (a CI timeout,
+a SIGKILL) still takes its cluster down with it.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ class ManagedProcess:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(log_path, "ab")
         self.proc = subprocess.Popen(
-            argv,
+            ["setpriv", "--pdeathsig", "TERM", "--", *argv],
             stdin=subprocess.DEVNULL,
             stdout=self._log,
             stderr=subprocess.STDOUT,
