@@ -8,6 +8,7 @@ module reads the environment.
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -110,7 +111,9 @@ def from_env(env: Mapping[str, str]) -> ImportConfig:
     source = env.get(ImporterEnv.SOURCE, "http")
     block_path = env.get("IMPORTER_BLOCK_PATH", BLOCK_DEVICE_PATH)
     data_dir = env.get("IMPORTER_DATA_DIR", DATA_DIR)
-    block = os.path.exists(block_path)
+    # A block target is a block device at the block path; anything else there (a leftover
+    # placeholder on a node that shares /dev between pods) means a filesystem target.
+    block = os.path.exists(block_path) and stat.S_ISBLK(os.stat(block_path).st_mode)
     size = env.get(ImporterEnv.IMAGE_SIZE)
     content_type = ContentType(env.get(ImporterEnv.CONTENT_TYPE, "kubevirt") or "kubevirt")
     fs_path = (

@@ -30,7 +30,7 @@ from testkit.cluster import Cluster
 from testkit.kubeclient import ApiError, Kube
 from testkit.waiting import wait_until
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 MiB = 1024 * 1024
 VIRTUAL = 24 * MiB
 CDI_NAMESPACE = "cdi"
@@ -115,7 +115,8 @@ def build_images(root: Path) -> Images:
 
 @dataclass
 class ImageServer:
-    """``/ok/<file>``, ``/slow/<file>`` (``slow_rate`` bytes/s), ``/down/<file>`` (503)."""
+    """``/ok/<file>``, ``/slow/<file>`` (``slow_rate`` bytes/s), ``/crawl/<file>`` (a
+    sixteenth of that), ``/down/<file>`` (503 always)."""
 
     root: Path
     slow_rate: int = 3 * MiB
@@ -141,12 +142,13 @@ class ImageServer:
         await resp.prepare(request)
         if request.method == "HEAD":
             return resp
-        chunk = 256 * 1024
+        chunk = 64 * 1024
         with open(path, "rb") as fh:
             while data := fh.read(chunk):
                 await resp.write(data)
-                if mode == "slow":
-                    await asyncio.sleep(len(data) / self.slow_rate)
+                if mode in ("slow", "crawl"):
+                    rate = self.slow_rate if mode == "slow" else self.slow_rate // 16
+                    await asyncio.sleep(len(data) / rate)
         await resp.write_eof()
         return resp
 
@@ -194,7 +196,7 @@ class ControllerProcess:
 
     def start(self) -> ControllerProcess:
         self.starts += 1
-        log = open(self.log_dir / f"controller-{self.starts}.log", "wb")  # noqa: SIM115
+        log = open(self.log_dir / f"controller-{self.starts}.log", "wb")
         env = dict(os.environ, PYTHONPATH=str(REPO))
         self.proc = subprocess.Popen(
             [

@@ -4,6 +4,7 @@ a process, importer pods on the local node writing real volumes."""
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -11,22 +12,17 @@ import pytest
 from cdi.api.quantity import Quantity
 from cdi.render.pvc import required_space
 from importer.target import usable_space
-
 from testkit.kubeclient import Kube
 from testkit.waiting import wait_until
-from tests.integration.cdi_env import (  # noqa: F401  (fixtures)
-    MiB,
+from tests.integration.datavolumes.cdi_env import (
     ControllerProcess,
-    ImageServer,
     Images,
-    cdi_crds,
+    ImageServer,
+    MiB,
     condition,
-    controller,
     datavolume,
     dv_path,
     events_for,
-    image_server,
-    images,
     pv_of,
     same_prefix_then_zeros,
     wait_phase,
@@ -40,7 +36,7 @@ def test_blank_datavolume_is_a_sparse_disk_of_the_requested_size(
 ) -> None:
     kube.create(dv_path(namespace), datavolume("blank", {"blank": {}}, size="64Mi"))
     dv = wait_phase(kube, namespace, "blank", ("Succeeded", "Failed"), 90)
-    assert dv["status"]["phase"] == "Succeeded", __import__("json").dumps(dv["status"], indent=1)
+    assert dv["status"]["phase"] == "Succeeded", dv["status"]
     assert dv["status"]["progress"] == "100.0%"
     assert condition(dv, "Ready")["status"] == "True"
     assert condition(dv, "Bound")["status"] == "True"
@@ -68,10 +64,140 @@ def test_http_qcow2_xz_into_filesystem_volume_matches_qemu_img(
     kube.create(dv_path(namespace), datavolume("fromqcow", {"http": {"url": url}}, size="64Mi"))
     seen: list[dict] = []
     dv = wait_phase(kube, namespace, "fromqcow", ("Succeeded", "Failed"), 120, seen)
-    assert dv["status"]["phase"] == "Succeeded", __import__("json").dumps(dv["status"], indent=1)
+    assert dv["status"]["phase"] == "Succeeded", dv["status"]
     phases = [s.get("phase") for s in seen]
     print(phases, [s.get("progress") for s in seen])
     disk = Path(pv_of(kube, namespace, "fromqcow")["spec"]["local"]["path"])
     same_prefix_then_zeros(disk / "disk.img", images.reference)
     reasons = [e["reason"] for e in events_for(kube, namespace, "fromqcow")]
     assert "ImportSucceeded" in reasons, reasons
+
+
+@pytest.mark.parametrize(
+    ("image", "mode"),
+    [("disk.raw.gz", "Filesystem"), ("disk.qcow2.xz", "Block"), ("disk.raw.gz", "Block")],
+)
+def test_http_import_into_volume_matches_qemu_img(
+    kube: Kube, namespace: str, controller: ControllerProcess, image_server: ImageServer,
+    images: Images, image: str, mode: str,
+) -> None:
+    sc = "testkit-block" if mode == "Block" else "testkit-fs"
+    manifest = datavolume("img", {"http": {"url": image_server.url("ok", image)}},
+                          size="32Mi", storage_class=sc, mode=mode)
+    kube.create(dv_path(namespace), manifest)
+    dv = wait_phase(kube, namespace, "img", ("Succeeded", "Failed"), 120)
+    assert dv["status"]["phase"] == "Succeeded", dv["status"]
+    assert dv["status"]["restartCount"] == 0
+    local = Path(pv_of(kube, namespace, "img")["spec"]["local"]["path"])
+    same_prefix_then_zeros(local if mode == "Block" else local / "disk.img", images.reference)
+
+
+def test_wait_for_first_consumer_is_reported_and_immediate_binding_imports(
+    kube: Kube, namespace: str, controller: ControllerProcess
+) -> None:
+    kube.create(dv_path(namespace), datavolume("later", {"blank": {}}, size="8Mi",
+                                              storage_class="testkit-fs-wffc"))
+    dv = wait_phase(kube, namespace, "later", ("WaitForFirstConsumer",), 30)
+    assert condition(dv, "Bound")["reason"] == "Pending"
+    time.sleep(2)  # nothing forces the binding: no importer pod appears
+    assert not kube.get(f"/api/v1/namespaces/{namespace}/pods")["items"]
+    assert kube.get(dv_path(namespace, "later"))["status"]["phase"] == "WaitForFirstConsumer"
+
+    immediate = {"cdi.kubevirt.io/storage.bind.immediate.requested": "true"}
+    kube.create(dv_path(namespace), datavolume("now", {"blank": {}}, size="8Mi",
+                                              storage_class="testkit-fs-wffc",
+                                              annotations=immediate))
+    dv = wait_phase(kube, namespace, "now", ("Succeeded", "Failed"), 60)
+    assert dv["status"]["phase"] == "Succeeded", dv["status"]
+
+
+FAILURES = {
+    # case: (source, size, reason)
+    "checksum": ({"http": {"url": "ok/disk.raw.gz", "checksum": "sha256:" + "0" * 64}},
+                 "64Mi", "ChecksumMismatch"),
+    "404": ({"http": {"url": "ok/no-such-disk.img"}}, "64Mi", "SourceNotFound"),
+    "unsafe": ({"http": {"url": "ok/unsafe.qcow2"}}, "64Mi", "UnsafeImage"),
+    "undersized": ({"http": {"url": "ok/disk.raw.gz"}}, "8Mi", "InsufficientSpace"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(FAILURES))
+def test_permanent_failure_fails_at_once_keeps_the_pod_and_marks_nothing_ready(
+    kube: Kube, namespace: str, controller: ControllerProcess, image_server: ImageServer,
+    case: str,
+) -> None:
+    source, size, reason = FAILURES[case]
+    http = dict(source["http"])
+    mode, _, name = http["url"].partition("/")
+    http["url"] = image_server.url(mode, name)
+    kube.create(dv_path(namespace), datavolume("bad", {"http": http}, size=size))
+    dv = wait_phase(kube, namespace, "bad", ("Succeeded", "Failed"), 90)
+    status = dv["status"]
+    assert status["phase"] == "Failed", status
+    assert status["restartCount"] == 0  # one attempt: retrying cannot help
+    for type_ in ("Ready", "Running"):
+        cond = condition(dv, type_)
+        assert cond["status"] == "False" and cond["reason"] == reason, cond
+        assert cond["message"]
+    warnings = [e for e in events_for(kube, namespace, "bad") if e["type"] == "Warning"]
+    assert any(e["reason"] == "ImportFailed" and reason in e["message"] for e in warnings)
+    volume = Path(pv_of(kube, namespace, "bad")["spec"]["local"]["path"])
+    assert not (volume / "disk.img").exists()  # nothing half-written is left behind
+    pods = kube.get(f"/api/v1/namespaces/{namespace}/pods")["items"]
+    assert [p["status"]["phase"] for p in pods] == ["Failed"]  # kept for its logs
+
+    # Deleting the DataVolume removes its pod and its claim (owner references).
+    kube.delete(dv_path(namespace, "bad"))
+    wait_until(lambda: not kube.get(f"/api/v1/namespaces/{namespace}/pods")["items"]
+               and not kube.get(f"/api/v1/namespaces/{namespace}/persistentvolumeclaims")["items"],
+               "pod and PVC collected", 60)
+
+
+def test_transient_failure_retries_with_backoff_then_fails(
+    kube: Kube, namespace: str, controller: ControllerProcess, image_server: ImageServer,
+) -> None:
+    url = image_server.url("down", "disk.raw.gz")
+    kube.create(dv_path(namespace), datavolume("flaky", {"http": {"url": url}}, size="64Mi"))
+    seen: list[dict] = []
+    dv = wait_phase(kube, namespace, "flaky", ("Succeeded", "Failed"), 180, seen)
+    assert dv["status"]["phase"] == "Failed", dv["status"]
+    assert dv["status"]["restartCount"] == 2  # three attempts in all (--max-attempts=3)
+    assert condition(dv, "Ready")["reason"] == "SourceUnavailable"
+    assert {s.get("restartCount") for s in seen} >= {0, 1, 2}
+    pods = kube.get(f"/api/v1/namespaces/{namespace}/pods")["items"]
+    names = sorted(p["metadata"]["name"] for p in pods)
+    assert names == ["importer-flaky", "importer-flaky-retry-1", "importer-flaky-retry-2"]
+    assert all(p["status"]["phase"] == "Failed" for p in pods)
+    retries = [e for e in events_for(kube, namespace, "flaky") if e["reason"] == "ErrImportFailed"]
+    assert len(retries) == 2
+
+
+def test_controller_killed_mid_import_resumes_without_duplicate_pods(
+    kube: Kube, namespace: str, controller: ControllerProcess, image_server: ImageServer,
+    images: Images,
+) -> None:
+    url = image_server.url("crawl", "disk.qcow2.xz")
+    kube.create(dv_path(namespace), datavolume("crash", {"http": {"url": url}}, size="64Mi"))
+    wait_phase(kube, namespace, "crash", ("ImportInProgress",), 60)
+    uids: set[str] = set()
+
+    def note_pods() -> None:
+        for p in kube.get(f"/api/v1/namespaces/{namespace}/pods")["items"]:
+            uids.add(p["metadata"]["uid"])
+
+    note_pods()
+    controller.kill()
+    note_pods()
+    controller.start()
+
+    def done() -> dict | None:
+        note_pods()
+        dv = kube.get(dv_path(namespace, "crash"))
+        return dv if dv.get("status", {}).get("phase") in ("Succeeded", "Failed") else None
+
+    dv = wait_until(done, "import to finish after the restart", 120, interval=0.2)
+    assert dv["status"]["phase"] == "Succeeded", dv["status"]
+    assert dv["status"]["restartCount"] == 0
+    assert len(uids) == 1, uids  # the restarted controller found the pod instead of a new one
+    local = Path(pv_of(kube, namespace, "crash")["spec"]["local"]["path"])
+    same_prefix_then_zeros(local / "disk.img", images.reference)
