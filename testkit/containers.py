@@ -1,5 +1,5 @@
 """One container as a process on the node: start, exit, signals, logs, termination message,
-restart back-off and readiness probes.
+restart back-off, readiness and liveness probes.
 
 A container runs as ``unshare --mount --propagation private -- mountns.sh <binds> -- argv`` in a
 new session (its own process group): the wrapper bind-mounts the pod's volumes in the private
@@ -156,6 +156,11 @@ class Probe:
     ready: bool = False
     pending: Future[bool] | None = None
 
+    @property
+    def failed(self) -> bool:
+        """For a liveness probe: failureThreshold consecutive failures."""
+        return self.failures >= int(self.spec.get("failureThreshold", 3))
+
     def step(self, pool: ThreadPoolExecutor, pod_ip: str, container: JSON, pid: int | None) -> None:
         if self.pending is not None:
             if not self.pending.done():
@@ -241,6 +246,7 @@ class ContainerRuntime:
     next_start: float = 0.0
     backoff: float = BACKOFF_START
     probe: Probe | None = None
+    liveness: Probe | None = None
     last_container_id: str = ""
 
     @property
@@ -263,6 +269,7 @@ class ContainerRuntime:
         self.proc = None
         self.prev_exit, self.last_exit = self.last_exit, ex
         self.probe = None
+        self.liveness = None
         again = restart_policy == "Always" or (restart_policy == "OnFailure" and ex.code != 0)
         if self.init and ex.code == 0:
             again = False

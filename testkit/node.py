@@ -3,9 +3,9 @@
 It registers a Node (capacity, Ready condition, ``kubernetes.io/hostname`` label, no taints),
 then loops: list the pods bound to it, and for each pod build its volumes, start its init
 containers one by one and then its containers, restart them under ``restartPolicy`` with a
-back-off, run readiness probes, and write a kubelet-like status whenever it changes. Deletion
-sends SIGTERM to every container's process group, SIGKILL after the grace period, and then
-removes the pod object, as a kubelet does.
+back-off, run readiness and liveness probes, and write a kubelet-like status whenever it
+changes. Deletion sends SIGTERM to every container's process group, SIGKILL after the grace
+period, and then removes the pod object, as a kubelet does.
 
 Each pod gets its own loopback address from ``--pod-cidr`` (e.g. 127.10.x.y) as pod IP;
 servers in pods bind to it (the downward API exposes it as ``status.podIP``). Service
@@ -163,6 +163,7 @@ class NodeAgent:
         self.pods_dir.mkdir(parents=True, exist_ok=True)
         self._last_heartbeat = 0.0
         self.proxy = ServiceProxy()
+        self.version = "v0.0.0"
 
     # -- node object ------------------------------------------------------------------------
     def register(self) -> None:
@@ -184,6 +185,7 @@ class NodeAgent:
         except ApiError as e:
             if not e.conflict:
                 raise
+        self.version = str(self.kube.get("/version").get("gitVersion", "v0.0.0"))
         self.heartbeat(force=True)
         # TaintNodesByCondition admission adds not-ready taints at creation; the node-lifecycle
         # controller (not run here) would lift them once Ready, so the node does it itself.
@@ -236,7 +238,7 @@ class NodeAgent:
                 "kernelVersion": os.uname().release,
                 "osImage": "testkit local node",
                 "containerRuntimeVersion": "testkit://1",
-                "kubeletVersion": "v0.0.0-testkit",
+                "kubeletVersion": self.version,
                 "kubeProxyVersion": "",
                 "operatingSystem": "linux",
                 "architecture": "amd64",
@@ -344,6 +346,12 @@ class NodeAgent:
             if ex is None:
                 if c.probe is not None:
                     c.probe.step(self.probes, rt.ip, c.spec, c.proc.pid)
+                if c.liveness is not None:
+                    c.liveness.step(self.probes, rt.ip, c.spec, c.proc.pid)
+                    if c.liveness.failed:
+                        log.info("pod %s container %s failed liveness: killing", rt.key, c.name)
+                        c.proc.signal(signal.SIGKILL)
+                        c.liveness = None
                 return
             log.info("pod %s container %s exited %d", rt.key, c.name, ex.code)
             c.record_exit(ex, rt.restart_policy)
@@ -360,8 +368,9 @@ class NodeAgent:
         c.starts += 1
         c.proc = ContainerProcess(launch)
         c.waiting_reason, c.waiting_message = "", ""
-        probe = c.spec.get("readinessProbe")
+        probe, liveness = c.spec.get("readinessProbe"), c.spec.get("livenessProbe")
         c.probe = Probe(probe) if probe else None
+        c.liveness = Probe(liveness) if liveness else None
         log.info("pod %s container %s started pid %d", rt.key, c.name, c.proc.pid)
 
     def _launch_spec(self, rt: PodRuntime, c: ContainerRuntime) -> LaunchSpec:

@@ -211,3 +211,51 @@ def test_service_cluster_ip_forwards_to_a_ready_pod(kube: Kube, namespace: str) 
             return None
 
     assert wait_until(fetch, "the Service to answer", 60) == "hello-from-pod\n"
+
+
+def test_init_containers_run_first_and_liveness_failure_restarts_the_container(
+    cluster: Cluster, kube: Kube, namespace: str
+) -> None:
+    pod = pod_manifest(
+        "lively",
+        # Alive only while /shared/alive exists; the first run removes it after a moment.
+        "cat /shared/from-init; n=$(cat /shared/n 2>/dev/null || echo 0); "
+        "echo $((n+1)) > /shared/n; touch /shared/alive; "
+        "if [ $n -eq 0 ]; then (sleep 2; rm /shared/alive) & fi; "
+        "while true; do sleep 0.2; done",
+        restart_policy="Always",
+        volumes=[{"name": "shared", "emptyDir": {}}],
+        mounts=[{"name": "shared", "mountPath": "/shared"}],
+        livenessProbe={
+            "exec": {"command": ["test", "-e", "/shared/alive"]},
+            "periodSeconds": 1,
+            "failureThreshold": 2,
+            "initialDelaySeconds": 1,
+        },
+    )
+    pod["spec"]["initContainers"] = [
+        {
+            "name": "prepare",
+            "image": "busybox",
+            "command": ["sh", "-c", "echo prepared > /shared/from-init"],
+            "volumeMounts": [{"name": "shared", "mountPath": "/shared"}],
+        }
+    ]
+    kube.create(ns_path(namespace, "pods"), pod)
+    path = ns_path(namespace, "pods", "lively")
+
+    def restarted() -> dict | None:
+        p = kube.get(path)
+        statuses = p["status"].get("containerStatuses") or []
+        ok = statuses and statuses[0]["restartCount"] >= 1 and "running" in statuses[0]["state"]
+        return p if ok else None
+
+    p = wait_until(restarted, "a liveness restart", 60)
+    init = p["status"]["initContainerStatuses"][0]
+    assert init["state"]["terminated"]["exitCode"] == 0
+    assert p["status"]["containerStatuses"][0]["lastState"]["terminated"]["exitCode"] == 137
+    wait_until(
+        lambda: cluster.container_log(namespace, "lively", "main").count("prepared") == 2,
+        "the restarted container's log",
+        10,
+    )
