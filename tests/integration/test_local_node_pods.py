@@ -3,13 +3,16 @@ loopback, readiness probes, restarts under restartPolicy, SIGTERM on deletion, l
 
 from __future__ import annotations
 
+import base64
+import itertools
 import time
 import urllib.request
 
 import pytest
 
+from testkit import pki
 from testkit.cluster import Cluster
-from testkit.kubeclient import Kube, ns_path
+from testkit.kubeclient import ApiError, Kube, ns_path
 from testkit.waiting import wait_until
 from tests.integration.helpers import pod_manifest, terminated, wait_gone, wait_pod_phase
 
@@ -259,3 +262,134 @@ def test_init_containers_run_first_and_liveness_failure_restarts_the_container(
         "the restarted container's log",
         10,
     )
+
+
+WEBHOOK_SERVER = """
+import json, os, ssl
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+class Hook(BaseHTTPRequestHandler):
+    def do_POST(self):
+        req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))["request"]
+        labels = req["object"]["metadata"].get("labels") or {}
+        resp = {"uid": req["uid"], "allowed": labels.get("reject") != "yes",
+                "status": {"code": 403, "message": "pod webhook says no"}}
+        body = json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+                           "response": resp}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+server = HTTPServer((os.environ["POD_IP"], 8443), Hook)
+ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+ctx.load_cert_chain("/certs/tls.crt", "/certs/tls.key")
+server.socket = ctx.wrap_socket(server.socket, server_side=True)
+server.serve_forever()
+"""
+
+
+def test_service_webhook_served_by_a_pod_is_reached_through_its_cluster_ip(
+    kube: Kube, namespace: str
+) -> None:
+    ca = pki.CertificateAuthority("pod-webhook-ca")
+    pair = ca.issue("hook", dns_names=(f"hook.{namespace}.svc",))
+    kube.create(
+        ns_path(namespace, "secrets"),
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": "hook-tls"},
+            "type": "kubernetes.io/tls",
+            "data": {
+                "tls.crt": base64.b64encode(pair.cert_pem).decode(),
+                "tls.key": base64.b64encode(pair.key_pem).decode(),
+            },
+        },
+    )
+    pod = pod_manifest(
+        "hook",
+        "",
+        restart_policy="Always",
+        image="python:3.12",
+        command=["python3", "-c", WEBHOOK_SERVER],
+        env=[{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}],
+        readinessProbe={"tcpSocket": {"port": 8443}, "periodSeconds": 1},
+        volumes=[{"name": "certs", "secret": {"secretName": "hook-tls"}}],
+        mounts=[{"name": "certs", "mountPath": "/certs", "readOnly": True}],
+    )
+    pod["metadata"]["labels"] = {"app": "hook"}
+    kube.create(ns_path(namespace, "pods"), pod)
+    kube.create(
+        ns_path(namespace, "services"),
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": "hook"},
+            "spec": {"selector": {"app": "hook"}, "ports": [{"port": 443, "targetPort": 8443}]},
+        },
+    )
+    name = f"pod-hook-{namespace}"
+    path = "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations"
+    kube.create(
+        path,
+        {
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingWebhookConfiguration",
+            "metadata": {"name": name},
+            "webhooks": [
+                {
+                    "name": "hook.testkit.local",
+                    "clientConfig": {
+                        "service": {
+                            "name": "hook",
+                            "namespace": namespace,
+                            "path": "/validate",
+                            "port": 443,
+                        },
+                        "caBundle": base64.b64encode(ca.cert_pem).decode(),
+                    },
+                    "rules": [
+                        {
+                            "apiGroups": [""],
+                            "apiVersions": ["v1"],
+                            "operations": ["CREATE"],
+                            "resources": ["configmaps"],
+                        }
+                    ],
+                    "namespaceSelector": {
+                        "matchLabels": {"kubernetes.io/metadata.name": namespace}
+                    },
+                    "failurePolicy": "Fail",
+                    "sideEffects": "None",
+                    "admissionReviewVersions": ["v1"],
+                    "timeoutSeconds": 5,
+                }
+            ],
+        },
+    )
+    try:
+        cms = ns_path(namespace, "configmaps")
+        counter = itertools.count()
+
+        def rejected() -> str | None:
+            try:
+                kube.create(
+                    cms,
+                    {
+                        "apiVersion": "v1",
+                        "kind": "ConfigMap",
+                        "metadata": {"name": f"c{next(counter)}", "labels": {"reject": "yes"}},
+                    },
+                )
+            except ApiError as e:
+                return str(e) if "pod webhook says no" in str(e) else None
+            return None
+
+        assert "pod webhook says no" in wait_until(rejected, "the pod webhook to reject", 60)
+        kube.create(
+            cms, {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "accepted"}}
+        )
+    finally:
+        kube.delete_ignore_missing(f"{path}/{name}")
