@@ -108,8 +108,8 @@ def cmd_controller(a: argparse.Namespace) -> int:
 
 
 def cmd_webhook(a: argparse.Namespace) -> int:
+    from cdi.admission import WebhookConfig, serve_webhook
     from cdi.kube.client import Kube, load_api_client
-    from cdi.webhooks.server import WebhookConfig, serve_webhook
 
     _logging(a.log_level)
     config = WebhookConfig(

@@ -1,0 +1,231 @@
+"""The ``cdi webhook`` process: the pure admission server wired to the cluster.
+
+Three cluster-facing pieces, each through the one gateway (``cdi.kube.client``):
+
+- ``KubeLookup``: the ``ClusterLookup`` the validation rules ask (PVCs, DataSources, the
+  claim-adoption feature gate) answered with GETs;
+- ``CertStore``: the CA and serving certificate live in one Secret, so every replica serves the
+  same certificate; ``ensure`` rotates it when ``cdi.webhooks.certs.plan_rotation`` says so
+  (compare-and-swap on the Secret's resourceVersion, so two replicas never fork the CA) and
+  writes the CA bundle into our Validating/MutatingWebhookConfigurations;
+- ``serve_webhook``: HTTPS with an ``SSLContext`` reloaded in place after a rotation (new
+  handshakes use the new certificate), a periodic rotation check, graceful stop on SIGTERM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import datetime as dt
+import logging
+import signal
+import ssl
+import tempfile
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from cdi.api.constants import CDICONFIG_NAME
+from cdi.kube.client import (
+    CDI_CONFIGS,
+    DATA_SOURCES,
+    JSON_PATCH,
+    MUTATING_WEBHOOKS,
+    PVCS,
+    SECRETS,
+    VALIDATING_WEBHOOKS,
+    Kube,
+    Resource,
+)
+from cdi.kube.errors import Conflict, KubeError, NotFound
+from cdi.webhooks.certs import Bundle, KeyPair, rotate, service_names
+from cdi.webhooks.server import make_app
+
+log = logging.getLogger(__name__)
+
+CLAIM_ADOPTION_GATE = "DataVolumeClaimAdoption"
+
+
+@dataclass(frozen=True)
+class WebhookConfig:
+    host: str = "0.0.0.0"
+    port: int = 8443
+    namespace: str = "cdi"
+    service: str = "cdi-webhook"
+    cert_secret: str = "cdi-webhook-certs"
+    extra_sans: tuple[str, ...] = ()
+    validating_config: str = "cdi-datavolume-validator"
+    mutating_config: str = "cdi-datavolume-mutator"
+    cert_check_interval: float = 3600.0
+
+
+class KubeLookup:
+    def __init__(self, kube: Kube) -> None:
+        self.kube = kube
+
+    def get_pvc(self, namespace: str, name: str) -> Mapping[str, Any] | None:
+        return self.kube.get_or_none(PVCS, name, namespace)
+
+    def get_data_source(self, namespace: str, name: str) -> Mapping[str, Any] | None:
+        try:
+            return self.kube.get_or_none(DATA_SOURCES, name, namespace)
+        except KubeError:
+            return None  # the DataSource kind may not be served at all
+
+    def claim_adoption_enabled(self) -> bool:
+        config = self.kube.get_or_none(CDI_CONFIGS, CDICONFIG_NAME) or {}
+        return CLAIM_ADOPTION_GATE in ((config.get("spec") or {}).get("featureGates") or [])
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+class CertStore:
+    KEYS = ("ca.crt", "ca.key", "tls.crt", "tls.key", "ca-previous.crt")
+
+    def __init__(self, kube: Kube, config: WebhookConfig) -> None:
+        self.kube = kube
+        self.config = config
+        self.names = service_names(config.service, config.namespace, config.extra_sans)
+
+    def _read(self) -> tuple[Bundle | None, dict[str, Any] | None]:
+        secret = self.kube.get_or_none(SECRETS, self.config.cert_secret, self.config.namespace)
+        if secret is None:
+            return None, None
+        data = {k: base64.b64decode(v) for k, v in (secret.get("data") or {}).items()}
+        if not all(k in data for k in self.KEYS[:4]):
+            return None, secret
+        bundle = Bundle(
+            KeyPair(data["ca.crt"], data["ca.key"]),
+            KeyPair(data["tls.crt"], data["tls.key"]),
+            data.get("ca-previous.crt", b""),
+        )
+        return bundle, secret
+
+    def _write(self, bundle: Bundle, secret: dict[str, Any] | None) -> None:
+        values = (bundle.ca.cert_pem, bundle.ca.key_pem, bundle.serving.cert_pem,
+                  bundle.serving.key_pem, bundle.previous_ca_pem)
+        data = {k: _b64(v) for k, v in zip(self.KEYS, values, strict=True)}
+        body: dict[str, Any] = {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "type": "kubernetes.io/tls",
+            "metadata": {"name": self.config.cert_secret, "namespace": self.config.namespace},
+            "data": data,
+        }
+        if secret is None:
+            self.kube.create(SECRETS, body)
+        else:
+            body["metadata"]["resourceVersion"] = secret["metadata"]["resourceVersion"]
+            self.kube.replace(SECRETS, body)
+
+    def ensure(self, now: dt.datetime | None = None) -> Bundle:
+        """The current bundle, rotated if due, stored, and published in our webhooks."""
+        for _ in range(5):
+            bundle, secret = self._read()
+            fresh = rotate(bundle, self.names, now or dt.datetime.now(dt.UTC))
+            if fresh is None:
+                assert bundle is not None
+                self.publish(bundle.ca_bundle)
+                return bundle
+            try:
+                self._write(fresh, secret)
+            except Conflict:
+                continue  # another replica rotated first: use theirs
+            log.info("webhook certificate %s", "created" if bundle is None else "rotated")
+            self.publish(fresh.ca_bundle)
+            return fresh
+        raise RuntimeError("could not store the webhook certificate (conflicts)")
+
+    def publish(self, ca_bundle: bytes) -> None:
+        encoded = _b64(ca_bundle)
+        for res, name in (
+            (VALIDATING_WEBHOOKS, self.config.validating_config),
+            (MUTATING_WEBHOOKS, self.config.mutating_config),
+        ):
+            self._publish_to(res, name, encoded)
+
+    def _publish_to(self, res: Resource, name: str, encoded: str) -> None:
+        try:
+            current = self.kube.get(res, name)
+        except NotFound:
+            log.warning("%s %s not found; CA bundle not published", res.kind, name)
+            return
+        ops = []
+        for i, hook in enumerate(current.get("webhooks") or []):
+            if (hook.get("clientConfig") or {}).get("caBundle") != encoded:
+                ops.append({"op": "add", "path": f"/webhooks/{i}/clientConfig/caBundle",
+                            "value": encoded})
+        if ops:
+            rv = current["metadata"]["resourceVersion"]
+            ops.insert(0, {"op": "test", "path": "/metadata/resourceVersion", "value": rv})
+            self.kube.patch(res, name, ops, content_type=JSON_PATCH)
+
+
+class TLSFiles:
+    """The serving key pair as files for ``SSLContext.load_cert_chain`` (private temp dir)."""
+
+    def __init__(self) -> None:
+        self._dir = tempfile.TemporaryDirectory(prefix="cdi-webhook-")
+        self.cert = Path(self._dir.name) / "tls.crt"
+        self.key = Path(self._dir.name) / "tls.key"
+
+    def load(self, ctx: ssl.SSLContext, pair: KeyPair) -> None:
+        self.cert.write_bytes(pair.cert_pem)
+        self.key.touch(mode=0o600)
+        self.key.write_bytes(pair.key_pem)
+        ctx.load_cert_chain(str(self.cert), str(self.key))
+
+    def close(self) -> None:
+        self._dir.cleanup()
+
+
+async def serve_webhook(kube: Kube, config: WebhookConfig) -> None:
+    pool = ThreadPoolExecutor(4, thread_name_prefix="admission")
+    loop = asyncio.get_running_loop()
+
+    async def run_blocking(fn: Any, *args: Any) -> Any:
+        return await loop.run_in_executor(pool, partial(fn, *args))
+
+    store = CertStore(kube, config)
+    bundle: Bundle = await run_blocking(store.ensure)
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    files = TLSFiles()
+    files.load(ctx, bundle.serving)
+
+    runner = web.AppRunner(make_app(KubeLookup(kube), run_blocking))
+    await runner.setup()
+    await web.TCPSite(runner, config.host, config.port, ssl_context=ctx).start()
+    log.info("serving admission webhooks on %s:%d", config.host, config.port)
+
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    try:
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), config.cert_check_interval)
+            if stop.is_set():
+                break
+            try:
+                fresh: Bundle = await run_blocking(store.ensure)
+            except KubeError as exc:
+                log.warning("certificate check failed: %s", exc)
+                continue
+            if fresh.serving != bundle.serving:
+                files.load(ctx, fresh.serving)
+                bundle = fresh
+                log.info("serving the rotated certificate")
+    finally:
+        await runner.cleanup()
+        files.close()
+        pool.shutdown(wait=False)

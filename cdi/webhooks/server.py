@@ -1,0 +1,122 @@
+"""The admission webhook HTTP server: AdmissionReview in, AdmissionReview out.
+
+``make_app(lookup, run_blocking)`` is an aiohttp app factory with three routes:
+
+- ``POST /datavolume-validate``: ``validate_datavolume`` (the pure CDI rules) on the request's
+  object and old object; a rejection is ``allowed: false`` with a 422 ``Status`` whose message
+  is the causes' messages (the API server shows it after "denied the request:") and whose
+  ``details.causes`` carry the fields; warnings travel either way;
+- ``POST /datavolume-mutate``: ``mutate_datavolume`` as a base64 JSON patch;
+- ``GET /healthz``.
+
+Nothing here knows Kubernetes clients or TLS files: cluster lookups come through the
+``ClusterLookup`` protocol (they may block, so they run via ``run_blocking`` off the event
+loop) and the TLS context is the caller's (``cdi.admission``). Admission reviews are small JSON
+documents, so reading the whole body is right here.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+from aiohttp import web
+
+from cdi.webhooks.mutation import UserInfo, mutate_datavolume
+from cdi.webhooks.validation import ClusterLookup, validate_datavolume
+from cdi.webhooks.verdict import ValidationResult
+
+log = logging.getLogger(__name__)
+
+RunBlocking = Callable[..., Awaitable[Any]]
+MAX_REVIEW_BYTES = 3 * 1024 * 1024
+
+
+def review_response(uid: str, **response: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "response": {"uid": uid, **response},
+    }
+
+
+def verdict_response(uid: str, verdict: ValidationResult) -> dict[str, Any]:
+    if verdict.allowed:
+        out = review_response(uid, allowed=True)
+    else:
+        status = {
+            "status": "Failure",
+            "code": 422,
+            "reason": "Invalid",
+            "message": "; ".join(verdict.messages),
+            "details": {
+                "causes": [
+                    {"type": str(c.type), "message": c.message, "field": c.field}
+                    for c in verdict.causes
+                ]
+            },
+        }
+        out = review_response(uid, allowed=False, status=status)
+    if verdict.warnings:
+        out["response"]["warnings"] = list(verdict.warnings)
+    return out
+
+
+def validate_review(request: Mapping[str, Any], lookup: ClusterLookup) -> dict[str, Any]:
+    uid = str(request.get("uid", ""))
+    if request.get("operation") not in ("CREATE", "UPDATE"):
+        return review_response(uid, allowed=True)
+    new = request.get("object") or {}
+    old = request.get("oldObject") if request.get("operation") == "UPDATE" else None
+    verdict = validate_datavolume(new, old, lookup, namespace=request.get("namespace"))
+    return verdict_response(uid, verdict)
+
+
+def mutate_review(request: Mapping[str, Any]) -> dict[str, Any]:
+    uid = str(request.get("uid", ""))
+    if request.get("operation") not in ("CREATE", "UPDATE"):
+        return review_response(uid, allowed=True)
+    old = request.get("oldObject") if request.get("operation") == "UPDATE" else None
+    patch = mutate_datavolume(
+        request.get("object") or {}, old, UserInfo.from_dict(request.get("userInfo") or {})
+    )
+    if not patch:
+        return review_response(uid, allowed=True)
+    encoded = base64.b64encode(json.dumps(patch).encode()).decode()
+    return review_response(uid, allowed=True, patchType="JSONPatch", patch=encoded)
+
+
+async def _read_review(request: web.Request) -> Mapping[str, Any]:
+    if (request.content_length or 0) > MAX_REVIEW_BYTES:
+        raise web.HTTPRequestEntityTooLarge(
+            max_size=MAX_REVIEW_BYTES, actual_size=request.content_length or 0
+        )
+    try:
+        review = await request.json()
+    except ValueError as exc:
+        raise web.HTTPBadRequest(text=f"not JSON: {exc}") from exc
+    if not isinstance(review, dict) or not isinstance(review.get("request"), dict):
+        raise web.HTTPBadRequest(text="not an AdmissionReview")
+    return dict(review["request"])
+
+
+def make_app(lookup: ClusterLookup, run_blocking: RunBlocking) -> web.Application:
+    async def validate(request: web.Request) -> web.Response:
+        review = await _read_review(request)
+        return web.json_response(await run_blocking(validate_review, review, lookup))
+
+    async def mutate(request: web.Request) -> web.Response:
+        review = await _read_review(request)
+        return web.json_response(mutate_review(review))
+
+    async def healthz(_: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    app = web.Application(client_max_size=MAX_REVIEW_BYTES)
+    app.router.add_post("/datavolume-validate", validate)
+    app.router.add_post("/datavolume-mutate", mutate)
+    app.router.add_get("/healthz", healthz)
+    return app
