@@ -1,0 +1,116 @@
+"""Webhook certificates (generation, rotation plan, CA overlap) and AdmissionReview handling,
+without a cluster: the server's app runs on aiohttp's test server with a static lookup."""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import json
+from typing import Any
+
+from aiohttp.test_utils import TestClient, TestServer
+from cryptography import x509
+from cryptography.hazmat.primitives.asymmetric import ec
+
+from cdi.webhooks.certs import Bundle, Rotation, plan_rotation, rotate, service_names
+from cdi.webhooks.server import make_app
+from cdi.webhooks.validation import StaticLookup
+
+NOW = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+NAMES = service_names("cdi-webhook", "cdi", ("127.0.0.1",))
+
+
+def fresh() -> Bundle:
+    bundle = rotate(None, NAMES, NOW)
+    assert bundle is not None
+    return bundle
+
+
+def test_first_bundle_is_a_ca_and_a_serving_cert_it_signed_for_the_service_names() -> None:
+    bundle = fresh()
+    ca, serving = bundle.ca.cert, bundle.serving.cert
+    assert serving.issuer == ca.subject
+    key = ca.public_key()
+    assert isinstance(key, ec.EllipticCurvePublicKey)
+    assert serving.signature_hash_algorithm is not None
+    key.verify(serving.signature, serving.tbs_certificate_bytes,
+               ec.ECDSA(serving.signature_hash_algorithm))  # raises if the CA did not sign
+    san = serving.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert "cdi-webhook.cdi.svc" in san.get_values_for_type(x509.DNSName)
+    assert [str(ip) for ip in san.get_values_for_type(x509.IPAddress)] == ["127.0.0.1"]
+    assert bundle.ca_bundle == bundle.ca.cert_pem
+
+
+def test_rotation_plan_keeps_renews_serving_or_replaces_the_ca() -> None:
+    bundle = fresh()
+    assert plan_rotation(bundle, NAMES, NOW + dt.timedelta(days=1)) == Rotation.KEEP
+    assert rotate(bundle, NAMES, NOW + dt.timedelta(days=1)) is None
+    assert plan_rotation(bundle, NAMES, NOW + dt.timedelta(days=25)) == Rotation.SERVING
+    assert plan_rotation(bundle, (*NAMES, "new.example"), NOW) == Rotation.SERVING
+    assert plan_rotation(bundle, NAMES, NOW + dt.timedelta(days=300)) == Rotation.CA
+
+
+def test_serving_renewal_keeps_the_ca_and_ca_renewal_publishes_both_cas() -> None:
+    bundle = fresh()
+    renewed = rotate(bundle, NAMES, NOW + dt.timedelta(days=25))
+    assert renewed is not None
+    assert renewed.ca == bundle.ca and renewed.serving != bundle.serving
+    replaced = rotate(bundle, NAMES, NOW + dt.timedelta(days=300))
+    assert replaced is not None and replaced.ca != bundle.ca
+    assert replaced.ca_bundle == replaced.ca.cert_pem + bundle.ca.cert_pem  # overlap
+
+
+def review(op: str, obj: dict[str, Any], old: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "request": {"uid": "u-1", "operation": op, "namespace": "ns", "object": obj,
+                        "oldObject": old, "userInfo": {"username": "alice", "groups": ["g"]}}}
+
+
+def dv(**spec: Any) -> dict[str, Any]:
+    base = {"source": {"http": {"url": "http://example.com/d.img"}},
+            "pvc": {"accessModes": ["ReadWriteOnce"],
+                    "resources": {"requests": {"storage": "1Gi"}}}}
+    return {"apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataVolume",
+            "metadata": {"name": "d", "namespace": "ns"}, "spec": {**base, **spec}}
+
+
+async def run_blocking(fn: Any, *args: Any) -> Any:
+    return fn(*args)
+
+
+async def post(path: str, body: dict[str, Any]) -> dict[str, Any]:
+    async with TestClient(TestServer(make_app(StaticLookup(), run_blocking))) as client:
+        resp = await client.post(path, json=body)
+        assert resp.status == 200
+        return dict(await resp.json())
+
+
+async def test_validate_rejects_with_cdi_message_and_status_causes() -> None:
+    out = await post("/datavolume-validate",
+                     review("CREATE", dv(source={"http": {"url": "x"}, "blank": {}})))
+    resp = out["response"]
+    assert resp["uid"] == "u-1" and resp["allowed"] is False
+    assert resp["status"]["code"] == 422
+    assert resp["status"]["message"] == "Multiple Data volume sources"
+    assert resp["status"]["details"]["causes"][0]["message"] == "Multiple Data volume sources"
+
+
+async def test_validate_admits_a_valid_datavolume_and_deletes() -> None:
+    assert (await post("/datavolume-validate", review("CREATE", dv())))["response"]["allowed"]
+    assert (await post("/datavolume-validate", review("DELETE", {})))["response"]["allowed"]
+
+
+async def test_mutate_returns_a_json_patch_recording_the_requester() -> None:
+    resp = (await post("/datavolume-mutate", review("CREATE", dv())))["response"]
+    assert resp["allowed"] and resp["patchType"] == "JSONPatch"
+    patch = json.loads(base64.b64decode(resp["patch"]))
+    values = {op["path"]: op.get("value") for op in patch}
+    assert values["/metadata/annotations/cdi.kubevirt.io~1storage.requester.username"] == "alice"
+    assert values["/spec/contentType"] == "kubevirt"
+
+
+async def test_not_an_admission_review_is_a_bad_request() -> None:
+    async with TestClient(TestServer(make_app(StaticLookup(), run_blocking))) as client:
+        assert (await client.post("/datavolume-validate", data=b"nope")).status == 400
+        assert (await client.post("/datavolume-validate", json={"x": 1})).status == 400
+        assert (await client.get("/healthz")).status == 200
