@@ -85,6 +85,8 @@ def ssl_context(options: HttpOptions) -> ssl.SSLContext:
 def _is_transient(exc: BaseException) -> bool:
     if isinstance(exc, WorkerError):
         return exc.transient
+    if isinstance(exc, aiohttp.ClientSSLError):
+        return False  # an untrusted certificate stays untrusted
     return isinstance(exc, aiohttp.ClientError | asyncio.TimeoutError | ConnectionError)
 
 
@@ -147,6 +149,16 @@ class HttpSource:
             return SourceInfo(size=None, ranges=False)
 
     async def _open(self, start: int, end: int | None = None) -> aiohttp.ClientResponse:
+        try:
+            return await self._open_with_retries(start, end)
+        except aiohttp.ClientSSLError as exc:
+            raise SourceUnavailable(
+                f"TLS to {self.options.url} failed: {exc}; provide the server's CA "
+                "(certConfigMap, --ca) or set insecureSkipVerify",
+                transient=False,
+            ) from exc
+
+    async def _open_with_retries(self, start: int, end: int | None) -> aiohttp.ClientResponse:
         headers = {"Range": f"bytes={start}-{'' if end is None else end - 1}"}
         if not start and end is None:
             headers = {}

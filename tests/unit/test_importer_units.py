@@ -112,3 +112,9 @@ def test_no_proxy_matching() -> None:
     assert proxy.for_url("http://host.internal/x") is None
     assert proxy.for_url("http://a.lab/x") is None
     assert ProxyConfig(http="h", no_proxy=("*",)).for_url("http://x") is None
+
+
+def test_iso_is_written_as_raw() -> None:
+    iso = bytearray(64 * 1024)
+    iso[0x8001:0x8006] = b"CD001"
+    assert sniff(bytes(iso)) is ImageFormat.RAW

@@ -1,0 +1,147 @@
+"""HTTPS with a custom CA or insecureSkipVerify, and an HTTP proxy with NO_PROXY, on loopback."""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import ssl
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+from aiohttp import web
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+from importer.sources.http import ProxyConfig
+from tests.component.badserver import Recorder, make_app
+from tests.component.conftest import ImageFactory, same_content
+from tests.component.helpers import import_url
+
+
+def _cert(
+    subject: str,
+    issuer_key: ec.EllipticCurvePrivateKey | None = None,
+    issuer: x509.Name | None = None,
+    *,
+    ca: bool,
+) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)])
+    now = datetime.datetime.now(datetime.UTC)
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(issuer or name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=1))
+        .not_valid_after(now + datetime.timedelta(hours=1))
+        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+    )
+    if not ca:
+        builder = builder.add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False,
+        )
+    return builder.sign(issuer_key or key, hashes.SHA256()), key
+
+
+@pytest.fixture
+async def tls_server(tmp_path: Path) -> AsyncIterator[tuple[str, Path, Path]]:
+    ca, ca_key = _cert("test-ca", ca=True)
+    leaf, leaf_key = _cert("127.0.0.1", ca_key, ca.subject, ca=False)
+    (tmp_path / "ca.crt").write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    (tmp_path / "tls.crt").write_bytes(leaf.public_bytes(serialization.Encoding.PEM))
+    (tmp_path / "tls.key").write_bytes(
+        leaf_key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(tmp_path / "tls.crt", tmp_path / "tls.key")
+    root = tmp_path / "served"
+    root.mkdir()
+    runner = web.AppRunner(make_app(root, Recorder()))
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=ctx)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    yield f"https://127.0.0.1:{port}", root, tmp_path / "ca.crt"
+    await runner.cleanup()
+
+
+async def test_https_needs_the_ca_or_insecure(
+    images: ImageFactory, tls_server: tuple[str, Path, Path], tmp_path: Path
+) -> None:
+    url, root, ca = tls_server
+    image = images.make("qcow2", "gz")
+    (root / image.path.name).symlink_to(image.path)
+    link = f"{url}/ok/{image.path.name}"
+    untrusted = await import_url(link, tmp_path / "a.img")
+    assert untrusted.reason == "SourceUnavailable" and not untrusted.transient
+    assert "CA" in untrusted.message and not (tmp_path / "a.img").exists()
+    trusted = await import_url(link, tmp_path / "b.img", ca_files=(str(ca),))
+    assert trusted.succeeded, trusted
+    assert same_content(tmp_path / "b.img", image.reference)
+    insecure = await import_url(link, tmp_path / "c.img", insecure=True)
+    assert insecure.succeeded, insecure
+
+
+@pytest.fixture
+async def proxy() -> AsyncIterator[tuple[str, list[str]]]:
+    """A forward proxy for plain HTTP: it streams whatever absolute URL it is asked for."""
+    seen: list[str] = []
+
+    async def forward(request: web.Request) -> web.StreamResponse:
+        seen.append(str(request.url))
+        headers = {k: v for k, v in request.headers.items() if k.lower() in ("range",)}
+        async with (
+            aiohttp.ClientSession(auto_decompress=False) as session,
+            session.request(request.method, str(request.url), headers=headers) as upstream,
+        ):
+            resp = web.StreamResponse(status=upstream.status)
+            for key in ("Content-Length", "Content-Range", "Accept-Ranges", "ETag"):
+                if key in upstream.headers:
+                    resp.headers[key] = upstream.headers[key]
+            await resp.prepare(request)
+            async for chunk in upstream.content.iter_chunked(1 << 20):
+                await resp.write(chunk)
+            await resp.write_eof()
+            return resp
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", forward)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    yield f"http://127.0.0.1:{port}", seen
+    await runner.cleanup()
+
+
+async def test_http_proxy_is_used_and_no_proxy_bypasses_it(
+    images: ImageFactory,
+    server,
+    proxy: tuple[str, list[str]],
+    tmp_path: Path,  # type: ignore[no-untyped-def]
+) -> None:
+    proxy_url, seen = proxy
+    image = images.make("raw", "zst")
+    link = server.link("ok", image.path)
+    via = await import_url(link, tmp_path / "a.img", proxy=ProxyConfig(http=proxy_url))
+    assert via.succeeded, via
+    assert same_content(tmp_path / "a.img", image.reference)
+    assert any(image.path.name in url for url in seen)
+    count = len(seen)
+    direct = await import_url(
+        link, tmp_path / "b.img", proxy=ProxyConfig(http=proxy_url, no_proxy=("127.0.0.1",))
+    )
+    assert direct.succeeded
+    assert len(seen) == count  # bypassed
