@@ -32,6 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import urllib3
 from kubernetes import client
 
 from testkit import pki, storage
@@ -474,8 +475,8 @@ class Cluster:
         try:
             self.kube().request("GET", "/readyz", timeout=2)
             return True
-        except (ApiError, OSError, Exception):
-            return False
+        except (ApiError, OSError, urllib3.exceptions.HTTPError):
+            return False  # not listening yet, or listening but not ready
 
     def _wait(self, what: str, ready: Callable[[], bool]) -> None:
         deadline = time.monotonic() + self.config.start_timeout
