@@ -207,7 +207,7 @@ def run_rounds(
             status = "ok" if res.ok else f"FAILED: {res.error[:200]}"
             _log(
                 f"round {n}/{args.rounds} {route.name:<20} {res.seconds:7.2f} s "
-                f"rss {res.maxrss_mb:6.0f} MB  {status}"
+                f"rss {res.maxrss_mb:6.0f} MB (+{res.overhead:.0f} s untimed)  {status}"
             )
     paths.out.unlink(missing_ok=True)
     paths.scratch.unlink(missing_ok=True)

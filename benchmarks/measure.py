@@ -49,6 +49,8 @@ class RunResult:
     apparent: int | None = None
     verified: bool | None = None
     report: dict[str, object] = field(default_factory=dict)
+    overhead: float = 0.0
+    """Untimed seconds spent around the run: preparation and verification."""
 
 
 def warm_memory(gib: float) -> None:
@@ -189,6 +191,7 @@ def run_route(
 ) -> RunResult:
     """Prepare, time and (optionally) verify one run of `route`."""
     input_path = inputs.path(route.input_name)
+    started = time.monotonic()
     prepare(paths, input_path, warm_gib)
     logdir = paths.out.parent
     seconds, rc, user, sys_, rss, so, se = timed_run(
@@ -220,4 +223,5 @@ def run_route(
     elif result.ok:
         result.ok = False
         result.error = f"{paths.out} was not written"
+    result.overhead = time.monotonic() - started - seconds
     return result
