@@ -126,6 +126,31 @@ class LoopbackBlocks:
         os.close(self.fd)
 
 
+def sweep_dead_clusters(root: Path = NET_LOCK_DIR) -> list[Path]:
+    """Release what killed harnesses left behind in ``root/testkit-*``: mounts, loop devices,
+    container processes and the state directory. A live cluster holds an flock on its
+    ``cluster.lock`` for its whole life, so a lock that can be taken belongs to a dead one."""
+    swept = []
+    for d in sorted(root.glob("testkit-*")):
+        lock = d / "cluster.lock"
+        if not d.is_dir() or not lock.exists():
+            continue
+        fd = os.open(lock, os.O_RDWR)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            continue
+        try:
+            kill_processes_with_env(MARKER_ENV, str(d / "node"))
+            storage.release_all_under(d)
+            shutil.rmtree(d, ignore_errors=True)
+            swept.append(d)
+        finally:
+            os.close(fd)
+    return swept
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -142,6 +167,7 @@ class Cluster:
     api_port: int = 0
     started_in: float = 0.0
     net: LoopbackBlocks | None = None
+    state_lock: int | None = None
 
     # -- paths and clients ------------------------------------------------------------------
     @property
@@ -207,7 +233,10 @@ class Cluster:
             raise ControlPlaneMissing(
                 f"missing {', '.join(missing)} in {self.config.bin_dir}: run hack/kube/build.sh"
             )
+        sweep_dead_clusters()
         self.state.mkdir(parents=True, exist_ok=True)
+        self.state_lock = os.open(self.state / "cluster.lock", os.O_CREAT | os.O_RDWR, 0o644)
+        fcntl.flock(self.state_lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         try:
             self.net = LoopbackBlocks()
             self._write_pki_and_configs()
@@ -240,6 +269,9 @@ class Cluster:
         if self.net is not None:
             self.net.release()
             self.net = None
+        if self.state_lock is not None:
+            os.close(self.state_lock)
+            self.state_lock = None
         if not self.config.keep_state:
             shutil.rmtree(self.state, ignore_errors=True)
 
