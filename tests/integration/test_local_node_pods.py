@@ -393,3 +393,23 @@ def test_service_webhook_served_by_a_pod_is_reached_through_its_cluster_ip(
         )
     finally:
         kube.delete_ignore_missing(f"{path}/{name}")
+
+
+def test_container_ignoring_sigterm_is_killed_after_the_grace_period(
+    kube: Kube, namespace: str
+) -> None:
+    pod = pod_manifest(
+        "stubborn",
+        "trap '' TERM; echo started; while true; do sleep 0.2; done",
+        restart_policy="Always",
+    )
+    pod["spec"]["terminationGracePeriodSeconds"] = 2
+    kube.create(ns_path(namespace, "pods"), pod)
+    wait_pod_phase(kube, namespace, "stubborn", ("Running",))
+    path = ns_path(namespace, "pods", "stubborn")
+    t0 = time.monotonic()
+    kube.delete(path)
+    time.sleep(1)
+    assert kube.get_or_none(path) is not None  # still terminating: SIGTERM was ignored
+    wait_gone(kube, path, 30)
+    assert 2 <= time.monotonic() - t0 < 10
