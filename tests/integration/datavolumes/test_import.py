@@ -60,17 +60,21 @@ def test_http_qcow2_xz_into_filesystem_volume_matches_qemu_img(
     kube: Kube, namespace: str, controller: ControllerProcess, image_server: ImageServer,
     images: Images,
 ) -> None:
-    url = image_server.url("slow", "disk.qcow2.xz")
+    url = image_server.url("crawl", "disk.qcow2.xz")  # slow enough to see progress move
     kube.create(dv_path(namespace), datavolume("fromqcow", {"http": {"url": url}}, size="64Mi"))
     seen: list[dict] = []
     dv = wait_phase(kube, namespace, "fromqcow", ("Succeeded", "Failed"), 120, seen)
     assert dv["status"]["phase"] == "Succeeded", dv["status"]
     phases = [s.get("phase") for s in seen]
-    print(phases, [s.get("progress") for s in seen])
+    progress = [s.get("progress") for s in seen]
+    assert "ImportInProgress" in phases and phases[-1] == "Succeeded", phases
+    assert progress[0] in (None, "N/A") and progress[-1] == "100.0%", progress
+    assert any(p and p.endswith("%") and p != "100.0%" for p in progress), progress
     disk = Path(pv_of(kube, namespace, "fromqcow")["spec"]["local"]["path"])
     same_prefix_then_zeros(disk / "disk.img", images.reference)
-    reasons = [e["reason"] for e in events_for(kube, namespace, "fromqcow")]
-    assert "ImportSucceeded" in reasons, reasons
+    wait_until(lambda: "ImportSucceeded" in [e["reason"] for e in
+                                             events_for(kube, namespace, "fromqcow")],
+               "an ImportSucceeded event", 10)
 
 
 @pytest.mark.parametrize(
@@ -139,8 +143,11 @@ def test_permanent_failure_fails_at_once_keeps_the_pod_and_marks_nothing_ready(
         cond = condition(dv, type_)
         assert cond["status"] == "False" and cond["reason"] == reason, cond
         assert cond["message"]
-    warnings = [e for e in events_for(kube, namespace, "bad") if e["type"] == "Warning"]
-    assert any(e["reason"] == "ImportFailed" and reason in e["message"] for e in warnings)
+    # The event follows the status write, so it may land a moment after the phase.
+    wait_until(lambda: any(e["type"] == "Warning" and e["reason"] == "ImportFailed"
+                           and reason in e["message"]
+                           for e in events_for(kube, namespace, "bad")),
+               f"an ImportFailed event naming {reason}", 10)
     volume = Path(pv_of(kube, namespace, "bad")["spec"]["local"]["path"])
     assert not (volume / "disk.img").exists()  # nothing half-written is left behind
     pods = kube.get(f"/api/v1/namespaces/{namespace}/pods")["items"]
@@ -168,8 +175,9 @@ def test_transient_failure_retries_with_backoff_then_fails(
     names = sorted(p["metadata"]["name"] for p in pods)
     assert names == ["importer-flaky", "importer-flaky-retry-1", "importer-flaky-retry-2"]
     assert all(p["status"]["phase"] == "Failed" for p in pods)
-    retries = [e for e in events_for(kube, namespace, "flaky") if e["reason"] == "ErrImportFailed"]
-    assert len(retries) == 2
+    wait_until(lambda: len([e for e in events_for(kube, namespace, "flaky")
+                            if e["reason"] == "ErrImportFailed"]) == 2,
+               "two ErrImportFailed events, one per retried attempt", 10)
 
 
 def test_controller_killed_mid_import_resumes_without_duplicate_pods(
