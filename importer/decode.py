@@ -150,7 +150,7 @@ def _to_scratch(stream: Peekable, plan: DecodePlan, result: DecodeResult) -> Dec
     # An image file is at most its virtual size plus metadata; more is a decompression bomb.
     limit = None if plan.capacity is None else plan.capacity + plan.capacity // 8 + (64 << 20)
     try:
-        writer = RawWriter(fd, limit, zero_fill=False)
+        writer = RawWriter(fd, limit, zero_fill=False, direct=True)
         for piece in stream:
             writer.write(piece)
         writer.finish(writer.position, preallocate=False, block=False)

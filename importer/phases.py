@@ -196,7 +196,9 @@ class Importer:
         target = self.config.target
         writer = None
         if self.fd >= 0:
-            writer = RawWriter(self.fd, self.capacity, zero_fill=target.block and not target.zeroed)
+            writer = RawWriter(
+                self.fd, self.capacity, direct=True, zero_fill=target.block and not target.zeroed
+            )
         plan = DecodePlan(
             content_type=self.config.content_type,
             capacity=self.capacity,
@@ -227,14 +229,17 @@ class Importer:
                 if hasher is not None:
                     await hasher.put(chunk)
                 await decode.put(chunk)
+            await decode.finish()
+            if hasher is not None:
+                self.actual_checksum = await hasher.finish()
         except BaseException:
             await decode.abort()
             if hasher is not None:
                 await hasher.abort()
             raise
-        await decode.finish()
-        if hasher is not None:
-            self.actual_checksum = await hasher.finish()
+        finally:
+            if writer is not None:
+                writer.close()  # the decode thread is done with it either way
 
     async def _verify(self) -> Phase:
         if self.config.checksum is not None:

@@ -18,6 +18,7 @@ import ctypes.util
 import errno
 import fcntl
 import math
+import mmap
 import os
 import stat
 import struct
@@ -100,13 +101,16 @@ def open_target(spec: TargetSpec, *, truncate: bool = True) -> tuple[int, int | 
 class RawWriter:
     """Sparse writer of raw image bytes at absolute offsets, bounded by ``capacity``."""
 
-    def __init__(self, fd: int, capacity: int | None, *, zero_fill: bool) -> None:
+    def __init__(
+        self, fd: int, capacity: int | None, *, zero_fill: bool, direct: bool = False
+    ) -> None:
         self.fd = fd
         self.capacity = capacity
         self.zero_fill = zero_fill  # explicitly zero skipped ranges (block device, not zeroed)
         self.position = 0  # end of the sequential stream
         self.extent = 0  # highest offset written or skipped
         self.bytes_written = 0
+        self._direct = _DirectIO(fd) if direct else None
 
     def write(self, data: bytes) -> None:
         """Append ``data`` to the sequential stream."""
@@ -142,6 +146,9 @@ class RawWriter:
         mv = memoryview(data)[start:stop]
         at = offset + start
         try:
+            if self._direct is not None and self._direct.write(mv, at):
+                self.bytes_written += stop - start
+                return
             while mv:
                 done = os.pwrite(self.fd, mv, at)
                 mv = mv[done:]
@@ -149,6 +156,12 @@ class RawWriter:
         except OSError as exc:
             raise _map_write_error(exc) from exc
         self.bytes_written += stop - start
+
+    def close(self) -> None:
+        """Leave the fd as it was given (buffered); the fd itself belongs to the caller."""
+        if self._direct is not None:
+            self._direct.set(False)
+            self._direct = None
 
     def _zero(self, offset: int, length: int) -> None:
         if self.zero_fill and length:
@@ -179,6 +192,54 @@ class RawWriter:
             os.fsync(self.fd)
         except OSError as exc:
             raise _map_write_error(exc) from exc
+
+
+class _DirectIO:
+    """O_DIRECT writes of 4 KiB-aligned runs through a page-aligned bounce buffer.
+
+    Buffered writes pay for page-cache allocation, which on a VM with free-page reporting costs
+    about 1.2 s per GiB when memory is cold; O_DIRECT skips the page cache and is the fastest
+    way to a file or loop device here (perf-baselines 2.4, T1b). Unaligned pieces (an image
+    edge, 512-byte qcow2 clusters) go through the page cache; O_DIRECT is toggled on the same
+    fd with F_SETFL only when the kind of write changes. A filesystem without O_DIRECT (tmpfs)
+    just keeps the buffered path.
+    """
+
+    ALIGN = 4096
+    BUFFER = 8 * 1024 * 1024
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.on = False
+        self.usable = True
+        self.buffer = mmap.mmap(-1, self.BUFFER)  # page aligned
+
+    def set(self, on: bool) -> None:
+        if on == self.on:
+            return
+        flags = fcntl.fcntl(self.fd, fcntl.F_GETFL)
+        fcntl.fcntl(self.fd, fcntl.F_SETFL, flags | os.O_DIRECT if on else flags & ~os.O_DIRECT)
+        self.on = on
+
+    def write(self, mv: memoryview, offset: int) -> bool:
+        """Write ``mv`` at ``offset`` with O_DIRECT if it is aligned; False if not done."""
+        if not self.usable or offset % self.ALIGN or len(mv) % self.ALIGN:
+            self.set(False)
+            return False
+        try:
+            self.set(True)
+            while mv:
+                n = min(len(mv), self.BUFFER)
+                self.buffer[:n] = mv[:n]
+                done = os.pwrite(self.fd, memoryview(self.buffer)[:n], offset)
+                mv, offset = mv[done:], offset + done
+        except OSError as exc:
+            if exc.errno != errno.EINVAL:
+                raise
+            self.set(False)  # this filesystem refuses O_DIRECT: stay buffered
+            self.usable = False
+            return False
+        return True
 
 
 def _segments(data: bytes, offset: int) -> Iterator[tuple[int, int, bool]]:

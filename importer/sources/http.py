@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
@@ -65,6 +66,8 @@ class HttpOptions:
     proxy: ProxyConfig = field(default_factory=ProxyConfig)
     connections: int = 4  # parallel ranged connections when the server supports ranges
     segment_size: int = 8 * 1024 * 1024
+    probe_bytes: int = 32 * 1024 * 1024  # the single stream's rate is judged after this much
+    parallel_below: float = 200e6  # bytes/s: a slower single stream switches to parallel
     attempts: int = 5  # per request, for transient statuses and connection errors
     resumes: int = 10  # mid-body cuts survived per import
     backoff_initial: float = 0.5
@@ -186,62 +189,80 @@ class HttpSource:
         raise AssertionError("unreachable")
 
     async def stream(self, start: int = 0) -> AsyncIterator[bytes]:
-        """Bytes from ``start`` to the end: parallel ranges when the server allows, else one
-        streamed GET."""
+        """Bytes from ``start`` to the end. One streamed GET first; if the server allows
+        ranges and that connection turns out slow (a per-connection limit, a long fat
+        network), the rest comes over parallel ranged connections. On a fast path the single
+        stream is cheapest, so it is kept."""
         size, opts = self.info.size, self.options
-        self.parallel = bool(
-            opts.connections > 1
-            and self.info.ranges
-            and size
-            and size - start >= 2 * opts.segment_size
-        )
-        if self.parallel:
-            assert size is not None
-            try:
-                async for chunk in parallel_ranges(
-                    self._fetch_range,
-                    size,
-                    start,
-                    connections=opts.connections,
-                    segment=opts.segment_size,
-                ):
-                    yield chunk
-                return
-            except RangesUnsupported:
-                self.parallel = False  # nothing was yielded yet: fall back to one stream
-        async for chunk in self._single(start):
-            yield chunk
+        self.parallel = False
+        can_split = bool(opts.connections > 1 and self.info.ranges and size)
+        received = start
+        single = self._single(start)
+        began = time.monotonic()
+        try:
+            async for chunk in single:
+                received += len(chunk)
+                yield chunk
+                if can_split and received - start >= opts.probe_bytes:
+                    can_split = False  # decide once
+                    rate = (received - start) / max(time.monotonic() - began, 1e-6)
+                    assert size is not None
+                    if rate < opts.parallel_below and size - received >= 2 * opts.segment_size:
+                        self.parallel = True
+                        break
+        finally:
+            await single.aclose()
+        if not self.parallel:
+            return
+        assert size is not None
+        try:
+            async for chunk in parallel_ranges(
+                self._fetch_range,
+                size,
+                received,
+                connections=opts.connections,
+                segment=opts.segment_size,
+            ):
+                yield chunk
+                received += len(chunk)
+        except RangesUnsupported:  # HEAD promised ranges, GET disagrees: carry on in one stream
+            self.parallel = False
+            async for chunk in self._single(received):
+                yield chunk
 
-    async def _fetch_range(self, start: int, end: int) -> bytes:
-        """One segment, resumed from its last byte if the connection is cut."""
-        buf = bytearray()
-        while len(buf) < end - start:
+    async def _fetch_range(self, start: int, end: int) -> list[bytes]:
+        """One segment as the chunks that arrived (no copy), resumed from its last byte if the
+        connection is cut."""
+        pieces: list[bytes] = []
+        got = 0
+        while got < end - start:
             try:
-                resp = await self._open(start + len(buf), end)
+                resp = await self._open(start + got, end)
             except (TimeoutError, aiohttp.ClientError) as exc:
                 raise SourceUnavailable(f"cannot reach {self.options.url}: {exc}") from exc
             try:
-                expected = f"bytes {start + len(buf)}-{end - 1}/"
+                expected = f"bytes {start + got}-{end - 1}/"
                 if resp.status != 206 or not resp.headers.get("Content-Range", "").startswith(
                     expected
                 ):
                     raise RangesUnsupported()
                 async for chunk in resp.content.iter_chunked(CHUNK_SIZE):
-                    buf += chunk
+                    pieces.append(chunk)
+                    got += len(chunk)
             except (
                 TimeoutError,
                 aiohttp.ClientPayloadError,
                 aiohttp.ClientConnectionError,
                 ConnectionError,
             ) as exc:
-                await self._before_resume(exc, start + len(buf))
+                await self._before_resume(exc, start + got)
             finally:
                 resp.release()
-        if len(buf) > end - start:
+        if got > end - start:
             raise SourceUnavailable(f"{self.options.url} sent more bytes than the range asked")
-        return bytes(buf)
+        return pieces
 
-    async def _single(self, start: int) -> AsyncIterator[bytes]:
+    async def _single(self, start: int) -> AsyncGenerator[bytes, None]:
         received = start
         total: int | None = None
         while True:

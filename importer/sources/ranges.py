@@ -18,8 +18,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 from importer.streams import CHUNK_SIZE
 
-# Fetch bytes [start, end) and return them; raise on failure after the caller's retries.
-RangeFetcher = Callable[[int, int], Awaitable[bytes]]
+# Fetch bytes [start, end) and return them as chunks; raise on failure after its retries.
+RangeFetcher = Callable[[int, int], Awaitable[list[bytes]]]
 
 
 class RangesUnsupported(Exception):
@@ -35,7 +35,7 @@ async def parallel_ranges(
     segment: int = CHUNK_SIZE,
 ) -> AsyncIterator[bytes]:
     offsets = iter(range(start, size, segment))
-    window: deque[asyncio.Task[bytes]] = deque()
+    window: deque[asyncio.Task[list[bytes]]] = deque()
 
     def launch() -> None:
         offset = next(offsets, None)
@@ -48,11 +48,13 @@ async def parallel_ranges(
     for _ in range(connections):
         launch()
     try:
-        yield first
+        for chunk in first:
+            yield chunk
         while window:
-            data = await window.popleft()
+            pieces = await window.popleft()
             launch()
-            yield data
+            for chunk in pieces:
+                yield chunk
     finally:
         for task in window:
             task.cancel()

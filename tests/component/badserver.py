@@ -186,6 +186,8 @@ async def _alwayscut(request, file_of, rec):  # type: ignore[no-untyped-def]
 
 async def _cuteach(request, file_of, rec):  # type: ignore[no-untyped-def]
     """The first request for each segment (each range end) is cut 1 MiB in."""
+    if request.method == "HEAD":
+        return await _ok(request, file_of, rec)
     path = file_of(request)
     header = request.headers.get(hdrs.RANGE) or "bytes=0-"
     start = _parse_range(header, path.stat().st_size)
