@@ -91,11 +91,14 @@ def open_target(spec: TargetSpec, *, truncate: bool = True) -> tuple[int, int | 
         raise TargetError(f"cannot open target {spec.path}: {exc.strerror}") from exc
     if spec.size is None:
         return fd, None
-    available = spec.size
+    # The claim was sized as image / (1 - overhead): the image gets the claim minus the
+    # overhead, and never more than the filesystem really has free (statfs already excludes
+    # its metadata, so the overhead is not taken from it a second time, unlike CDI).
+    usable = usable_space(spec.size, spec.filesystem_overhead)
     if spec.filesystem_overhead:
         vfs = os.fstatvfs(fd)
-        available = min(spec.size, vfs.f_bavail * vfs.f_frsize)
-    return fd, usable_space(available, spec.filesystem_overhead)
+        usable = min(usable, (vfs.f_bavail * vfs.f_frsize) // (1 << 20) * (1 << 20))
+    return fd, usable
 
 
 class RawWriter:

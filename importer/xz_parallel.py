@@ -13,6 +13,7 @@ declare at most ``MAX_PARALLEL_BLOCK`` bytes, else it is decoded sequentially to
 
 from __future__ import annotations
 
+import itertools
 import lzma
 import os
 import struct
@@ -60,15 +61,22 @@ def block_sizes(header: bytes) -> tuple[int, int] | None:
     return compressed, uncompressed
 
 
-def mini_stream(stream_header: bytes, block: bytes, unpadded: int, uncompressed: int) -> bytes:
-    """Wrap one block in a complete .xz stream so liblzma checks it end to end."""
+def mini_stream(
+    stream_header: bytes, block: bytes | memoryview, unpadded: int, uncompressed: int
+) -> bytearray:
+    """Wrap one block in a complete .xz stream so liblzma checks it end to end (one copy of
+    the block: incompressible blocks can be as large as the data they hold)."""
     flags = stream_header[6:8]
     index = b"\x00" + _encode_varint(1) + _encode_varint(unpadded) + _encode_varint(uncompressed)
     index += b"\x00" * (-len(index) % 4)
     index += struct.pack("<I", zlib.crc32(index))
     backward = struct.pack("<I", len(index) // 4 - 1)
     footer = struct.pack("<I", zlib.crc32(backward + flags)) + backward + flags + b"YZ"
-    return stream_header + block + index + footer
+    out = bytearray(stream_header)
+    out += block
+    out += index
+    out += footer
+    return out
 
 
 class _Buffer:
@@ -104,11 +112,18 @@ def _sequential(chunks: Iterator[bytes]) -> Iterator[bytes]:
         yield piece
 
 
-def _decode_block(data: bytes, expected: int) -> bytes:
-    out = lzma.decompress(data, format=lzma.FORMAT_XZ)
-    if len(out) != expected:
+def _decode_block(data: bytes | bytearray, expected: int) -> list[bytes]:
+    """Decode one mini stream into CHUNK_SIZE pieces (no large reallocations, no later
+    copies)."""
+    decoder = lzma.LZMADecompressor(format=lzma.FORMAT_XZ)
+    pieces = [decoder.decompress(data, max_length=CHUNK_SIZE)]
+    while not decoder.eof and not decoder.needs_input:
+        pieces.append(decoder.decompress(b"", max_length=CHUNK_SIZE))
+    if not decoder.eof:
+        raise InvalidImage("xz block is truncated")
+    if sum(len(p) for p in pieces) != expected:
         raise InvalidImage("xz block decoded to a size other than its header declares")
-    return out
+    return pieces
 
 
 def decode_xz(chunks: Iterator[bytes], workers: int | None = None) -> Iterator[bytes]:
@@ -131,26 +146,24 @@ def decode_xz(chunks: Iterator[bytes], workers: int | None = None) -> Iterator[b
 
 
 def _parallel(buf: _Buffer, workers: int) -> Iterator[bytes]:
+    """``workers`` blocks decode at once; the oldest is handed on and dropped before the next
+    block is submitted, so at most ``workers`` decoded blocks exist at any moment. Handing on
+    is quick (sparse writes), so the cores stay busy."""
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="xz") as pool:
-        pending: deque[Future[bytes]] = deque()
-        for job in _blocks(buf):
-            pending.append(pool.submit(_decode_block, *job))
-            while len(pending) > workers:
-                yield from _split(pending.popleft().result())
+        jobs = _blocks(buf)
+        pending: deque[Future[list[bytes]]] = deque(
+            pool.submit(_decode_block, *job) for job in itertools.islice(jobs, workers)
+        )
         while pending:
-            yield from _split(pending.popleft().result())
+            done = pending.popleft().result()
+            yield from done
+            del done
+            job = next(jobs, None)
+            if job is not None:
+                pending.append(pool.submit(_decode_block, *job))
 
 
-def _split(data: bytes) -> Iterator[bytes]:
-    if len(data) <= CHUNK_SIZE:
-        yield data
-        return
-    mv = memoryview(data)
-    for off in range(0, len(data), CHUNK_SIZE):
-        yield mv[off : off + CHUNK_SIZE].tobytes()
-
-
-def _blocks(buf: _Buffer) -> Iterator[tuple[bytes, int]]:
+def _blocks(buf: _Buffer) -> Iterator[tuple[bytearray, int]]:
     """Yield (mini stream, uncompressed size) for each block of each concatenated stream."""
     while buf.fill(STREAM_HEADER):
         if not buf.data[:4].strip(b"\x00") and buf.data[:4] == b"\x00" * 4:
@@ -165,7 +178,7 @@ def _blocks(buf: _Buffer) -> Iterator[tuple[bytes, int]]:
         yield from _stream_blocks(buf, header, check_size)
 
 
-def _stream_blocks(buf: _Buffer, header: bytes, check_size: int) -> Iterator[tuple[bytes, int]]:
+def _stream_blocks(buf: _Buffer, header: bytes, check_size: int) -> Iterator[tuple[bytearray, int]]:
     while True:
         if not buf.fill(1):
             raise InvalidImage("xz stream is truncated before its index")
@@ -185,11 +198,12 @@ def _stream_blocks(buf: _Buffer, header: bytes, check_size: int) -> Iterator[tup
         total = hsize + compressed + (-compressed % 4) + check_size
         if not buf.fill(total):
             raise InvalidImage("xz stream is truncated inside a block")
-        block = buf.take(total)
-        yield (
-            mini_stream(header, block, hsize + compressed + check_size, uncompressed),
-            uncompressed,
-        )
+        with memoryview(buf.data) as view:
+            stream = mini_stream(
+                header, view[:total], hsize + compressed + check_size, uncompressed
+            )
+        del buf.data[:total]
+        yield stream, uncompressed
 
 
 def _skip_index(buf: _Buffer) -> None:
