@@ -16,6 +16,7 @@ import signal
 import socket
 import ssl
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -28,6 +29,7 @@ from testkit.podvolumes import Bind
 
 JSON = dict[str, Any]
 MOUNTNS = Path(__file__).with_name("mountns.sh")
+REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_TERMINATION_PATH = "/dev/termination-log"
 MAX_MESSAGE = 4096
 BACKOFF_START = 1.0  # a kubelet starts at 10 s; tests want restarts promptly
@@ -92,6 +94,8 @@ class ContainerProcess:
         argv = ["setpriv", "--pdeathsig", "KILL", "--"]
         argv += ["unshare", "--mount", "--propagation", "private", "--", "/bin/sh", str(MOUNTNS)]
         argv += ["--record", str(spec.record_path)]
+        for keep in dict.fromkeys((str(REPO_ROOT), sys.prefix, sys.base_prefix)):
+            argv += ["--keep", keep]
         for b in spec.binds:
             if b.device:
                 argv += ["--dev", str(b.src), b.dst]

@@ -2,8 +2,11 @@
 # Runs inside a fresh private mount namespace (`unshare --mount --propagation private`) made by
 # the testkit node agent for one container: bind-mounts the pod's volumes at their mount paths,
 # changes to the working directory, then execs the container command, keeping the PID.
-#   mountns.sh [--record FILE] [--bind SRC DST rw|ro]... [--dev SRC DST]... [--workdir DIR]
-#              -- CMD [ARG]...
+#   mountns.sh [--record FILE] [--keep PATH]... [--bind SRC DST rw|ro]... [--dev SRC DST]...
+#              [--workdir DIR] -- CMD [ARG]...
+# --keep names a host path the container's command lives in (the repository, the Python
+# install): if a volume is mounted over one of its parents (an emptyDir at /tmp while the
+# checkout is under /tmp), the path is bound back on top, so the program is still there.
 # A directory source is bound on a directory, a file or device on a file. Mount points missing
 # on the host are created there (the namespace has no root of its own) and listed in the record
 # file, so the node agent can remove them at shutdown.
@@ -40,12 +43,23 @@ $a" ;; esac
 done
 shadows() { printf '%s\n' "$srcs" | { while IFS= read -r s; do case "$s" in "$1"/*) exit 0 ;; esac; done; exit 1; }; }
 deferred=""
+keeps=""
+dsts=""
+stage=/run/testkit-keep/$$
 tab=$(printf '\t')
 while [ $# -gt 0 ]; do
   case "$1" in
     --record) record=$2; shift 2 ;;
+    --keep)
+      n=$(printf '%s\n' "$keeps" | grep -c . || true)
+      mkdirs "$stage/$n"
+      mount --bind "$2" "$stage/$n" || die "cannot stage $2"
+      keeps="$keeps
+$2"; shift 2 ;;
     --bind)
       src=$2; dst=$3; mode=$4; shift 4
+      dsts="$dsts
+$dst"
       if shadows "$dst"; then deferred="$deferred
 $src$tab$dst$tab$mode"; else bind "$src" "$dst" "$mode"; fi
       ;;
@@ -61,6 +75,18 @@ $src$tab$dst$tab$mode"; else bind "$src" "$dst" "$mode"; fi
 done
 printf '%s\n' "$deferred" | while IFS="$tab" read -r s d m; do
   [ -z "$s" ] || bind "$s" "$d" "$m"
+done
+# Bring back kept paths that a volume now hides.
+n=0
+printf '%s\n' "$keeps" | while IFS= read -r k; do
+  [ -n "$k" ] || continue
+  hidden=$(printf '%s\n' "$dsts" | while IFS= read -r d; do
+    case "$k" in "$d"/*) echo yes; break ;; esac; done)
+  if [ -n "$hidden" ]; then
+    mkdirs "$k"
+    mount --bind "$stage/$n" "$k" || die "cannot keep $k visible"
+  fi
+  n=$((n + 1))
 done
 [ $# -gt 0 ] || die "no command"
 mkdirs "$workdir"
