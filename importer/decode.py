@@ -132,11 +132,12 @@ def _stream_qcow2(
     if plan.before_random_writes is not None:
         plan.before_random_writes()
         writer.zero_fill = False  # the whole range reads as zeros now
+    # The decoder already leaves out zero clusters and zero pages: no second zero scan.
     for piece in stream:
         for offset, data in decoder.feed(piece):
-            writer.write_at(offset, data)
+            writer.write_data_at(offset, data)
     for offset, data in decoder.finish():
-        writer.write_at(offset, data)
+        writer.write_data_at(offset, data)
     result.virtual_size = decoder.virtual_size or 0
     result.bytes_written = writer.bytes_written
     return result
@@ -150,7 +151,8 @@ def _to_scratch(stream: Peekable, plan: DecodePlan, result: DecodeResult) -> Dec
     # An image file is at most its virtual size plus metadata; more is a decompression bomb.
     limit = None if plan.capacity is None else plan.capacity + plan.capacity // 8 + (64 << 20)
     try:
-        writer = RawWriter(fd, limit, zero_fill=False, direct=True)
+        # Buffered on purpose: qemu-img reads the scratch file right after, from page cache.
+        writer = RawWriter(fd, limit, zero_fill=False)
         for piece in stream:
             writer.write(piece)
         writer.finish(writer.position, preallocate=False, block=False)

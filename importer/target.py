@@ -121,13 +121,7 @@ class RawWriter:
         self.position += len(data)
 
     def write_at(self, offset: int, data: bytes) -> None:
-        end = offset + len(data)
-        if self.capacity is not None and end > self.capacity:
-            raise InsufficientSpace(
-                f"image data reaches byte {end}, beyond the target's usable size of "
-                f"{self.capacity} bytes; a larger volume is required"
-            )
-        self.extent = max(self.extent, end)
+        self._claim(offset + len(data))
         run = zrun = -1  # starts (relative) of the pending data run and zero run
         for start, _stop, zero in _segments(data, offset):
             if zero:
@@ -144,6 +138,20 @@ class RawWriter:
             self._pwrite(data, run, len(data), offset)
         if zrun >= 0:
             self._zero(offset + zrun, len(data) - zrun)
+
+    def _claim(self, end: int) -> None:
+        """Refuse data past the usable size: a decompression bomb stops here."""
+        if self.capacity is not None and end > self.capacity:
+            raise InsufficientSpace(
+                f"image data reaches byte {end}, beyond the target's usable size of "
+                f"{self.capacity} bytes; a larger volume is required"
+            )
+        self.extent = max(self.extent, end)
+
+    def write_data_at(self, offset: int, data: bytes) -> None:
+        """Write ``data`` known to hold no all-zero page (a decoder already skipped those)."""
+        self._claim(offset + len(data))
+        self._pwrite(data, 0, len(data), offset)
 
     def _pwrite(self, data: bytes, start: int, stop: int, offset: int) -> None:
         mv = memoryview(data)[start:stop]
