@@ -22,6 +22,7 @@ from aiohttp import web
 from cdi.cli import print_result, with_progress
 from importer.config import ImportConfig, parse_size
 from importer.sources.http import HttpOptions
+from importer.taps import parse_checksum
 from importer.target import TargetSpec
 
 
@@ -70,6 +71,7 @@ async def _serve_and_import(image: Path, image_bytes: int, target: Path) -> int:
         source="http",
         target=TargetSpec(path=str(target), block=False),
         http=HttpOptions(url=url),
+        checksum=parse_checksum(f"sha256:{_sha256(image)}"),  # verified on the way in
         scratch_dir=None,
         termination_path=None,
         metrics_port=None,
