@@ -152,9 +152,11 @@ def _to_scratch(stream: Peekable, plan: DecodePlan, result: DecodeResult) -> Dec
     limit = None if plan.capacity is None else plan.capacity + plan.capacity // 8 + (64 << 20)
     try:
         # Buffered on purpose: qemu-img reads the scratch file right after, from page cache.
+        # No zero scan: these formats are already sparse inside (grains, blocks).
         writer = RawWriter(fd, limit, zero_fill=False)
         for piece in stream:
-            writer.write(piece)
+            writer.write_data_at(writer.position, piece)
+            writer.position += len(piece)
         writer.finish(writer.position, preallocate=False, block=False)
         result.bytes_written = writer.bytes_written
     finally:
