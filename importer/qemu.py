@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import subprocess
 from dataclasses import dataclass
 from typing import Any
@@ -30,20 +29,27 @@ class ImageInfo:
     raw: dict[str, Any]
 
 
-def _limit_info_process() -> None:
-    resource.setrlimit(resource.RLIMIT_AS, (INFO_MEMORY_LIMIT, INFO_MEMORY_LIMIT))
-    resource.setrlimit(resource.RLIMIT_CPU, (INFO_CPU_SECONDS, INFO_CPU_SECONDS))
-
-
 def info(path: str, fmt: ImageFormat) -> ImageInfo:
-    cmd = ["qemu-img", "info", "--output=json", "-f", fmt.value, path]
+    # Limits set by util-linux prlimit rather than a preexec_fn: a preexec_fn forces a full
+    # fork() of this process, where prlimit lets Python use vfork (measured ~0.1 s).
+    cmd = [
+        "prlimit",
+        f"--as={INFO_MEMORY_LIMIT}",
+        f"--cpu={INFO_CPU_SECONDS}",
+        "--",
+        "qemu-img",
+        "info",
+        "--output=json",
+        "-f",
+        fmt.value,
+        path,
+    ]
     try:
         proc = subprocess.run(
             cmd,
             capture_output=True,
             text=True,
             timeout=INFO_TIMEOUT,
-            preexec_fn=_limit_info_process,
             check=False,
         )
     except subprocess.TimeoutExpired as exc:
