@@ -123,7 +123,7 @@ class RawWriter:
     def write_at(self, offset: int, data: bytes) -> None:
         self._claim(offset + len(data))
         run = zrun = -1  # starts (relative) of the pending data run and zero run
-        for start, _stop, zero in _segments(data, offset):
+        for start, _stop, zero in page_segments(data, offset):
             if zero:
                 if run >= 0:
                     self._pwrite(data, run, start, offset)
@@ -253,7 +253,7 @@ class _DirectIO:
         return True
 
 
-def _segments(data: bytes, offset: int) -> Iterator[tuple[int, int, bool]]:
+def page_segments(data: bytes, offset: int) -> Iterator[tuple[int, int, bool]]:
     """(start, stop, all_zero) pieces of ``data`` aligned to absolute 4 KiB blocks.
 
     A 64 KiB block is tested first in one memcmp; only blocks holding data are looked at in

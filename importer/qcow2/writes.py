@@ -7,18 +7,19 @@ zero fragments at the ends of a write. This relies on one contract with the sink
 reads as zeros wherever nothing is written** (a fresh sparse file, or a device the pipeline has
 zeroed or discarded).
 
-Zero pages are found with ``bytes.find`` of a 4 KiB zero needle, which skips through non-zero
-data at memory speed, and confirmed with ``bytes == bytes`` compares (a memcmp), never with a
-memoryview compare or a per-byte loop (perf-baselines section 5). Surviving pieces that are
-contiguous on the virtual disk are joined into writes of up to ``MAX_WRITE`` bytes.
+Zero pages are found by ``importer.target.page_segments``: one memcmp per aligned 64 KiB, then
+per 4 KiB page only where data is (a memcmp fails at the first non-zero byte); never a
+memoryview compare or a per-byte loop (perf-baselines section 5). A ``bytes.find`` of a 4 KiB
+zero needle, tried first, cost 0.36 s per 2 GiB image on data full of short zero runs.
+Surviving pieces that are contiguous on the virtual disk are joined into writes of up to
+``MAX_WRITE`` bytes.
 """
 
 from __future__ import annotations
 
+from importer.target import page_segments
+
 PAGE = 4096
-BIG = 64 * 1024
-ZERO_PAGE = bytes(PAGE)
-ZERO_BIG = bytes(BIG)
 FLUSH_AT = 4 * 1024 * 1024
 MAX_WRITE = 8 * 1024 * 1024
 
@@ -26,62 +27,18 @@ Write = tuple[int, bytes]
 
 
 def nonzero_pieces(virt: int, data: bytes) -> list[Write]:
-    """Split ``data`` (at virtual offset ``virt``) into pieces that skip all-zero pages."""
-    n = len(data)
-    if n <= PAGE:
-        return [] if data == ZERO_PAGE[:n] else _trim_edges([(virt, data)])
+    """Split ``data`` (at virtual offset ``virt``) into pieces that skip all-zero pages and
+    zero fragments of partial pages at its ends."""
     pieces: list[Write] = []
-    start = 0
-    hit = data.find(ZERO_PAGE)
-    while hit != -1:
-        first = hit + (-(virt + hit) % PAGE)
-        stop = _zero_pages_end(data, first)
-        if stop > first:
-            if first > start:
-                pieces.append((virt + start, data[start:first]))
-            start = stop
-            hit = data.find(ZERO_PAGE, stop)
-        else:
-            hit = data.find(ZERO_PAGE, first + 1)
-    if start == 0:
-        pieces.append((virt, data))
-    elif start < n:
-        pieces.append((virt + start, data[start:]))
-    return _trim_edges(pieces)
-
-
-def _zero_pages_end(data: bytes, pos: int) -> int:
-    """End of the run of whole zero pages starting at ``pos`` (``pos`` if none)."""
-    n = len(data)
-    while pos + PAGE <= n:
-        if pos % BIG == 0 and pos + BIG <= n and data[pos : pos + BIG] == ZERO_BIG:
-            pos += BIG
-        elif data[pos : pos + PAGE] == ZERO_PAGE:
-            pos += PAGE
-        else:
-            break
-    if pos < n and n - pos < PAGE and data[pos:] == ZERO_PAGE[: n - pos]:
-        return n  # a zero fragment that ends the buffer is a hole too
-    return pos
-
-
-def _trim_edges(pieces: list[Write]) -> list[Write]:
-    """Drop zero fragments of partial pages at both ends: a neighbouring write (or nothing)
-    covers the rest of those pages, so writing the zeros could only allocate a block."""
-    if pieces:
-        virt, data = pieces[0]
-        head = min(-virt % PAGE, len(data))
-        if head and data[:head] == ZERO_PAGE[:head]:
-            virt, data = virt + head, data[head:]
-        tail = (virt + len(data)) % PAGE
-        if data and tail and len(data) >= tail and data[-tail:] == ZERO_PAGE[:tail]:
-            data = data[:-tail]
-        if data:
-            pieces[0] = (virt, data)
-        else:
-            pieces.pop(0)
-    if len(pieces) > 1:
-        pieces[-1:] = _trim_edges(pieces[-1:])
+    run = -1
+    for start, _stop, zero in page_segments(data, virt):
+        if zero and run >= 0:
+            pieces.append((virt + run, data[run:start]))
+            run = -1
+        elif not zero and run < 0:
+            run = start
+    if run >= 0:
+        pieces.append((virt + run, data if run == 0 else data[run:]))
     return pieces
 
 
