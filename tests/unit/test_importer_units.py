@@ -14,7 +14,7 @@ from importer.decompress import decompress
 from importer.formats import ImageFormat, sniff
 from importer.sources.http import ProxyConfig
 from importer.streams import Peekable, rechunk
-from importer.target import RawWriter, _segments
+from importer.target import RawWriter, page_segments
 from importer.xz_parallel import block_sizes, decode_xz
 from importer.zstd_frames import checked_frames
 
@@ -82,13 +82,13 @@ def test_xz_multi_block_parallel_equals_sequential(tmp_path: os.PathLike[str]) -
         b"".join(decompress(ImageFormat.XZ, iter([bytes(corrupt)])))
 
 
-def test_zero_segments_are_aligned_to_absolute_offsets() -> None:
+def test_page_segments_are_aligned_to_absolute_offsets() -> None:
     data = bytes(8192) + b"\x01" + bytes(4095)
-    segs = list(_segments(data, 4096))  # starts mid 64K block, 4K aligned
+    segs = list(page_segments(data, 4096))  # starts mid 64K block, 4K aligned
     zero = [(a, b) for a, b, z in segs if z]
     assert (0, 8192) == (zero[0][0], zero[-1][1]) or zero[0] == (0, 4096)
     assert all(not z for a, b, z in segs if a <= 8192 < b)
-    unaligned = list(_segments(b"\x00" * 100 + b"\x01", 4000))
+    unaligned = list(page_segments(b"\x00" * 100 + b"\x01", 4000))
     assert unaligned[0] == (0, 96, True)
 
 
