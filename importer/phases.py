@@ -103,6 +103,7 @@ class Importer:
             self._close()
             if self.source is not None:
                 await self.source.close()
+        self._cleanup_scratch()
         self.progress.phase = "Complete"
         self.progress.done = self.progress.total or self.progress.done
         checkpoint.remove(self.config.checkpoint_path)
@@ -263,10 +264,10 @@ class Importer:
         target = self.config.target
         fmt: ImageFormat = self.decoded.image_format
         self._close()
-        try:
-            qemu.convert(path, fmt, target.path, block=target.block, zeroed=target.zeroed)
-        finally:
-            self._cleanup_scratch()
+        # The scratch file is deleted only after the target is durable (end of run): on a
+        # filesystem mounted with `discard`, freeing ~700 MB before the fsync made that fsync
+        # wait for the discards (vdi imports took 1.8 or 4.0 s, bimodal).
+        qemu.convert(path, fmt, target.path, block=target.block, zeroed=target.zeroed)
         self.fd = os.open(target.path, os.O_WRONLY | os.O_CLOEXEC)
         self.decoded.bytes_written = _allocated(target.path, target.block, self.decoded)
         return Phase.RESIZE
