@@ -5,7 +5,7 @@ chunks, so tests can drive it with a list. It peels compression layers by sniffi
 first bytes (``formats.sniff``), then hands the innermost stream to exactly one handler:
 raw bytes go to the sparse ``RawWriter``; qcow2 goes through the streaming decoder straight
 into the target; tar goes to safe extraction when the content type is ``archive``; other formats
-qemu-img must convert go, still sparse, to a scratch file.
+qemu-img must convert go to a scratch file.
 """
 
 from __future__ import annotations
