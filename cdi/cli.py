@@ -17,7 +17,14 @@ from urllib.parse import urlsplit
 
 from cdi.api.errors import WorkerError
 from cdi.api.termination import TerminationMessage
-from importer.config import CHECKPOINT_SUFFIX, ImportConfig, ca_files, parse_size, split_header
+from importer.config import (
+    CHECKPOINT_SUFFIX,
+    ImportConfig,
+    mounted_files,
+    parse_size,
+    read_file,
+    split_header,
+)
 from importer.decode import ContentType
 from importer.runner import run_import
 from importer.sources.http import HttpOptions, ProxyConfig
@@ -74,13 +81,6 @@ def _add_import_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
-def _read(path: str | None) -> str | None:
-    if path is None:
-        return None
-    with open(path, encoding="utf-8") as fh:
-        return fh.read().strip()
-
-
 def config_from_args(a: argparse.Namespace) -> ImportConfig:
     block = os.path.exists(a.target) and stat.S_ISBLK(os.stat(a.target).st_mode)
     checkpoint = None if block else f"{a.target}{CHECKPOINT_SUFFIX}"
@@ -103,17 +103,17 @@ def config_from_args(a: argparse.Namespace) -> ImportConfig:
     )
     cas: tuple[str, ...] = ()
     for ca in a.ca:
-        cas += ca_files(ca) if os.path.isdir(ca) else (ca,)
+        cas += mounted_files(ca) if os.path.isdir(ca) else (ca,)
     headers = [split_header(h) for h in a.header]
-    headers += [split_header(_read(f) or "") for f in a.header_file]
+    headers += [split_header(read_file(f) or "") for f in a.header_file]
     scheme = urlsplit(a.source).scheme
     http = None
     if scheme in ("http", "https"):
         http = HttpOptions(
             url=a.source,
             headers=tuple(headers),
-            username=_read(a.username_file),
-            password=_read(a.password_file),
+            username=read_file(a.username_file),
+            password=read_file(a.password_file),
             ca_files=cas,
             insecure=a.insecure,
             proxy=ProxyConfig(

@@ -57,27 +57,20 @@ def parse_size(text: str) -> int:
         raise InvalidConfig(f"{text!r} is not a size (e.g. 10Gi, 512Mi): {exc}") from exc
 
 
-def _read_dir(path: str | None) -> dict[str, str]:
+def mounted_files(folder: str | None) -> tuple[str, ...]:
     """The files of a mounted Secret or ConfigMap (dot-files are Kubernetes' bookkeeping)."""
-    if not path or not os.path.isdir(path):
-        return {}
-    out = {}
-    for name in sorted(os.listdir(path)):
-        full = os.path.join(path, name)
-        if not name.startswith(".") and os.path.isfile(full):
-            with open(full, encoding="utf-8") as fh:
-                out[name] = fh.read().strip()
-    return out
-
-
-def ca_files(cert_dir: str | None) -> tuple[str, ...]:
-    if not cert_dir or not os.path.isdir(cert_dir):
+    if not folder or not os.path.isdir(folder):
         return ()
     return tuple(
-        os.path.join(cert_dir, n)
-        for n in sorted(os.listdir(cert_dir))
-        if not n.startswith(".") and os.path.isfile(os.path.join(cert_dir, n))
+        os.path.join(folder, n)
+        for n in sorted(os.listdir(folder))
+        if not n.startswith(".") and os.path.isfile(os.path.join(folder, n))
     )
+
+
+def _read_dir(path: str | None) -> dict[str, str]:
+    """Name -> stripped content of each file of a mounted Secret or ConfigMap."""
+    return {os.path.basename(f): read_file(f) or "" for f in mounted_files(path)}
 
 
 def _headers(env: Mapping[str, str]) -> list[tuple[str, str]]:
@@ -92,7 +85,8 @@ def _headers(env: Mapping[str, str]) -> list[tuple[str, str]]:
     return out
 
 
-def _read_file(path: str | None) -> str | None:
+def read_file(path: str | None) -> str | None:
+    """A secret or setting kept in a file (a mounted Secret key), without its newline."""
     if not path:
         return None
     with open(path, encoding="utf-8") as fh:
@@ -137,14 +131,14 @@ def from_env(env: Mapping[str, str]) -> ImportConfig:
         http = HttpOptions(
             url=env.get(ImporterEnv.ENDPOINT, ""),
             headers=tuple(_headers(env)),
-            username=_read_file(env.get(ImporterEnv.ACCESS_KEY_ID_FILE))
+            username=read_file(env.get(ImporterEnv.ACCESS_KEY_ID_FILE))
             or env.get("IMPORTER_ACCESS_KEY_ID")
             or auth.get("accessKeyId"),
-            password=_read_file(env.get(ImporterEnv.SECRET_KEY_FILE))
+            password=read_file(env.get(ImporterEnv.SECRET_KEY_FILE))
             or env.get("IMPORTER_SECRET_KEY")
             or auth.get("secretKey"),
-            ca_files=ca_files(env.get(ImporterEnv.CERT_DIR))
-            + ca_files(env.get(ImporterEnv.PROXY_CERT_DIR)),
+            ca_files=mounted_files(env.get(ImporterEnv.CERT_DIR))
+            + mounted_files(env.get(ImporterEnv.PROXY_CERT_DIR)),
             insecure=env.get(ImporterEnv.INSECURE_TLS, "false").lower() == "true",
             proxy=proxy,
         )
