@@ -2,10 +2,11 @@
 
 The event loop only moves bytes off the network; decompression, hashing and writing run on
 threads (CONVENTIONS: no CPU work on the loop). The thread consumes an ordinary iterator, so the
-code it runs is plain synchronous Python. ``depth`` chunks at most are in flight, which bounds
-memory; the per-chunk cost is one queue operation and an uncontended lock, and a waiting
-producer is woken once per depth/2 chunks (profiling showed the per-chunk wake-up's self-pipe
-write costing ~0.2 s per 2 GiB image).
+code it runs is plain synchronous Python. At most ``max_bytes`` are queued (a chunk is always
+accepted into an empty queue), which bounds memory; the per-chunk cost is one queue operation
+and an uncontended lock, and a waiting producer is woken only once the queue is half empty
+(profiling showed a per-chunk wake-up's self-pipe write costing ~0.2 s per 2 GiB image).
+16 MiB keeps the writer fed at loopback speed; a slow consumer (xz) does not gain from more.
 """
 
 from __future__ import annotations
@@ -29,13 +30,15 @@ _ABORT = object()
 
 
 class ThreadStage(Generic[T]):
-    def __init__(self, consume: Callable[[Iterator[bytes]], T], *, depth: int = 8, name: str):
+    def __init__(
+        self, consume: Callable[[Iterator[bytes]], T], *, max_bytes: int = 16 << 20, name: str
+    ) -> None:
         self._loop = asyncio.get_running_loop()
         self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
         self._lock = threading.Lock()
-        self._pending = 0  # chunks queued and not yet taken by the consumer
+        self._pending = 0  # bytes queued and not yet taken by the consumer
         self._waiter: asyncio.Future[None] | None = None  # a producer waiting for room
-        self._depth = depth
+        self._max = max_bytes
         self._consume = consume
         self._done: asyncio.Future[T] = self._loop.create_future()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
@@ -48,16 +51,16 @@ class ThreadStage(Generic[T]):
                 return
             if item is _ABORT:
                 raise StageAborted("producer aborted")
-            self._taken()
             assert isinstance(item, bytes)
+            self._taken(len(item))
             yield item
 
-    def _taken(self) -> None:
+    def _taken(self, size: int) -> None:
         """Wake a waiting producer only once the queue is half empty: one cross-thread wake-up
-        per depth/2 chunks instead of one per chunk (each costs a self-pipe write)."""
+        per max_bytes/2 instead of one per chunk (each costs a self-pipe write)."""
         with self._lock:
-            self._pending -= 1
-            waiter = self._waiter if self._pending <= self._depth // 2 else None
+            self._pending -= size
+            waiter = self._waiter if self._pending <= self._max // 2 else None
             if waiter is not None:
                 self._waiter = None
         if waiter is not None:
@@ -93,8 +96,8 @@ class ThreadStage(Generic[T]):
                     raise self._done.exception()  # type: ignore[misc]
                 return
             with self._lock:
-                if self._pending < self._depth:
-                    self._pending += 1
+                if self._pending == 0 or self._pending + len(chunk) <= self._max:
+                    self._pending += len(chunk)
                     self._queue.put(chunk)
                     return
                 waiter = self._waiter = self._loop.create_future()

@@ -7,8 +7,9 @@ on a thread pool. liblzma releases the GIL, and because each mini stream has its
 check, liblzma still verifies every block's integrity check and both sizes.
 
 Files without block sizes (single-threaded ``xz``) cannot be split and are decoded sequentially,
-as ``xz -dc`` does. Memory stays bounded: at most ``workers`` blocks are in flight and a block may
-declare at most ``MAX_PARALLEL_BLOCK`` bytes, else it is decoded sequentially too.
+as ``xz -dc`` does. Memory stays bounded: at most ``workers`` blocks are in flight, only the
+younger ones are held decoded, and a block may declare at most ``MAX_PARALLEL_BLOCK`` bytes,
+else it is decoded sequentially too.
 """
 
 from __future__ import annotations
@@ -16,11 +17,12 @@ from __future__ import annotations
 import itertools
 import lzma
 import os
+import queue
 import struct
 import zlib
 from collections import deque
 from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 
 from cdi.api.errors import InvalidImage, UnsupportedFormat
 from importer.streams import CHUNK_SIZE, as_file
@@ -29,6 +31,7 @@ STREAM_HEADER = 12
 MAX_PARALLEL_BLOCK = 64 * 1024 * 1024
 _MAGIC = b"\xfd7zXZ\x00"
 _CHECK_SIZES = {0: 0, 1: 4, 4: 8, 10: 32}
+_DONE = object()  # end of one block's pieces
 
 
 def _varint(buf: bytes, pos: int) -> tuple[int, int]:
@@ -112,18 +115,27 @@ def _sequential(chunks: Iterator[bytes]) -> Iterator[bytes]:
         yield piece
 
 
-def _decode_block(data: bytes | bytearray, expected: int) -> list[bytes]:
-    """Decode one mini stream into CHUNK_SIZE pieces (no large reallocations, no later
-    copies)."""
-    decoder = lzma.LZMADecompressor(format=lzma.FORMAT_XZ)
-    pieces = [decoder.decompress(data, max_length=CHUNK_SIZE)]
-    while not decoder.eof and not decoder.needs_input:
-        pieces.append(decoder.decompress(b"", max_length=CHUNK_SIZE))
-    if not decoder.eof:
-        raise InvalidImage("xz block is truncated")
-    if sum(len(p) for p in pieces) != expected:
-        raise InvalidImage("xz block decoded to a size other than its header declares")
-    return pieces
+def _decode_block(data: bytes | bytearray, expected: int, out: queue.SimpleQueue[object]) -> None:
+    """Decode one mini stream on a pool thread, handing out CHUNK_SIZE pieces as they appear
+    (so the oldest block streams to the writer instead of sitting decoded in memory); the last
+    item is ``_DONE`` or the exception that stopped it."""
+    try:
+        decoder = lzma.LZMADecompressor(format=lzma.FORMAT_XZ)
+        piece = decoder.decompress(data, max_length=CHUNK_SIZE)
+        del data  # liblzma keeps what it has not consumed yet
+        total = len(piece)
+        out.put(piece)
+        while not decoder.eof and not decoder.needs_input:
+            piece = decoder.decompress(b"", max_length=CHUNK_SIZE)
+            total += len(piece)
+            out.put(piece)
+        if not decoder.eof:
+            raise InvalidImage("xz block is truncated")
+        if total != expected:
+            raise InvalidImage("xz block decoded to a size other than its header declares")
+        out.put(_DONE)
+    except BaseException as exc:  # re-raised on the consuming thread
+        out.put(exc)
 
 
 def decode_xz(chunks: Iterator[bytes], workers: int | None = None) -> Iterator[bytes]:
@@ -146,21 +158,30 @@ def decode_xz(chunks: Iterator[bytes], workers: int | None = None) -> Iterator[b
 
 
 def _parallel(buf: _Buffer, workers: int) -> Iterator[bytes]:
-    """``workers`` blocks decode at once; the oldest is handed on and dropped before the next
-    block is submitted, so at most ``workers`` decoded blocks exist at any moment. Handing on
-    is quick (sparse writes), so the cores stay busy."""
+    """``workers`` blocks decode at once. The oldest block's pieces are handed on as they are
+    decoded; younger blocks keep theirs until they become the oldest. The next block is
+    submitted once the oldest is finished, so at most ``workers - 1`` decoded blocks wait in
+    memory (a 2-core import holds one 24 MiB block, not two) and every core stays busy."""
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="xz") as pool:
         jobs = _blocks(buf)
-        pending: deque[Future[list[bytes]]] = deque(
-            pool.submit(_decode_block, *job) for job in itertools.islice(jobs, workers)
-        )
+
+        def submit(job: tuple[bytearray, int]) -> queue.SimpleQueue[object]:
+            out: queue.SimpleQueue[object] = queue.SimpleQueue()
+            pool.submit(_decode_block, job[0], job[1], out)
+            return out
+
+        pending = deque(submit(job) for job in itertools.islice(jobs, workers))
         while pending:
-            done = pending.popleft().result()
-            yield from done
-            del done
+            out = pending.popleft()
+            while (item := out.get()) is not _DONE:
+                if isinstance(item, BaseException):
+                    raise item
+                assert isinstance(item, bytes)
+                yield item
+                del item
             job = next(jobs, None)
             if job is not None:
-                pending.append(pool.submit(_decode_block, *job))
+                pending.append(submit(job))
 
 
 def _blocks(buf: _Buffer) -> Iterator[tuple[bytearray, int]]:
