@@ -3,17 +3,20 @@
 Runs on a worker thread (never on the event loop) and is a plain function of an iterator of
 chunks, so tests can drive it with a list. It peels compression layers by sniffing each layer's
 first bytes (``formats.sniff``), then hands the innermost stream to exactly one handler:
-raw bytes go to the sparse ``RawWriter``; qcow2 goes through the streaming decoder straight
-into the target; tar goes to safe extraction when the content type is ``archive``; other formats
-qemu-img must convert go to a scratch file.
+raw bytes go to the sparse ``RawWriter``; qcow2, vdi and vmdk go through their streaming
+decoders straight into the target (their headers are vetted first, whichever path follows);
+tar goes to safe extraction when the content type is ``archive``; vhd/vhdx, and any image whose
+layout a decoder could not stream (the phase machine's fallback), go to a scratch file for
+qemu-img.
 """
 
 from __future__ import annotations
 
 import enum
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from cdi.api.errors import UnsupportedFormat
 from importer.archive import extract_tar
@@ -21,8 +24,11 @@ from importer.decompress import decompress
 from importer.formats import SNIFF_BYTES, ImageFormat, sniff
 from importer.qcow2 import Qcow2StreamDecoder
 from importer.qcow2.header import parse_header, peek_cluster_size
+from importer.rawpieces import Write
 from importer.streams import Peekable
 from importer.target import RawWriter
+from importer.vdi import VdiStreamDecoder
+from importer.vdi import parse_header as parse_vdi_header
 
 SCRATCH_NAME = "cdi-scratch.img"
 MAX_LAYERS = 4  # gz inside xz inside zst... more than this is an attack, not an image
@@ -49,7 +55,7 @@ class DecodePlan:
     writer: RawWriter | None  # the target, for raw content
     archive_dir: str | None  # the target, for archive content
     scratch_dir: str  # where images that need qemu-img are staged
-    stream_qcow2: bool = True  # decode qcow2 in one pass; False after a spill-limit fallback
+    stream_images: bool = True  # decode qcow2/vdi/vmdk in one pass; False after a fallback
     spill_limit: int = 64 * 1024 * 1024
     source_size: int | None = None  # bytes on the wire, when known (Content-Length)
     before_random_writes: Callable[[], None] | None = None  # e.g. zero a block device first
@@ -89,10 +95,9 @@ def decode_into(chunks: Iterator[bytes], plan: DecodePlan, result: DecodeResult)
             "the source is a text document (an HTML or error page?), not a disk image"
         )
     if fmt.needs_conversion:
-        if fmt is ImageFormat.QCOW2:
-            _vet_qcow2_header(stream, plan.capacity)
-            if plan.stream_qcow2 and plan.writer is not None:
-                return _stream_qcow2(stream, plan, plan.writer, result)
+        decoder = _streaming_decoder(fmt, stream, plan, result)
+        if decoder is not None and plan.stream_images and plan.writer is not None:
+            return _stream_image(decoder, stream, plan, plan.writer, result)
         return _to_scratch(stream, plan, result)
     assert plan.writer is not None
     return _write_raw(stream, plan, plan.writer, result)  # raw, ISO, (CDI-compatible) tar
@@ -119,16 +124,43 @@ def _vet_qcow2_header(stream: Peekable, capacity: int | None) -> None:
     parse_header(stream.peek(cluster), max_virtual_size=capacity)
 
 
-def _stream_qcow2(
-    stream: Peekable, plan: DecodePlan, writer: RawWriter, result: DecodeResult
+class StreamDecoder(Protocol):
+    """What the qcow2, vdi and vmdk stream decoders have in common (sans-I/O)."""
+
+    virtual_size: int | None
+
+    def feed(self, data: bytes) -> Iterable[Write]: ...
+
+    def finish(self) -> Iterable[Write]: ...
+
+
+def _streaming_decoder(
+    fmt: ImageFormat, stream: Peekable, plan: DecodePlan, result: DecodeResult
+) -> StreamDecoder | None:
+    """Vet the header (on every path: qemu-img checks again on the scratch path) and return
+    the stream decoder for ``fmt``, or None for formats only qemu-img converts."""
+    # Content-Length is the image's size only when nothing was peeled off it.
+    file_size = plan.source_size if len(result.format_chain) == 1 else None
+    if fmt is ImageFormat.QCOW2:
+        _vet_qcow2_header(stream, plan.capacity)
+        return Qcow2StreamDecoder(
+            max_virtual_size=plan.capacity, spill_limit=plan.spill_limit, file_size=file_size
+        )
+    if fmt is ImageFormat.VDI:
+        parse_vdi_header(stream.peek(SNIFF_BYTES), max_virtual_size=plan.capacity)
+        return VdiStreamDecoder(max_virtual_size=plan.capacity, file_size=file_size)
+    return None
+
+
+def _stream_image(
+    decoder: StreamDecoder,
+    stream: Peekable,
+    plan: DecodePlan,
+    writer: RawWriter,
+    result: DecodeResult,
 ) -> DecodeResult:
-    """qcow2 straight into the target, no scratch (issue 4). A layout too disordered for the
-    spill bound raises SpillLimitExceeded; the phase machine then retries through scratch."""
-    decoder = Qcow2StreamDecoder(
-        max_virtual_size=plan.capacity,
-        spill_limit=plan.spill_limit,
-        file_size=plan.source_size if len(result.format_chain) == 1 else None,
-    )
+    """An image straight into the target, no scratch (issue 4). A layout the decoder cannot
+    stream raises LayoutNotStreamable; the phase machine then retries through scratch."""
     if plan.before_random_writes is not None:
         plan.before_random_writes()
         writer.zero_fill = False  # the whole range reads as zeros now

@@ -1,8 +1,8 @@
 """The importer as an explicit phase machine: the paths an import can take, one handler each.
 
-    Info -> Transfer -> Verify -> Resize -> Complete                  raw, qcow2 (streamed)
-    Info -> Transfer -> TransferScratch -> Verify -> Validate -> ...  qcow2 too disordered to stream
-    Info -> Transfer -> Verify -> Validate -> Convert -> Resize -> ... formats qemu-img converts
+    Info -> Transfer -> Verify -> Resize -> Complete                  raw, qcow2/vdi/vmdk (streamed)
+    Info -> Transfer -> TransferScratch -> Verify -> Validate -> ...  image too disordered to stream
+    Info -> Transfer -> Verify -> Validate -> Convert -> Resize -> ... vhd/vhdx (qemu-img converts)
     Info -> Blank -> Resize -> Complete                               blank disk
     Info -> Transfer -> Verify -> Complete                            archive
     any  -> Failed (typed error; the target file is removed: never reported or left "complete")
@@ -26,7 +26,7 @@ from importer.checkpoint import Checkpoint, Checkpointer
 from importer.config import ImportConfig
 from importer.decode import SCRATCH_NAME, ContentType, DecodePlan, DecodeResult, decode_into
 from importer.formats import ImageFormat
-from importer.qcow2 import SpillLimitExceeded
+from importer.rawpieces import LayoutNotStreamable
 from importer.sources import Source, SourceInfo
 from importer.stage import ThreadStage
 from importer.streams import CHUNK_SIZE
@@ -178,21 +178,21 @@ class Importer:
 
     async def _transfer(self) -> Phase:
         try:
-            await self._stream_source(stream_qcow2=True)
-        except SpillLimitExceeded:
+            await self._stream_source(stream_images=True)
+        except LayoutNotStreamable:
             return Phase.TRANSFER_SCRATCH
         return Phase.VERIFY
 
     async def _transfer_scratch(self) -> Phase:
-        """The qcow2 layout was too disordered to stream: download again, through scratch."""
+        """The image layout was too disordered to stream: download again, through scratch."""
         self._close()
         self.fd, self.capacity = open_target(self.config.target)
         self.decoded = DecodeResult()
         self.progress.done = 0
-        await self._stream_source(stream_qcow2=False)
+        await self._stream_source(stream_images=False)
         return Phase.VERIFY
 
-    async def _stream_source(self, *, stream_qcow2: bool) -> None:
+    async def _stream_source(self, *, stream_images: bool) -> None:
         assert self.source is not None
         target = self.config.target
         writer = None
@@ -206,7 +206,7 @@ class Importer:
             writer=writer,
             archive_dir=target.path,
             scratch_dir=self.scratch_dir,
-            stream_qcow2=stream_qcow2,
+            stream_images=stream_images,
             before_random_writes=self._zero_block_device if writer and writer.zero_fill else None,
             resume_offset=self.resume_offset,
             checkpointer=self._checkpointer(),

@@ -26,20 +26,20 @@ import heapq
 import itertools
 from dataclasses import dataclass, field
 
-from cdi.api.errors import InvalidImage, UnsafeImage, WorkerError
+from cdi.api.errors import InvalidImage, UnsafeImage
+from importer.rawpieces import LayoutNotStreamable, Write, WriteCoalescer
 
 from .clusters import inflate_cluster, zstd_cluster
 from .header import COMPRESSION_ZSTD, Qcow2Header, parse_header, peek_cluster_size
 from .spill import SpillStore
 from .tables import COMPRESSED_RUN, MetadataMap, Run, parse_l1, parse_l2
-from .writes import Write, WriteCoalescer
 
 DEFAULT_SPILL_LIMIT = 64 * 1024 * 1024
 DEFAULT_MAX_PENDING_RUNS = 2_000_000
 MAX_L2_TABLES = 1 << 18  # 512 GiB at 4 KiB clusters, 128 TiB at 64 KiB
 
 
-class SpillLimitExceeded(WorkerError):
+class SpillLimitExceeded(LayoutNotStreamable):
     """The layout is too out of order to stream within the spill limit (use scratch space)."""
 
     reason = "Qcow2LayoutUnordered"

@@ -26,8 +26,9 @@ from cdi.api.errors import (
 from importer.qcow2 import Qcow2StreamDecoder, SpillLimitExceeded, parse_header
 from importer.qcow2.spill import SpillStore
 from importer.qcow2.tables import _bit_ranges, compressed_extent
-from importer.qcow2.writes import WriteCoalescer, nonzero_pieces
+from importer.rawpieces import WriteCoalescer, nonzero_pieces
 from tests.unit.qcow2_builder import Spec, build
+from tests.unit.stream_decoding import decode_stream
 
 
 def cluster(seed: int, size: int = 512) -> bytes:
@@ -36,25 +37,7 @@ def cluster(seed: int, size: int = 512) -> bytes:
 
 def decode(image: bytes, chunks: int | list[int] = 65536, **kwargs: int) -> bytes:
     """Feed ``image`` in the given chunking; return the raw disk, checking the write contract."""
-    decoder = Qcow2StreamDecoder(**kwargs)
-    writes = []
-    pos = 0
-    sizes = iter(chunks) if isinstance(chunks, list) else None
-    while pos < len(image):
-        step = next(sizes, 4096) if sizes is not None else chunks
-        assert isinstance(step, int)
-        writes += decoder.feed(memoryview(image)[pos : pos + step])
-        pos += step
-    writes += decoder.finish()
-    assert decoder.virtual_size is not None
-    disk = bytearray(decoder.virtual_size)
-    end = 0
-    for offset, data in sorted(writes):
-        assert isinstance(data, bytes) and data and offset >= end
-        assert data.count(0) != len(data), "an all-zero write"
-        disk[offset : offset + len(data)] = data
-        end = offset + len(data)
-    return bytes(disk)
+    return decode_stream(Qcow2StreamDecoder(**kwargs), image, chunks)
 
 
 def expected(spec: Spec) -> bytes:

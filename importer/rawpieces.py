@@ -1,6 +1,7 @@
-"""Raw-image writes out of the qcow2 decoder: zero pages dropped, neighbours coalesced.
+"""What the streaming image decoders (qcow2, vdi, vmdk) hand the pipeline: raw writes with zero
+pages dropped and neighbours coalesced, or the one signal that a layout cannot be streamed.
 
-The decoder does its own zero detection, because it is the only layer that still knows the
+Each decoder does its own zero detection, because it is the only layer that still knows the
 virtual offset of every byte and because qemu-img's output (our oracle) is sparse at 4 KiB
 granularity: every 4 KiB-aligned virtual page that is entirely zero is left out, and so are
 zero fragments at the ends of a write. This relies on one contract with the sink: **the target
@@ -17,6 +18,7 @@ Surviving pieces that are contiguous on the virtual disk are joined into writes 
 
 from __future__ import annotations
 
+from cdi.api.errors import WorkerError
 from importer.target import page_segments
 
 PAGE = 4096
@@ -24,6 +26,15 @@ FLUSH_AT = 4 * 1024 * 1024
 MAX_WRITE = 8 * 1024 * 1024
 
 Write = tuple[int, bytes]
+
+
+class LayoutNotStreamable(WorkerError):
+    """The image is valid as far as we can tell, but its layout cannot be decoded front to back
+    within our bounds (a table after the data it maps, too much to hold): the phase machine
+    downloads again through scratch space and lets qemu-img convert it."""
+
+    reason = "ImageLayoutUnordered"
+    transient = False
 
 
 def nonzero_pieces(virt: int, data: bytes) -> list[Write]:
