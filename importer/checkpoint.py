@@ -16,6 +16,8 @@ import os
 import stat
 from dataclasses import asdict, dataclass
 
+from importer.target import RawWriter
+
 INTERVAL = 256 * 1024 * 1024
 
 
@@ -56,10 +58,13 @@ def remove(path: str | None) -> None:
 class Checkpointer:
     """Called by the decode stage with the sequential position after each write."""
 
-    def __init__(self, path: str, base: Checkpoint, fd: int, interval: int = INTERVAL) -> None:
+    def __init__(
+        self, path: str, base: Checkpoint, writer: RawWriter, interval: int = INTERVAL
+    ) -> None:
         self.path = path
         self.base = base
-        self.fd = fd
+        self.writer = writer
+        self.fd = writer.fd
         self.interval = interval
         self.next_at = base.offset + interval
 
@@ -69,6 +74,7 @@ class Checkpointer:
         st = os.fstat(self.fd)
         if stat.S_ISREG(st.st_mode) and st.st_size < position:  # trailing zeros are holes too
             os.ftruncate(self.fd, position)
+        self.writer.flush()  # writes still in flight are not on disk yet
         os.fdatasync(self.fd)
         save(self.path, Checkpoint(self.base.url, self.base.size, self.base.validator, position))
         self.next_at = position + self.interval

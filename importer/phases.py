@@ -209,11 +209,18 @@ class Importer:
             stream_images=stream_images,
             before_random_writes=self._zero_block_device if writer and writer.zero_fill else None,
             resume_offset=self.resume_offset,
-            checkpointer=self._checkpointer(),
+            checkpointer=self._checkpointer(writer),
             spill_limit=self.config.qcow2_spill_limit,
             source_size=self.info.size,
         )
-        decode = ThreadStage(lambda chunks: decode_into(chunks, plan, self.decoded), name="decode")
+
+        def consume(chunks: Iterator[bytes]) -> DecodeResult:
+            decoded = decode_into(chunks, plan, self.decoded)
+            if writer is not None:
+                writer.flush()  # a write that failed in flight fails the decode stage
+            return decoded
+
+        decode = ThreadStage(consume, name="decode")
         checksum = self.config.checksum
         hasher = (
             ThreadStage(
@@ -298,12 +305,12 @@ class Importer:
     def _source_id(self) -> str:
         return self.config.http.url if self.config.http else self.config.file_path or ""
 
-    def _checkpointer(self) -> Checkpointer | None:
+    def _checkpointer(self, writer: RawWriter | None) -> Checkpointer | None:
         info, path = self.info, self.config.checkpoint_path
-        if not (path and info.ranges and info.size and info.validator and self.fd >= 0):
+        if not (path and info.ranges and info.size and info.validator and writer is not None):
             return None
         base = Checkpoint(self._source_id(), info.size, info.validator, self.resume_offset)
-        return Checkpointer(path, base, self.fd, self.config.checkpoint_interval)
+        return Checkpointer(path, base, writer, self.config.checkpoint_interval)
 
     def _with_prefix(self, chunks: Iterator[bytes]) -> Iterator[bytes]:
         """On resume the checksum must still cover the bytes imported before: re-read them

@@ -6,7 +6,7 @@ code it runs is plain synchronous Python. At most ``max_bytes`` are queued (a ch
 accepted into an empty queue), which bounds memory; the per-chunk cost is one queue operation
 and an uncontended lock, and a waiting producer is woken only once the queue is half empty
 (profiling showed a per-chunk wake-up's self-pipe write costing ~0.2 s per 2 GiB image).
-16 MiB keeps the writer fed at loopback speed; a slow consumer (xz) does not gain from more.
+8 MiB (two chunks) keeps the decoder fed at loopback speed: the socket buffers behind it.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ _ABORT = object()
 
 class ThreadStage(Generic[T]):
     def __init__(
-        self, consume: Callable[[Iterator[bytes]], T], *, max_bytes: int = 16 << 20, name: str
+        self, consume: Callable[[Iterator[bytes]], T], *, max_bytes: int = 8 << 20, name: str
     ) -> None:
         self._loop = asyncio.get_running_loop()
         self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()

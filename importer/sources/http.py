@@ -6,24 +6,27 @@ Handled here, once: HEAD refused or lying (we only use it as a hint), no ``Accep
 mid-body: we resume with ``Range: bytes=N-``; a server that answers a range request with a full
 200 is read again from the start with the first N bytes discarded, a bounded number of times.
 An error status never yields a body byte, so an error page is never written as an image.
+
+The exchanges themselves are blocking ``http.client`` calls on worker threads
+(``importer.sources.http_client`` says why); this module keeps the async ``Source`` face the
+phase machine drives, and reads the next chunk while the previous one is handed on.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import http.client
 import ssl
+import threading
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import TypeVar
 from urllib.parse import urlsplit
 
-import aiohttp
-from tenacity import (
-    AsyncRetrying,
-    retry_if_exception,
-    stop_after_attempt,
-    wait_exponential_jitter,
-)
+from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
 
 from cdi.api.errors import (
     SourceForbidden,
@@ -32,12 +35,13 @@ from cdi.api.errors import (
     WorkerError,
 )
 from importer.sources import SourceInfo
+from importer.sources.http_client import Client, Exchange, basic_auth
 from importer.sources.ranges import RangesUnsupported, parallel_ranges
-from importer.streams import CHUNK_SIZE
 
+T = TypeVar("T")
 USER_AGENT = "cdi-py-importer"
-# What a connection cut mid-body looks like.
-_CUT = (TimeoutError, aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, ConnectionError)
+# What a connection cut mid-body looks like (SSLError: a TLS stream that ends uncleanly).
+_CUT = (TimeoutError, ConnectionError, http.client.HTTPException, ssl.SSLError, OSError)
 _TRANSIENT_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504})
 
 
@@ -69,21 +73,19 @@ class HttpOptions:
     connections: int = 4  # parallel ranged connections when the server supports ranges
     segment_size: int = 8 * 1024 * 1024
     probe_bytes: int = 32 * 1024 * 1024  # the single stream's rate is judged after this much
-    # bytes/s: a slower single stream switches to parallel (loopback gives 1.5-2 GB/s on one
+    # bytes/s: a slower single stream switches to parallel (loopback gives 1.5-3 GB/s on one
     # connection, where splitting only costs; a per-connection limit shows up well below)
     parallel_below: float = 800e6
     attempts: int = 5  # per request, for transient statuses and connection errors
     resumes: int = 10  # mid-body cuts survived per import
     backoff_initial: float = 0.5
     backoff_max: float = 10.0
+    connect_timeout: float = 60.0
     read_timeout: float = 600.0  # CDI's idle watchdog: no byte for 10 minutes
 
 
-def ssl_context(options: HttpOptions) -> ssl.SSLContext | bool:
-    """Our own context only when the user changed trust; else aiohttp's verified default
-    (building one loads the system CA store again: ~70 ms on every import)."""
-    if not options.ca_files and not options.insecure:
-        return True
+def ssl_context(options: HttpOptions) -> ssl.SSLContext:
+    """The system trust store plus the user's CAs, or no verification when asked."""
     ctx = ssl.create_default_context()
     for path in options.ca_files:
         ctx.load_verify_locations(cafile=path)
@@ -96,9 +98,9 @@ def ssl_context(options: HttpOptions) -> ssl.SSLContext | bool:
 def _is_transient(exc: BaseException) -> bool:
     if isinstance(exc, WorkerError):
         return exc.transient
-    if isinstance(exc, aiohttp.ClientSSLError):
+    if isinstance(exc, ssl.SSLCertVerificationError):
         return False  # an untrusted certificate stays untrusted
-    return isinstance(exc, aiohttp.ClientError | asyncio.TimeoutError | ConnectionError)
+    return isinstance(exc, OSError | http.client.HTTPException)
 
 
 def _status_error(status: int, url: str) -> WorkerError:
@@ -113,67 +115,81 @@ def _status_error(status: int, url: str) -> WorkerError:
 class HttpSource:
     def __init__(self, options: HttpOptions) -> None:
         self.options = options
-        self._session: aiohttp.ClientSession | None = None
         self.resumed = 0  # cuts continued with a Range request
         self.restarted = 0  # cuts where the server sent the whole body again
         self.cuts = 0
         self.info = SourceInfo(size=None, ranges=False)
         self.parallel = False  # whether the last stream() used parallel ranges
+        self._lock = threading.Lock()
+        self._open_exchanges: set[Exchange] = set()
+        self._tls: ssl.SSLContext | None = None
+        self._pool = ThreadPoolExecutor(options.connections + 1, thread_name_prefix="http")
+        headers = {"User-Agent": USER_AGENT, **dict(options.headers)}
+        self._client = Client(
+            url=options.url,
+            headers=headers,
+            authorization=(
+                basic_auth(options.username, options.password or "")
+                if options.username is not None
+                else None
+            ),
+            tls=self._tls_context,
+            proxy_for=options.proxy.for_url,
+            connect_timeout=options.connect_timeout,
+            read_timeout=options.read_timeout,
+        )
 
-    def _client(self) -> aiohttp.ClientSession:
-        if self._session is None:
-            headers = {"User-Agent": USER_AGENT, **dict(self.options.headers)}
-            if self.options.username is not None:
-                # aiohttp drops Authorization on a redirect to another origin: credentials
-                # go only to the host the user named.
-                headers["Authorization"] = aiohttp.encode_basic_auth(
-                    self.options.username, self.options.password or ""
-                )
-            self._session = aiohttp.ClientSession(
-                headers=headers,
-                auto_decompress=False,
-                read_bufsize=CHUNK_SIZE,
-                connector=aiohttp.TCPConnector(ssl=ssl_context(self.options)),
-                timeout=aiohttp.ClientTimeout(
-                    total=None, connect=60, sock_read=self.options.read_timeout
-                ),
-            )
-        return self._session
+    def _tls_context(self) -> ssl.SSLContext:
+        with self._lock:
+            if self._tls is None:
+                self._tls = ssl_context(self.options)
+            return self._tls
+
+    def _run(self, fn: Callable[..., T], *args: object) -> Awaitable[T]:
+        return asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
 
     async def probe(self) -> SourceInfo:
         """A HEAD hint; many servers refuse or misreport HEAD, so failure means 'unknown'."""
         try:
-            async with self._client().head(
-                self.options.url,
-                allow_redirects=True,
-                proxy=self.options.proxy.for_url(self.options.url),
-            ) as resp:
-                if resp.status != 200:
-                    return self.info
-                self.info = SourceInfo(
-                    size=resp.content_length,
-                    ranges=resp.headers.get("Accept-Ranges", "").lower() == "bytes",
-                    validator=resp.headers.get("ETag") or resp.headers.get("Last-Modified"),
-                )
-                return self.info
-        except (TimeoutError, aiohttp.ClientError):
-            return SourceInfo(size=None, ranges=False)
+            self.info = await self._run(self._probe)
+        except (OSError, http.client.HTTPException, WorkerError):
+            self.info = SourceInfo(size=None, ranges=False)
+        return self.info
 
-    async def _open(self, start: int, end: int | None = None) -> aiohttp.ClientResponse:
+    def _probe(self) -> SourceInfo:
+        exchange = self._client.open("HEAD")
         try:
-            return await self._open_with_retries(start, end)
-        except aiohttp.ClientSSLError as exc:
+            if exchange.status != 200:
+                return SourceInfo(size=None, ranges=False)
+            return SourceInfo(
+                size=exchange.content_length,
+                ranges=exchange.header("Accept-Ranges").lower() == "bytes",
+                validator=exchange.header("ETag") or exchange.header("Last-Modified") or None,
+            )
+        finally:
+            exchange.close()
+
+    def _open(self, start: int, end: int | None = None) -> Exchange:
+        """A 200/206 response for ``[start, end)`` after bounded retries (blocking)."""
+        try:
+            exchange = self._open_with_retries(start, end)
+        except ssl.SSLCertVerificationError as exc:
             raise SourceUnavailable(
                 f"TLS to {self.options.url} failed: {exc}; provide the server's CA "
                 "(certConfigMap, --ca) or set insecureSkipVerify",
                 transient=False,
             ) from exc
+        except (OSError, http.client.HTTPException) as exc:
+            raise SourceUnavailable(f"cannot reach {self.options.url}: {exc}") from exc
+        with self._lock:
+            self._open_exchanges.add(exchange)
+        return exchange
 
-    async def _open_with_retries(self, start: int, end: int | None) -> aiohttp.ClientResponse:
+    def _open_with_retries(self, start: int, end: int | None) -> Exchange:
         headers = {"Range": f"bytes={start}-{'' if end is None else end - 1}"}
         if not start and end is None:
             headers = {}
-        retrying = AsyncRetrying(
+        retrying = Retrying(
             stop=stop_after_attempt(self.options.attempts),
             wait=wait_exponential_jitter(
                 multiplier=self.options.backoff_initial,
@@ -183,18 +199,19 @@ class HttpSource:
             retry=retry_if_exception(_is_transient),
             reraise=True,
         )
-        async for attempt in retrying:
+        for attempt in retrying:
             with attempt:
-                resp = await self._client().get(
-                    self.options.url,
-                    headers=headers,
-                    proxy=self.options.proxy.for_url(self.options.url),
-                )
-                if resp.status not in (200, 206):
-                    resp.release()
-                    raise _status_error(resp.status, self.options.url)
-                return resp
+                exchange = self._client.open("GET", headers)
+                if exchange.status not in (200, 206):
+                    exchange.close()
+                    raise _status_error(exchange.status, self.options.url)
+                return exchange
         raise AssertionError("unreachable")
+
+    def _release(self, exchange: Exchange) -> None:
+        with self._lock:
+            self._open_exchanges.discard(exchange)
+        exchange.close()
 
     async def stream(self, start: int = 0) -> AsyncIterator[bytes]:
         """Bytes from ``start`` to the end. One streamed GET first; if the server allows
@@ -225,7 +242,7 @@ class HttpSource:
         assert size is not None
         try:
             async for chunk in parallel_ranges(
-                self._fetch_range,
+                lambda a, b: self._run(self._fetch_range, a, b),
                 size,
                 received,
                 connections=opts.connections,
@@ -235,32 +252,32 @@ class HttpSource:
                 received += len(chunk)
         except RangesUnsupported:  # HEAD promised ranges, GET disagrees: carry on in one stream
             self.parallel = False
-            async for chunk in self._single(received):
-                yield chunk
+            async with contextlib.aclosing(self._single(received)) as rest:
+                async for chunk in rest:
+                    yield chunk
 
-    async def _fetch_range(self, start: int, end: int) -> list[bytes]:
-        """One segment as the chunks that arrived (no copy), resumed from its last byte if the
-        connection is cut."""
+    def _fetch_range(self, start: int, end: int) -> list[bytes]:
+        """One segment as the chunks that arrived, resumed from its last byte if the connection
+        is cut (blocking: runs on the pool, one thread per connection)."""
         pieces: list[bytes] = []
         got = 0
         while got < end - start:
-            try:
-                resp = await self._open(start + got, end)
-            except (TimeoutError, aiohttp.ClientError) as exc:
-                raise SourceUnavailable(f"cannot reach {self.options.url}: {exc}") from exc
+            exchange = self._open(start + got, end)
             try:
                 expected = f"bytes {start + got}-{end - 1}/"
-                if resp.status != 206 or not resp.headers.get("Content-Range", "").startswith(
+                if exchange.status != 206 or not exchange.header("Content-Range").startswith(
                     expected
                 ):
                     raise RangesUnsupported()
-                async for chunk in resp.content.iter_chunked(CHUNK_SIZE):
+                while chunk := exchange.read_chunk():
                     pieces.append(chunk)
                     got += len(chunk)
-            except _CUT as exc:
-                await self._before_resume(exc, start + got)
+                if got < end - start:
+                    raise EOFError("segment ended early")
+            except (*_CUT, EOFError) as exc:
+                time.sleep(self._count_cut(exc, start + got))
             finally:
-                resp.release()
+                self._release(exchange)
         if got > end - start:
             raise SourceUnavailable(f"{self.options.url} sent more bytes than the range asked")
         return pieces
@@ -269,56 +286,68 @@ class HttpSource:
         received = start
         total: int | None = None
         while True:
+            exchange = await self._run(self._open, received)
+            skip = self._skip_for(exchange, received)
+            length = exchange.content_length
+            if total is None and length is not None:
+                total = received + length if exchange.status == 206 else length
             try:
-                resp = await self._open(received)
-            except (TimeoutError, aiohttp.ClientError) as exc:
-                raise SourceUnavailable(f"cannot reach {self.options.url}: {exc}") from exc
-            skip = self._skip_for(resp, received)
-            if total is None and resp.content_length is not None:
-                total = (
-                    received + resp.content_length if resp.status == 206 else (resp.content_length)
-                )
-            try:
-                async for chunk in resp.content.iter_chunked(CHUNK_SIZE):
-                    if skip:
-                        drop = min(skip, len(chunk))
-                        chunk, skip = chunk[drop:], skip - drop
-                        if not chunk:
-                            continue
-                    received += len(chunk)
-                    yield chunk
+                async with contextlib.aclosing(self._body(exchange)) as body:
+                    async for chunk in body:
+                        if skip:
+                            drop = min(skip, len(chunk))
+                            chunk, skip = chunk[drop:], skip - drop
+                            if not chunk:
+                                continue
+                        received += len(chunk)
+                        yield chunk
             except _CUT as exc:
-                await self._before_resume(exc, received)
+                await asyncio.sleep(self._count_cut(exc, received))
                 continue
-            finally:
-                resp.release()
             if total is not None and received < total:
-                await self._before_resume(EOFError("body ended early"), received)
+                await asyncio.sleep(self._count_cut(EOFError("body ended early"), received))
                 continue
             return
 
-    def _skip_for(self, resp: aiohttp.ClientResponse, received: int) -> int:
+    async def _body(self, exchange: Exchange) -> AsyncGenerator[bytes, None]:
+        """The response body, the next chunk being read while this one is handed on."""
+        pending = self._run(exchange.read_chunk)
+        try:
+            while chunk := await pending:
+                pending = self._run(exchange.read_chunk)
+                yield chunk
+        finally:
+            self._release(exchange)  # a read still in flight returns at once
+            with contextlib.suppress(BaseException):
+                await pending
+
+    def _skip_for(self, exchange: Exchange, received: int) -> int:
         """Bytes to discard from this response to continue at ``received``."""
         if not received:
             return 0
-        if resp.status == 206:
-            content_range = resp.headers.get("Content-Range", "")
-            if content_range.startswith(f"bytes {received}-"):
-                self.resumed += 1
-                return 0
+        if exchange.status == 206 and exchange.header("Content-Range").startswith(
+            f"bytes {received}-"
+        ):
+            self.resumed += 1
+            return 0
         self.restarted += 1  # full body again: read past what we already have
         return received
 
-    async def _before_resume(self, exc: BaseException, received: int) -> None:
-        self.cuts += 1
-        if self.cuts > self.options.resumes:
+    def _count_cut(self, exc: BaseException, received: int) -> float:
+        """Charge a cut to the import's budget; return the pause before resuming."""
+        with self._lock:
+            self.cuts += 1
+            cuts = self.cuts
+        if cuts > self.options.resumes:
             raise SourceUnavailable(
                 f"connection to {self.options.url} broke {self.options.resumes} times; "
                 f"last at byte {received}: {exc}"
             )
-        await asyncio.sleep(min(self.options.backoff_max, self.options.backoff_initial))
+        return min(self.options.backoff_max, self.options.backoff_initial)
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        with self._lock:
+            exchanges, self._open_exchanges = list(self._open_exchanges), set()
+        for exchange in exchanges:
+            exchange.close()
+        self._pool.shutdown(wait=False, cancel_futures=True)
