@@ -29,6 +29,9 @@ from importer.streams import Peekable
 from importer.target import RawWriter
 from importer.vdi import VdiStreamDecoder
 from importer.vdi import parse_header as parse_vdi_header
+from importer.vmdk import HEAD_BYTES as VMDK_HEAD_BYTES
+from importer.vmdk import VmdkStreamDecoder
+from importer.vmdk import parse_header as parse_vmdk_header
 
 SCRATCH_NAME = "cdi-scratch.img"
 MAX_LAYERS = 4  # gz inside xz inside zst... more than this is an attack, not an image
@@ -149,6 +152,9 @@ def _streaming_decoder(
     if fmt is ImageFormat.VDI:
         parse_vdi_header(stream.peek(SNIFF_BYTES), max_virtual_size=plan.capacity)
         return VdiStreamDecoder(max_virtual_size=plan.capacity, file_size=file_size)
+    if fmt is ImageFormat.VMDK:
+        parse_vmdk_header(stream.peek(VMDK_HEAD_BYTES), max_virtual_size=plan.capacity)
+        return VmdkStreamDecoder(max_virtual_size=plan.capacity, file_size=file_size)
     return None
 
 

@@ -60,6 +60,8 @@ _HEADER_TABLE: tuple[_Magic, ...] = (
     _Magic(0, b"BZh", ImageFormat.BZIP2),
     _Magic(0, b"QFI\xfb", ImageFormat.QCOW2),
     _Magic(0, b"KDMV", ImageFormat.VMDK),
+    # A vmdk descriptor file (text): sniffed as vmdk so that it is refused with its reason.
+    _Magic(0, b"# Disk DescriptorFile", ImageFormat.VMDK),
     _Magic(0x40, b"\x7f\x10\xda\xbe", ImageFormat.VDI),
     _Magic(0, b"conectix", ImageFormat.VHD),
     _Magic(0, b"vhdxfile", ImageFormat.VHDX),

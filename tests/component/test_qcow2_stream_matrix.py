@@ -22,6 +22,7 @@ import pytest
 
 from cdi.api.errors import InvalidImage, UnsafeImage, WorkerError
 from importer.qcow2 import Qcow2StreamDecoder, SpillLimitExceeded
+from tests.unit.stream_decoding import Decoder
 
 MiB = 1024 * 1024
 CHUNKS = (65537, MiB, 4 * MiB)
@@ -262,8 +263,11 @@ TINY_CHUNK_CASES = {
 }
 
 
-def decode_to_file(image: Path, out: Path, chunk: int, **kwargs: int) -> Qcow2StreamDecoder:
-    decoder = Qcow2StreamDecoder(**kwargs)
+def decode_to_file(
+    image: Path, out: Path, chunk: int, decoder: Decoder | None = None, **kwargs: int
+) -> Decoder:
+    """Decode ``image`` (qcow2 unless another decoder is given) into a sparse file."""
+    decoder = decoder or Qcow2StreamDecoder(**kwargs)
     writes: list[tuple[int, bytes]] = []
     with open(image, "rb") as f:
         while data := f.read(chunk):
