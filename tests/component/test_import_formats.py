@@ -108,9 +108,10 @@ async def test_disordered_qcow2_falls_back_to_scratch_and_says_so(
     from tests.component.helpers import http_config
 
     image = tmp_path / "moved.qcow2"
-    run("qemu-img", "create", "-f", "qcow2", "-o", "cluster_size=4096", image, "4M")
-    run("qemu-io", "-c", "write -P 7 0 3M", image)
-    run("qemu-img", "resize", image, "64M")  # grows L1: the new table lands after the data
+    # Larger than one 4 MiB source chunk, so the data cannot all be seen with its table.
+    run("qemu-img", "create", "-f", "qcow2", "-o", "cluster_size=4096", image, "16M")
+    run("qemu-io", "-c", "write -P 7 0 12M", image)
+    run("qemu-img", "resize", image, "256M")  # grows L1: the new table lands after the data
     reference = tmp_path / "ref.raw"
     run("qemu-img", "convert", "-f", "qcow2", "-O", "raw", image, reference)
     target = tmp_path / "disk.img"
