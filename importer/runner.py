@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from cdi.api.termination import TerminationMessage
 from importer.config import ImportConfig
-from importer.metrics import serve_metrics
 from importer.phases import Importer
 from importer.sources import Source
 from importer.sources.file import FileSource
@@ -27,6 +26,8 @@ def make_source(config: ImportConfig) -> Source | None:
 async def run_import(config: ImportConfig, progress: Progress | None = None) -> TerminationMessage:
     progress = progress or Progress()
     if config.metrics_port is not None:
+        from importer.metrics import serve_metrics  # prometheus_client: 12 ms of start-up
+
         serve_metrics(progress, config.owner_uid, config.metrics_port, config.metrics_addr)
     message = await Importer(config, make_source(config), progress).run()
     if config.termination_path:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import ipaddress
 import ssl
@@ -145,3 +146,67 @@ async def test_http_proxy_is_used_and_no_proxy_bypasses_it(
     )
     assert direct.succeeded
     assert len(seen) == count  # bypassed
+
+
+@pytest.fixture
+async def connect_proxy() -> AsyncIterator[tuple[str, list[tuple[str, str | None]]]]:
+    """A CONNECT proxy (what HTTPS goes through): it records each tunnel's target and
+    Proxy-Authorization, then relays bytes both ways without seeing inside TLS."""
+    tunnels: list[tuple[str, str | None]] = []
+
+    async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while data := await reader.read(1 << 16):
+                writer.write(data)
+                await writer.drain()
+        except ConnectionError:
+            pass
+        finally:
+            writer.close()
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
+        method, target, _ = head[0].split(" ")
+        auth = next(
+            (
+                line.split(":", 1)[1].strip()
+                for line in head[1:]
+                if line.lower().startswith("proxy-authorization:")
+            ),
+            None,
+        )
+        tunnels.append((target, auth))
+        if method != "CONNECT":
+            writer.write(b"HTTP/1.1 405 Method Not Allowed\r\nContent-Length: 0\r\n\r\n")
+            writer.close()
+            return
+        host, port = target.rsplit(":", 1)
+        up_reader, up_writer = await asyncio.open_connection(host, int(port))
+        writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    yield f"http://bob:pr0xy@127.0.0.1:{port}", tunnels
+    server.close()
+
+
+async def test_https_goes_through_a_connect_tunnel_with_proxy_credentials(
+    images: ImageFactory,
+    tls_server: tuple[str, Path, Path],
+    connect_proxy: tuple[str, list[tuple[str, str | None]]],
+    tmp_path: Path,
+) -> None:
+    url, root, ca = tls_server
+    proxy_url, tunnels = connect_proxy
+    image = images.make("raw", "xz")
+    (root / image.path.name).symlink_to(image.path)
+    link = f"{url}/ok/{image.path.name}"
+    result = await import_url(
+        link, tmp_path / "disk.img", ca_files=(str(ca),), proxy=ProxyConfig(https=proxy_url)
+    )
+    assert result.succeeded, result
+    assert same_content(tmp_path / "disk.img", image.reference)
+    assert tunnels, "the import did not use the proxy"
+    assert all(target == url.removeprefix("https://") for target, _ in tunnels)
+    assert all(auth == aiohttp.encode_basic_auth("bob", "pr0xy") for _, auth in tunnels)
