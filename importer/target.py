@@ -21,10 +21,10 @@ import fcntl
 import math
 import mmap
 import os
+import re
 import stat
 import struct
 from collections import deque
-from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -35,6 +35,9 @@ FINE_BLOCK = 4096  # the allocation unit of ext4/xfs: finer detection saves noth
 _ZERO = bytes(ZERO_BLOCK)
 _ZERO_FINE = bytes(FINE_BLOCK)
 _ZERO_WRITE = bytes(4 * 1024 * 1024)
+# Bytes looked at in every page before it is memcmp'd: first, last, and spread in between.
+_SAMPLES = (0, 512, 1024, 1536, 2048, 2560, 3072, 3584, FINE_BLOCK - 1)
+_NONZERO = re.compile(b"[^\\x00]")
 _BLKGETSIZE64 = 0x80081272
 _FALLOC_FL_KEEP_SIZE = 0x01
 _FALLOC_FL_PUNCH_HOLE = 0x02
@@ -223,11 +226,13 @@ class _DirectIO:
     at a time leaves the disk idle between requests (600 MB of qcow2 clusters took 0.49 s, half
     the disk's speed), so like ``qemu-img convert -t none -m N`` we keep ``WRITERS`` writes in
     flight on a small thread pool (pwrite releases the GIL). The caller copies each piece into a
-    free bounce buffer (a memcpy; Python bytes are not aligned) and goes on decoding; when all
-    buffers are busy it waits for the oldest write, which also bounds memory to
-    ``(WRITERS + 1) * BUFFER``. Pieces may land out of order; callers never write one range
-    twice, and everything that is not an aligned data write (unaligned edges through the page
-    cache, zeroing, fsync, close) first waits for the writes in flight (``drain``).
+    bounce buffer (a memcpy; Python bytes are not aligned), where pieces that continue each
+    other are gathered (so decoders need not join them first), and goes on decoding; a full
+    buffer, or a piece that does not continue it, starts a write. When all buffers are busy the
+    caller waits for the oldest write, which also bounds memory to ``(WRITERS + 1) * BUFFER``.
+    Pieces may land out of order; callers never write one range twice, and everything that is
+    not an aligned data write (unaligned edges through the page cache, zeroing, fsync, close)
+    first waits for the writes in flight (``drain``).
 
     Unaligned pieces (an image edge, 512-byte qcow2 clusters) go through the page cache;
     O_DIRECT is toggled on the same fd with F_SETFL only when the kind of write changes, and
@@ -246,6 +251,9 @@ class _DirectIO:
         self._free = [mmap.mmap(-1, self.BUFFER) for _ in range(self.WRITERS + 1)]  # aligned
         self._inflight: deque[tuple[Future[None], mmap.mmap, int, int]] = deque()
         self._pool: ThreadPoolExecutor | None = None
+        self._fill: mmap.mmap | None = None  # the buffer being filled with contiguous pieces
+        self._fill_at = 0  # target offset of its first byte
+        self._fill_len = 0
 
     def set(self, on: bool) -> None:
         if on == self.on:
@@ -268,16 +276,30 @@ class _DirectIO:
                 raise
             self._give_up()  # this filesystem refuses O_DIRECT: stay buffered
             return False
+        while mv:
+            if self._fill is not None and offset != self._fill_at + self._fill_len:
+                self._submit()
+            if self._fill is None:
+                self._fill = self._free.pop() if self._free else self._reap()
+                self._fill_at, self._fill_len = offset, 0
+            n = min(len(mv), self.BUFFER - self._fill_len)
+            self._fill[self._fill_len : self._fill_len + n] = mv[:n]
+            self._fill_len += n
+            mv, offset = mv[n:], offset + n
+            if self._fill_len == self.BUFFER:
+                self._submit()
+        return True
+
+    def _submit(self) -> None:
+        """Start writing the filled buffer."""
+        buf, n, offset = self._fill, self._fill_len, self._fill_at
+        if buf is None:
+            return
+        self._fill = None
         if self._pool is None:
             self._pool = ThreadPoolExecutor(self.WRITERS, thread_name_prefix="write")
-        while mv:
-            n = min(len(mv), self.BUFFER)
-            buf = self._free.pop() if self._free else self._reap()
-            buf[:n] = mv[:n]
-            job = self._pool.submit(_pwrite_all, self.fd, memoryview(buf)[:n], offset)
-            self._inflight.append((job, buf, n, offset))
-            mv, offset = mv[n:], offset + n
-        return True
+        job = self._pool.submit(_pwrite_all, self.fd, memoryview(buf)[:n], offset)
+        self._inflight.append((job, buf, n, offset))
 
     def _reap(self) -> mmap.mmap:
         """Wait for the oldest write; return its buffer. Errors surface here."""
@@ -300,7 +322,9 @@ class _DirectIO:
         self.on = False
 
     def drain(self) -> None:
-        """Wait for every write in flight; the first error is raised after all have ended."""
+        """Write out the buffer being filled and wait for every write in flight; the first
+        error is raised after all have ended."""
+        self._submit()
         error: OSError | None = None
         while self._inflight:
             try:
@@ -328,26 +352,69 @@ def _pwrite_all(fd: int, mv: memoryview, offset: int) -> None:
         mv, offset = mv[done:], offset + done
 
 
-def page_segments(data: bytes, offset: int) -> Iterator[tuple[int, int, bool]]:
-    """(start, stop, all_zero) pieces of ``data`` aligned to absolute 4 KiB blocks.
+def page_segments(data: bytes, offset: int) -> list[tuple[int, int, bool]]:
+    """Alternating maximal (start, stop, all_zero) runs of ``data`` whose boundaries fall on
+    absolute 4 KiB pages (``offset`` is where ``data`` starts in the image); a partial page at
+    either end is a run of its own.
 
-    A 64 KiB block is tested first in one memcmp; only blocks holding data are looked at in
-    4 KiB steps (a data block fails its memcmp at the first non-zero byte, so this is cheap).
+    The cost is per run, not per page: a per-page Python loop cost ~0.3 s per 600 MB of data.
+    Every aligned page contributes a few sampled bytes (one strided slice per sample position,
+    OR-ed as big integers); a page with any non-zero sample holds data. Only the stretches
+    whose samples are all zero are checked, each with one memcmp against a zero constant
+    (never a memoryview compare, perf-baselines T6d), and page by page only if that fails.
     """
-    pos, n = 0, len(data)
-    while pos < n:
-        step = min(n - pos, ZERO_BLOCK - (offset + pos) % ZERO_BLOCK)
+    n = len(data)
+    head = min(n, -offset % FINE_BLOCK)
+    tail_start = head + (n - head) // FINE_BLOCK * FINE_BLOCK
+    runs: list[tuple[int, int, bool]] = []
+    if head:
+        _add_run(runs, 0, head, data.startswith(_ZERO[:head]))
+    if tail_start > head:
+        _aligned_runs(data, head, tail_start, runs)
+    if tail_start < n:
+        _add_run(runs, tail_start, n, data.startswith(_ZERO[: n - tail_start], tail_start))
+    return runs
+
+
+def _aligned_runs(data: bytes, lo: int, hi: int, runs: list[tuple[int, int, bool]]) -> None:
+    pages = (hi - lo) // FINE_BLOCK
+    sampled = 0
+    for at in _SAMPLES:
+        sampled |= int.from_bytes(data[lo + at : hi : FINE_BLOCK], "little")
+    flags = sampled.to_bytes(pages, "little")  # 0: the page's samples are all zero
+    page = 0
+    while page < pages:
+        quiet = flags.find(0, page)  # next page that might be all zeros
+        if quiet < 0:
+            quiet = pages
+        if quiet > page:
+            _add_run(runs, lo + page * FINE_BLOCK, lo + quiet * FINE_BLOCK, False)
+        if quiet == pages:
+            return
+        match = _NONZERO.search(flags, quiet)
+        loud = match.start() if match else pages
+        _zero_or_mixed(data, lo + quiet * FINE_BLOCK, lo + loud * FINE_BLOCK, runs)
+        page = loud
+
+
+def _zero_or_mixed(data: bytes, lo: int, hi: int, runs: list[tuple[int, int, bool]]) -> None:
+    """Pages [lo, hi) whose samples were all zero: usually all zero (one memcmp per 64 KiB)."""
+    pos = lo
+    while pos < hi:
+        step = min(hi - pos, ZERO_BLOCK)
         if data.startswith(_ZERO if step == ZERO_BLOCK else _ZERO[:step], pos):
-            yield pos, pos + step, True
+            _add_run(runs, pos, pos + step, True)
         else:
-            stop = pos + step
-            while pos < stop:
-                small = min(stop - pos, FINE_BLOCK - (offset + pos) % FINE_BLOCK)
-                zero = _ZERO_FINE if small == FINE_BLOCK else _ZERO[:small]
-                yield pos, pos + small, data.startswith(zero, pos)
-                pos += small
-            continue
+            for at in range(pos, pos + step, FINE_BLOCK):
+                _add_run(runs, at, at + FINE_BLOCK, data.startswith(_ZERO_FINE, at))
         pos += step
+
+
+def _add_run(runs: list[tuple[int, int, bool]], start: int, stop: int, zero: bool) -> None:
+    if runs and runs[-1][2] == zero and runs[-1][1] == start:
+        runs[-1] = (runs[-1][0], stop, zero)
+    else:
+        runs.append((start, stop, zero))
 
 
 def _map_write_error(exc: OSError) -> Exception:
