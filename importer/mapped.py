@@ -233,7 +233,7 @@ class MappedImageDecoder:
             else:
                 lo, hi = max(start, c0), min(end, c1)
                 if lo < hi:
-                    self._out.add(virt + lo - start, chunk[lo - c0 : hi - c0])
+                    self._out.add(virt + lo - start, chunk, lo - c0, hi - c0)
                 if end > c1:
                     break
                 self._last_end = end

@@ -33,7 +33,7 @@ from isal import isal_zlib
 
 from cdi.api.errors import InsufficientSpace, InvalidImage, UnsafeImage, UnsupportedFormat
 from importer.mapped import FRAME, PLAIN, MappedImageDecoder
-from importer.rawpieces import LayoutNotStreamable
+from importer.rawpieces import LayoutNotStreamable, Write
 
 MAGIC = b"KDMV"
 DESCRIPTOR_MAGIC = b"# Disk DescriptorFile"
@@ -216,7 +216,7 @@ class VmdkStreamDecoder(MappedImageDecoder):
         self._max_virtual_size = max_virtual_size
         self.header: VmdkHeader | None = None
 
-    def finish(self) -> list[tuple[int, bytes]]:
+    def finish(self) -> list[Write]:
         writes = super().finish()
         header = self.header
         if header is not None and self.position < header.grain_offset * SECTOR:

@@ -283,7 +283,7 @@ class Qcow2StreamDecoder:
                 self._spill.discard(start, past_end)
             lo, hi = max(start, c0), min(end, c1)
             if lo < hi:
-                self._out.add(virt + lo - start, chunk[lo - c0 : hi - c0])
+                self._out.add(virt + lo - start, chunk, lo - c0, hi - c0)
                 if served is not None:
                     served.append((lo, hi))
             if end > c1:

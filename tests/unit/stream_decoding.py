@@ -1,6 +1,6 @@
 """Drive any sans-I/O stream decoder (qcow2, vdi, vmdk) over an image in a given chunking and
-assemble the raw disk, checking the write contract on the way: writes are non-empty bytes,
-never overlap and never all zeros."""
+assemble the raw disk, checking the write contract on the way: writes are non-empty bytes (or
+zero-copy views of the chunks fed), never overlap and never all zeros."""
 
 from __future__ import annotations
 
@@ -11,14 +11,14 @@ from typing import Protocol
 class Decoder(Protocol):
     virtual_size: int | None
 
-    def feed(self, data: bytes) -> Iterable[tuple[int, bytes]]: ...
+    def feed(self, data: bytes) -> Iterable[tuple[int, bytes | memoryview]]: ...
 
-    def finish(self) -> Iterable[tuple[int, bytes]]: ...
+    def finish(self) -> Iterable[tuple[int, bytes | memoryview]]: ...
 
 
 def decode_stream(decoder: Decoder, image: bytes, chunks: int | list[int] = 65536) -> bytes:
     """Feed ``image`` in the given chunking; return the raw disk, checking the write contract."""
-    writes: list[tuple[int, bytes]] = []
+    writes: list[tuple[int, bytes | memoryview]] = []
     pos = 0
     sizes = iter(chunks) if isinstance(chunks, list) else None
     while pos < len(image):
@@ -30,9 +30,9 @@ def decode_stream(decoder: Decoder, image: bytes, chunks: int | list[int] = 6553
     assert decoder.virtual_size is not None
     disk = bytearray(decoder.virtual_size)
     end = 0
-    for offset, data in sorted(writes):
-        assert isinstance(data, bytes) and data and offset >= end
-        assert data.count(0) != len(data), "an all-zero write"
+    for offset, data in sorted(writes, key=lambda write: write[0]):
+        assert isinstance(data, bytes | memoryview) and len(data) and offset >= end
+        assert bytes(data).count(0) != len(data), "an all-zero write"
         disk[offset : offset + len(data)] = data
         end = offset + len(data)
     return bytes(disk)
