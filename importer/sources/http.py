@@ -217,20 +217,30 @@ class HttpSource:
         """Bytes from ``start`` to the end. One streamed GET first; if the server allows
         ranges and that connection turns out slow (a per-connection limit, a long fat
         network), the rest comes over parallel ranged connections. On a fast path the single
-        stream is cheapest, so it is kept."""
+        stream is cheapest, so it is kept.
+
+        The rate is judged on the time spent waiting for the network only: while the
+        consumer works the next chunk is already being read, so a slow decoder or disk shows
+        up as no waiting at all and never triggers a split that could not help."""
         size, opts = self.info.size, self.options
         self.parallel = False
         can_split = bool(opts.connections > 1 and self.info.ranges and size)
         received = start
         single = self._single(start)
-        began = time.monotonic()
+        waited = 0.0
         try:
-            async for chunk in single:
+            while True:
+                asked = time.monotonic()
+                try:
+                    chunk = await anext(single)
+                except StopAsyncIteration:
+                    break
+                waited += time.monotonic() - asked
                 received += len(chunk)
                 yield chunk
                 if can_split and received - start >= opts.probe_bytes:
                     can_split = False  # decide once
-                    rate = (received - start) / max(time.monotonic() - began, 1e-6)
+                    rate = (received - start) / max(waited, 1e-6)
                     assert size is not None
                     if rate < opts.parallel_below and size - received >= 2 * opts.segment_size:
                         self.parallel = True

@@ -181,6 +181,38 @@ async def test_fast_single_stream_stays_single(
     assert [r for m, _, r in server.recorder.requests if m == "GET"] == [None]
 
 
+async def test_slow_consumer_does_not_pass_for_a_slow_network(
+    images: ImageFactory, server: Server
+) -> None:
+    """A decoder or disk slower than the network must not trigger parallel connections (they
+    cannot help): only the time spent waiting for bytes counts towards the rate."""
+    import asyncio
+
+    from importer.sources.http import HttpOptions, HttpSource
+
+    image = images.make("raw")
+    source = HttpSource(
+        HttpOptions(
+            url=server.link("ok", image.path),
+            probe_bytes=8 * 1024 * 1024,
+            segment_size=4 * 1024 * 1024,
+            parallel_below=50e6,  # the consumer below takes ~10 MB/s
+        )
+    )
+    try:
+        await source.probe()
+        got = 0
+        async for chunk in source.stream():
+            got += len(chunk)
+            if got <= 8 * 1024 * 1024:
+                await asyncio.sleep(len(chunk) / 10e6)
+        assert got == image.path.stat().st_size
+        assert not source.parallel
+    finally:
+        await source.close()
+    assert [r for m, _, r in server.recorder.requests if m == "GET"] == [None]
+
+
 async def test_throttled_server_is_read_over_parallel_connections(
     images: ImageFactory, server: Server, tmp_path: Path
 ) -> None:
