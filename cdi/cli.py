@@ -26,7 +26,7 @@ from importer.config import (
     split_header,
 )
 from importer.decode import ContentType
-from importer.runner import run_import
+from importer.runner import run_import, tune_process_memory
 from importer.sources.http import HttpOptions, ProxyConfig
 from importer.taps import Progress, parse_checksum
 from importer.target import TargetSpec
@@ -189,6 +189,7 @@ def print_result(message: TerminationMessage, as_json: bool) -> None:
 
 
 def cmd_import(a: argparse.Namespace) -> int:
+    tune_process_memory()
     try:
         config = config_from_args(a)
     except WorkerError as exc:

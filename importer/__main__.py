@@ -10,10 +10,11 @@ import sys
 from cdi.api.errors import WorkerError
 from cdi.api.termination import TerminationMessage
 from importer.config import TERMINATION_PATH, from_env
-from importer.runner import run_import
+from importer.runner import run_import, tune_process_memory
 
 
 def main() -> int:
+    tune_process_memory()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     try:
         config = from_env(os.environ)

