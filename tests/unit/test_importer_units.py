@@ -11,13 +11,13 @@ import zstandard
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cdi.api.errors import InvalidImage
+from cdi.api.errors import InsufficientSpace, InvalidImage
 from importer.decompress import decompress
 from importer.formats import ImageFormat, sniff
 from importer.sources.http import ProxyConfig
 from importer.streams import Peekable, rechunk
 from importer.target import RawWriter, page_segments
-from importer.xz_parallel import block_sizes, decode_xz
+from importer.xz_parallel import XzBlocks, block_sizes, decode_positioned, decode_xz
 from importer.zstd_frames import checked_frames
 
 
@@ -82,6 +82,68 @@ def test_xz_multi_block_parallel_equals_sequential(tmp_path: os.PathLike[str]) -
     corrupt[len(multi) // 2] ^= 0xFF
     with pytest.raises(InvalidImage):
         b"".join(decompress(ImageFormat.XZ, iter([bytes(corrupt)])))
+
+
+def _xz_blocks(data: bytes, block_size: str = "1MiB") -> bytes:
+    return subprocess.run(
+        ["xz", "-T2", "-0", f"--block-size={block_size}", "-c"],
+        input=data,
+        capture_output=True,
+        check=True,
+    ).stdout
+
+
+class _Image:
+    """A sink that places pieces like a target would, and remembers what was written where."""
+
+    def __init__(self, size: int) -> None:
+        self.data = bytearray(size)
+        self.writes: list[tuple[int, int]] = []
+
+    def write_at(self, offset: int, piece: bytes) -> None:
+        self.data[offset : offset + len(piece)] = piece
+        self.writes.append((offset, len(piece)))
+
+
+def test_xz_blocks_are_written_in_place_whatever_the_order() -> None:
+    data = os.urandom(1 << 20) + bytes(3 << 20) + b"pattern" * 300_000 + b"tail"
+    multi = _xz_blocks(data) + _xz_blocks(data[:5000])  # two concatenated streams
+    xz = XzBlocks(rechunk(iter([multi]), 70_000))
+    assert xz.first_size() == 1 << 20
+    assert xz.head(100) == data[:100]  # only looked: the blocks still start at the beginning
+    image = _Image(len(data) + 5000)
+    assert decode_positioned(xz.blocks(), [image, image], lambda end: None) == len(data) + 5000
+    assert bytes(image.data) == data + data[:5000]
+    assert max(n for _, n in image.writes) <= 1 << 20  # pieces, not whole blocks
+
+
+def test_xz_without_block_sizes_is_not_split() -> None:
+    xz = XzBlocks(iter([lzma.compress(bytes(1 << 20))]))  # single-threaded xz: no sizes
+    assert xz.first_size() is None
+    assert lzma.decompress(b"".join(xz.rest())) == bytes(1 << 20)
+
+
+def test_corrupt_xz_block_in_the_middle_fails_the_positioned_decode() -> None:
+    data = os.urandom(6 << 20)
+    multi = bytearray(_xz_blocks(data))
+    multi[len(multi) // 2] ^= 0x55  # inside the compressed data of a middle block
+    image = _Image(len(data))
+    with pytest.raises(InvalidImage):
+        decode_positioned(XzBlocks(iter([bytes(multi)])).blocks(), [image, image], lambda e: None)
+
+
+def test_xz_bomb_stops_before_a_block_past_the_target_is_decoded() -> None:
+    multi = _xz_blocks(bytes(8 << 20))  # eight 1 MiB blocks of zeros
+    capacity = 3 << 20
+    image = _Image(8 << 20)
+
+    def room(end: int) -> None:
+        if end > capacity:
+            raise InsufficientSpace(f"block ends at {end}")
+
+    with pytest.raises(InsufficientSpace, match=str(4 << 20)):
+        decode_positioned(XzBlocks(iter([multi])).blocks(), [image, image], room)
+    assert all(offset + n <= capacity for offset, n in image.writes)
 
 
 def test_page_segments_are_aligned_to_absolute_offsets() -> None:
