@@ -221,13 +221,16 @@ class HttpSource:
 
         The rate is judged on the time spent waiting for the network only: while the
         consumer works the next chunk is already being read, so a slow decoder or disk shows
-        up as no waiting at all and never triggers a split that could not help."""
+        up as no waiting at all and never triggers a split that could not help. And the
+        consumer must have spent less time on its chunks than we spent waiting: an xz decode
+        using every core also slows the reading threads (the waiting looks slow), yet more
+        connections cannot make the decoder faster, only buffer ~40 MB of segments."""
         size, opts = self.info.size, self.options
         self.parallel = False
         can_split = bool(opts.connections > 1 and self.info.ranges and size)
         received = start
         single = self._single(start)
-        waited = 0.0
+        waited, began = 0.0, time.monotonic()
         try:
             while True:
                 asked = time.monotonic()
@@ -241,8 +244,13 @@ class HttpSource:
                 if can_split and received - start >= opts.probe_bytes:
                     can_split = False  # decide once
                     rate = (received - start) / max(waited, 1e-6)
+                    held = time.monotonic() - began - waited  # by the consumer
                     assert size is not None
-                    if rate < opts.parallel_below and size - received >= 2 * opts.segment_size:
+                    if (
+                        rate < opts.parallel_below
+                        and waited > held
+                        and size - received >= 2 * opts.segment_size
+                    ):
                         self.parallel = True
                         break
         finally:

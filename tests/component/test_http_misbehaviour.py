@@ -181,22 +181,21 @@ async def test_fast_single_stream_stays_single(
     assert [r for m, _, r in server.recorder.requests if m == "GET"] == [None]
 
 
-async def test_slow_consumer_does_not_pass_for_a_slow_network(
-    images: ImageFactory, server: Server
-) -> None:
-    """A decoder or disk slower than the network must not trigger parallel connections (they
-    cannot help): only the time spent waiting for bytes counts towards the rate."""
+async def _split_behind_slow_consumer(
+    image: Path, server: Server, *, parallel_below: float, consumer_rate: float
+) -> bool:
+    """Read ``image`` over HTTP with a consumer taking ``consumer_rate`` bytes/s during the
+    8 MiB probe; return whether the source switched to parallel ranges."""
     import asyncio
 
     from importer.sources.http import HttpOptions, HttpSource
 
-    image = images.make("raw")
     source = HttpSource(
         HttpOptions(
-            url=server.link("ok", image.path),
+            url=server.link("ok", image),
             probe_bytes=8 * 1024 * 1024,
             segment_size=4 * 1024 * 1024,
-            parallel_below=50e6,  # the consumer below takes ~10 MB/s
+            parallel_below=parallel_below,
         )
     )
     try:
@@ -205,11 +204,37 @@ async def test_slow_consumer_does_not_pass_for_a_slow_network(
         async for chunk in source.stream():
             got += len(chunk)
             if got <= 8 * 1024 * 1024:
-                await asyncio.sleep(len(chunk) / 10e6)
-        assert got == image.path.stat().st_size
-        assert not source.parallel
+                await asyncio.sleep(len(chunk) / consumer_rate)
+        assert got == image.stat().st_size
+        return source.parallel
     finally:
         await source.close()
+
+
+async def test_slow_consumer_does_not_pass_for_a_slow_network(
+    images: ImageFactory, server: Server
+) -> None:
+    """A decoder or disk slower than the network must not trigger parallel connections (they
+    cannot help): only the time spent waiting for bytes counts towards the rate."""
+    image = images.make("raw")
+    split = await _split_behind_slow_consumer(
+        image.path, server, parallel_below=50e6, consumer_rate=10e6
+    )
+    assert not split
+    assert [r for m, _, r in server.recorder.requests if m == "GET"] == [None]
+
+
+async def test_consumer_slower_than_a_slow_network_keeps_one_connection(
+    images: ImageFactory, server: Server
+) -> None:
+    """Even when the network is judged slow (here: any rate is), a consumer that holds the
+    stream longer than we wait for bytes is the bottleneck: no split, which would only buffer
+    segments (an xz decode using every core slows the reading threads too)."""
+    image = images.make("raw")
+    split = await _split_behind_slow_consumer(
+        image.path, server, parallel_below=float("inf"), consumer_rate=20e6
+    )
+    assert not split
     assert [r for m, _, r in server.recorder.requests if m == "GET"] == [None]
 
 
