@@ -73,9 +73,10 @@ class HttpOptions:
     connections: int = 4  # parallel ranged connections when the server supports ranges
     segment_size: int = 8 * 1024 * 1024
     probe_bytes: int = 32 * 1024 * 1024  # the single stream's rate is judged after this much
-    # bytes/s: a slower single stream switches to parallel (loopback gives 1.5-3 GB/s on one
-    # connection, where splitting only costs; a per-connection limit shows up well below)
-    parallel_below: float = 800e6
+    # bytes/s: a slower single stream switches to parallel. Loopback gives 1.5-3 GB/s on one
+    # connection, 0.5-1 GB/s while the decoder and writers compete for 2 cores (splitting
+    # cannot help then); a per-connection limit (nginx limit_rate, a WAN path) shows up below.
+    parallel_below: float = 400e6
     attempts: int = 5  # per request, for transient statuses and connection errors
     resumes: int = 10  # mid-body cuts survived per import
     backoff_initial: float = 0.5
@@ -101,6 +102,14 @@ def _is_transient(exc: BaseException) -> bool:
     if isinstance(exc, ssl.SSLCertVerificationError):
         return False  # an untrusted certificate stays untrusted
     return isinstance(exc, OSError | http.client.HTTPException)
+
+
+def _rate(got: float, waited: float, first: float, first_wait: float) -> float:
+    """Bytes per second of waiting, leaving out the first chunk (connection set-up, TCP slow
+    start) when there is more to judge by."""
+    if got > first:
+        got, waited = got - first, waited - first_wait
+    return got / max(waited, 1e-6)
 
 
 def _status_error(status: int, url: str) -> WorkerError:
@@ -231,6 +240,7 @@ class HttpSource:
         received = start
         single = self._single(start)
         waited, began = 0.0, time.monotonic()
+        first = first_wait = 0.0  # the first chunk carries the connection set-up
         try:
             while True:
                 asked = time.monotonic()
@@ -239,11 +249,13 @@ class HttpSource:
                 except StopAsyncIteration:
                     break
                 waited += time.monotonic() - asked
+                if not first:
+                    first, first_wait = len(chunk), waited
                 received += len(chunk)
                 yield chunk
                 if can_split and received - start >= opts.probe_bytes:
                     can_split = False  # decide once
-                    rate = (received - start) / max(waited, 1e-6)
+                    rate = _rate(received - start, waited, first, first_wait)
                     held = time.monotonic() - began - waited  # by the consumer
                     assert size is not None
                     if (
