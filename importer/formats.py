@@ -11,8 +11,6 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-import magic
-
 # Enough for every magic below (vdi at 0x40, tar at 0x101) and for libmagic to see HTML.
 SNIFF_BYTES = 64 * 1024
 
@@ -103,5 +101,7 @@ def _is_bzip2(head: bytes) -> bool:
 def _looks_like_document(head: bytes) -> bool:
     if head.count(0, 0, 4096) > 0:  # real documents carry no NUL bytes; disks almost always do
         return False
+    import magic  # libmagic and its database: only for heads the table did not recognise
+
     mime = magic.from_buffer(head, mime=True)
     return mime.startswith(_DOCUMENT_MIME)

@@ -7,13 +7,11 @@ take exactly the same path through the phase machine.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 
 from cdi.api.termination import TerminationMessage
 from importer.config import ImportConfig
 from importer.phases import Importer
 from importer.sources import Source
-from importer.sources.file import FileSource
 from importer.sources.http import HttpSource
 from importer.taps import Progress
 
@@ -30,9 +28,7 @@ def tune_process_memory() -> None:
     large blocks, not many small ones, so the shared arena's lock is not contended).
     Without glibc (musl) this does nothing.
     """
-    name = ctypes.util.find_library("c")
-    libc = ctypes.CDLL(name) if name else None
-    mallopt = getattr(libc, "mallopt", None)
+    mallopt = getattr(ctypes.CDLL(None), "mallopt", None)  # libc's, if this libc has it
     if mallopt is not None:
         mallopt(ctypes.c_int(_M_ARENA_MAX), ctypes.c_int(1))
 
@@ -41,6 +37,8 @@ def make_source(config: ImportConfig) -> Source | None:
     if config.source == "http" and config.http is not None:
         return HttpSource(config.http)
     if config.source == "file" and config.file_path is not None:
+        from importer.sources.file import FileSource  # aiofiles: the CLI's local files only
+
         return FileSource(config.file_path)
     return None
 
