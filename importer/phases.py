@@ -159,6 +159,13 @@ class Importer:
         if found is None:
             return 0
         checkpoint.remove(path)
+        if not found.offset:
+            self.notes.append(
+                "an earlier attempt was interrupted before any resumable progress (only raw "
+                "images resume; qcow2, vmdk, vdi and compressed ones cannot); restarted from "
+                "byte 0"
+            )
+            return 0
         if not (
             info.ranges
             and found.matches(self._source_id(), info.size, info.validator)
@@ -194,6 +201,7 @@ class Importer:
 
     async def _stream_source(self, *, stream_images: bool) -> None:
         assert self.source is not None
+        self._mark_attempt()
         target = self.config.target
         writer = None
         if self.fd >= 0:
@@ -304,6 +312,16 @@ class Importer:
 
     def _source_id(self) -> str:
         return self.config.http.url if self.config.http else self.config.file_path or ""
+
+    def _mark_attempt(self) -> None:
+        """A checkpoint at offset 0 before the first byte: if this attempt is killed, the next
+        one can say it restarted (a raw import's Checkpointer replaces it with real progress;
+        success or a permanent failure removes it)."""
+        path, info = self.config.checkpoint_path, self.info
+        if path and not self.resume_offset:
+            base = Checkpoint(self._source_id(), info.size or 0, info.validator or "", 0)
+            with contextlib.suppress(OSError):
+                checkpoint.save(path, base)
 
     def _checkpointer(self, writer: RawWriter | None) -> Checkpointer | None:
         info, path = self.info, self.config.checkpoint_path

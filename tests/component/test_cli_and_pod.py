@@ -187,3 +187,47 @@ async def test_killed_importer_resumes_from_its_checkpoint(
     assert not checkpoint.exists()
     resumed = [r for m, _, r in server.recorder.requests if m == "GET" and r]
     assert any(r.startswith(f"bytes={message.resumed_from}-") for r in resumed)
+
+
+async def test_killed_qcow2_import_restarts_and_says_so(
+    images: ImageFactory, server: Server, tmp_path: Path
+) -> None:
+    """A streamed qcow2 cannot resume mid-way (decoder state is not persisted): the next
+    attempt starts from byte 0, succeeds, and its message says it restarted."""
+    image = images.make("qcow2")
+    data = tmp_path / "data"
+    data.mkdir()
+    env = {
+        "IMPORTER_SOURCE": "http",
+        "IMPORTER_ENDPOINT": server.link("slow", image.path),
+        "IMPORTER_IMAGE_SIZE": "40Mi",
+        "IMPORTER_TERMINATION_PATH": str(tmp_path / "term"),
+        "IMPORTER_METRICS_PORT": "0",
+        "IMPORTER_METRICS_ADDR": "127.0.0.1",
+        "IMPORTER_DATA_DIR": str(data),
+        "FILESYSTEM_OVERHEAD": "0",
+    }
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "importer",
+        env={**os.environ, **env},
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
+    for _ in range(400):  # killed once the body is flowing
+        if any(m == "GET" for m, _, _ in server.recorder.requests):
+            break
+        await asyncio.sleep(0.025)
+    await asyncio.sleep(0.2)
+    proc.kill()
+    await proc.wait()
+    assert (data / ".cdi-import-checkpoint").exists()
+    server.recorder.counters["fast"] = 1
+    code, _, err = await _run(sys.executable, "-m", "importer", env=env)
+    assert code == 0, err
+    message = TerminationMessage.from_json((tmp_path / "term").read_text())
+    assert message.succeeded and message.resumed_from == 0
+    assert "restarted from byte 0" in message.message
+    assert same_content(data / "disk.img", image.reference, image.reference.stat().st_size)
+    assert not (data / ".cdi-import-checkpoint").exists()
