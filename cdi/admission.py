@@ -110,8 +110,13 @@ class CertStore:
         return bundle, secret
 
     def _write(self, bundle: Bundle, secret: dict[str, Any] | None) -> None:
-        values = (bundle.ca.cert_pem, bundle.ca.key_pem, bundle.serving.cert_pem,
-                  bundle.serving.key_pem, bundle.previous_ca_pem)
+        values = (
+            bundle.ca.cert_pem,
+            bundle.ca.key_pem,
+            bundle.serving.cert_pem,
+            bundle.serving.key_pem,
+            bundle.previous_ca_pem,
+        )
         data = {k: _b64(v) for k, v in zip(self.KEYS, values, strict=True)}
         body: dict[str, Any] = {
             "apiVersion": "v1",
@@ -161,8 +166,9 @@ class CertStore:
         ops = []
         for i, hook in enumerate(current.get("webhooks") or []):
             if (hook.get("clientConfig") or {}).get("caBundle") != encoded:
-                ops.append({"op": "add", "path": f"/webhooks/{i}/clientConfig/caBundle",
-                            "value": encoded})
+                ops.append(
+                    {"op": "add", "path": f"/webhooks/{i}/clientConfig/caBundle", "value": encoded}
+                )
         if ops:
             rv = current["metadata"]["resourceVersion"]
             ops.insert(0, {"op": "test", "path": "/metadata/resourceVersion", "value": rv})

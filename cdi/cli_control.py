@@ -30,8 +30,9 @@ def add_controller_parser(sub: argparse._SubParsersAction) -> None:  # type: ign
     p.add_argument("--retry-max-delay", type=float, default=60.0)
     p.add_argument("--progress-interval", type=float, default=2.0)
     p.add_argument("--resync", type=float, default=300.0, help="informer resync seconds")
-    p.add_argument("--claim-adoption", action="store_true",
-                   help="feature gate DataVolumeClaimAdoption")
+    p.add_argument(
+        "--claim-adoption", action="store_true", help="feature gate DataVolumeClaimAdoption"
+    )
     p.add_argument("--leader-elect", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--lease-namespace", default="cdi")
     p.add_argument("--lease-name", default="cdi-controller-leader-election-helper")
@@ -49,8 +50,12 @@ def add_webhook_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore
     p.add_argument("--namespace", default="cdi", help="where the certificate Secret lives")
     p.add_argument("--service", default="cdi-webhook", help="Service name in the certificate")
     p.add_argument("--cert-secret", default="cdi-webhook-certs")
-    p.add_argument("--extra-san", action="append", default=[],
-                   help="extra DNS name or IP address for the serving certificate")
+    p.add_argument(
+        "--extra-san",
+        action="append",
+        default=[],
+        help="extra DNS name or IP address for the serving certificate",
+    )
     p.add_argument("--validating-config", default="cdi-datavolume-validator")
     p.add_argument("--mutating-config", default="cdi-datavolume-mutator")
     p.add_argument("--cert-check-interval", type=float, default=3600.0)

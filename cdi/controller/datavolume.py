@@ -271,12 +271,14 @@ class Step:
         annotations: dict[str, Any] = dict(desired["metadata"]["annotations"])
         current = (pvc.get("metadata") or {}).get("annotations") or {}
         if ANN_PRE_POPULATED in dv.annotations or current.get(ANN_POPULATED_FOR) == dv.name:
-            done = ImportRecord(outcome=OUTCOME_SUCCEEDED, reason=REASON_COMPLETED,
-                                message="PVC pre-populated")
+            done = ImportRecord(
+                outcome=OUTCOME_SUCCEEDED, reason=REASON_COMPLETED, message="PVC pre-populated"
+            )
             annotations.update(done.annotations())
         # No owner reference: an adopted claim outlives its DataVolume.
-        return await r.kube.patch(PVCS, dv.name, {"metadata": {"annotations": annotations}},
-                                  dv.namespace)
+        return await r.kube.patch(
+            PVCS, dv.name, {"metadata": {"annotations": annotations}}, dv.namespace
+        )
 
     async def _follow_attempt(
         self, pvc: dict[str, Any], record: ImportRecord, pods: dict[str, dict[str, Any]]
@@ -309,7 +311,9 @@ class Step:
             delay = policy.retry_delay(attempt + 1)
             self._see(retry_in=delay)
             await self.r.events.emit(
-                self.obj, WARNING, ConditionReason.ERR_IMPORT_FAILED,
+                self.obj,
+                WARNING,
+                ConditionReason.ERR_IMPORT_FAILED,
                 f"Import attempt {attempt + 1} of {policy.max_attempts} failed: "
                 f"{outcome.reason}: {outcome.message}; retrying in {delay:.0f}s",
             )
@@ -391,8 +395,9 @@ class Step:
             if (pod.get("status") or {}).get("phase") == "Failed":
                 continue
             try:
-                await self.r.kube.delete(PODS, name, self.dv.namespace,
-                                         uid=pod["metadata"].get("uid"))
+                await self.r.kube.delete(
+                    PODS, name, self.dv.namespace, uid=pod["metadata"].get("uid")
+                )
             except (NotFound, Conflict):
                 pass
 
@@ -404,8 +409,7 @@ class Step:
             return
         meta = self.obj["metadata"]
         patch = {"metadata": {"resourceVersion": meta.get("resourceVersion")}, "status": new}
-        await self.r.kube.patch(DATAVOLUMES, self.dv.name, patch, self.dv.namespace,
-                                sub="status")
+        await self.r.kube.patch(DATAVOLUMES, self.dv.name, patch, self.dv.namespace, sub="status")
         if new.get("phase") != old.get("phase"):
             await self._phase_event(str(new["phase"]))
 

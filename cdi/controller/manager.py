@@ -151,8 +151,9 @@ class Manager:
         try:
             await asyncio.wait_for(workers, self.config.shutdown_grace)
         except TimeoutError:
-            log.warning("reconciles still running after %.0fs; abandoning them",
-                        self.config.shutdown_grace)
+            log.warning(
+                "reconciles still running after %.0fs; abandoning them", self.config.shutdown_grace
+            )
 
     async def _shutdown(self) -> None:
         for informer in self.informers.values():

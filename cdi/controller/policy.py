@@ -78,8 +78,9 @@ def pod_outcome(pod: dict[str, Any]) -> Outcome | None:
     if msg is not None:
         # A pod that exits 0 without "Completed" broke the contract; do not call it success.
         if status.get("phase") == "Failed" and msg.succeeded:
-            return Outcome(REASON_NO_MESSAGE, "importer failed after reporting success", True,
-                           finished, msg)
+            return Outcome(
+                REASON_NO_MESSAGE, "importer failed after reporting success", True, finished, msg
+            )
         return Outcome(msg.reason, msg.message, msg.transient, finished, msg)
     reason = str(term.get("reason") or status.get("reason") or REASON_NO_MESSAGE)
     if reason == REASON_COMPLETED:
@@ -95,4 +96,3 @@ def _terminated(status: dict[str, Any]) -> dict[str, Any]:
             state = cs.get("state") or {}
             return dict(state.get("terminated") or {})
     return {}
-

@@ -16,7 +16,7 @@ from typing import Protocol
 import aiohttp
 
 PROGRESS_METRIC = "kubevirt_cdi_import_progress_total"
-_LINE = re.compile(r'^(?P<name>[a-zA-Z_:][\w:]*)\{(?P<labels>[^}]*)\}\s+(?P<value>\S+)')
+_LINE = re.compile(r"^(?P<name>[a-zA-Z_:][\w:]*)\{(?P<labels>[^}]*)\}\s+(?P<value>\S+)")
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 
 

@@ -109,8 +109,9 @@ def _running(v: View, phase: Phase) -> Condition:
         message = rec.message or ""
         if phase not in (Phase.SUCCEEDED, Phase.FAILED) and v.retry_in is not None:
             attempt = rec.failed_attempts + 1
-            message = (f"{message} (attempt {attempt} of {v.max_attempts} "
-                       f"in {v.retry_in:.0f}s)").strip()
+            message = (
+                f"{message} (attempt {attempt} of {v.max_attempts} in {v.retry_in:.0f}s)"
+            ).strip()
         return _cond(ConditionType.RUNNING, False, rec.reason, message)
     if v.pod_phase == "Pending":
         return _cond(ConditionType.RUNNING, False, ConditionReason.PENDING, "Importer pod pending")

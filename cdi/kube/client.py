@@ -77,12 +77,18 @@ STORAGE_PROFILES = Resource(
 CDI_CONFIGS = Resource("cdi.kubevirt.io", "v1beta1", "cdiconfigs", "CDIConfig", False)
 DATA_SOURCES = Resource("cdi.kubevirt.io", "v1beta1", "datasources", "DataSource")
 VALIDATING_WEBHOOKS = Resource(
-    "admissionregistration.k8s.io", "v1", "validatingwebhookconfigurations",
-    "ValidatingWebhookConfiguration", False,
+    "admissionregistration.k8s.io",
+    "v1",
+    "validatingwebhookconfigurations",
+    "ValidatingWebhookConfiguration",
+    False,
 )
 MUTATING_WEBHOOKS = Resource(
-    "admissionregistration.k8s.io", "v1", "mutatingwebhookconfigurations",
-    "MutatingWebhookConfiguration", False,
+    "admissionregistration.k8s.io",
+    "v1",
+    "mutatingwebhookconfigurations",
+    "MutatingWebhookConfiguration",
+    False,
 )
 SUBJECT_ACCESS_REVIEWS = Resource(
     "authorization.k8s.io", "v1", "subjectaccessreviews", "SubjectAccessReview", False

@@ -64,8 +64,9 @@ class LeaderElector:
             if await self.try_acquire_or_renew():
                 break
             await asyncio.sleep(self.config.retry_period)
-        log.info("acquired lease %s/%s as %s", self.config.namespace, self.config.name,
-                 self.identity)
+        log.info(
+            "acquired lease %s/%s as %s", self.config.namespace, self.config.name, self.identity
+        )
 
     async def hold(self) -> None:
         """Renew until the Lease is lost; then raise ``LeadershipLost``."""

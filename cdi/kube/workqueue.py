@@ -143,8 +143,14 @@ async def worker(queue: WorkQueue, reconcile: Reconcile, name: str = "worker") -
             result = await reconcile(key)
         except Exception as exc:
             delay = queue.add_rate_limited(key)
-            log.warning("%s: reconcile %s failed (%s: %s); retry in %.2fs",
-                        name, key, type(exc).__name__, exc, delay)
+            log.warning(
+                "%s: reconcile %s failed (%s: %s); retry in %.2fs",
+                name,
+                key,
+                type(exc).__name__,
+                exc,
+                delay,
+            )
         else:
             queue.forget(key)
             if result.requeue_after is not None:

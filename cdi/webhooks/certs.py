@@ -84,9 +84,15 @@ def new_ca(name: str, now: dt.datetime, validity: dt.timedelta = CA_VALIDITY) ->
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
         .add_extension(
             x509.KeyUsage(
-                digital_signature=True, key_cert_sign=True, crl_sign=True,
-                content_commitment=False, key_encipherment=False, data_encipherment=False,
-                key_agreement=False, encipher_only=False, decipher_only=False,
+                digital_signature=True,
+                key_cert_sign=True,
+                crl_sign=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                encipher_only=False,
+                decipher_only=False,
             ),
             critical=True,
         )
@@ -107,7 +113,9 @@ def _san(names: tuple[str, ...]) -> x509.SubjectAlternativeName:
 
 
 def issue_serving(
-    ca: KeyPair, names: tuple[str, ...], now: dt.datetime,
+    ca: KeyPair,
+    names: tuple[str, ...],
+    now: dt.datetime,
     validity: dt.timedelta = SERVING_VALIDITY,
 ) -> KeyPair:
     ca_cert = ca.cert
@@ -132,8 +140,12 @@ def issue_serving(
 
 
 def service_names(service: str, namespace: str, extra: tuple[str, ...] = ()) -> tuple[str, ...]:
-    base = (f"{service}.{namespace}.svc", f"{service}.{namespace}.svc.cluster.local",
-            f"{service}.{namespace}", service)
+    base = (
+        f"{service}.{namespace}.svc",
+        f"{service}.{namespace}.svc.cluster.local",
+        f"{service}.{namespace}",
+        service,
+    )
     return base + tuple(n for n in extra if n not in base)
 
 
@@ -168,8 +180,9 @@ def plan_rotation(bundle: Bundle | None, names: tuple[str, ...], now: dt.datetim
     return Rotation.KEEP
 
 
-def rotate(bundle: Bundle | None, names: tuple[str, ...], now: dt.datetime,
-           ca_name: str = "cdi-webhook-ca") -> Bundle | None:
+def rotate(
+    bundle: Bundle | None, names: tuple[str, ...], now: dt.datetime, ca_name: str = "cdi-webhook-ca"
+) -> Bundle | None:
     """The bundle to store after rotation, or None when nothing needs to change."""
     plan = plan_rotation(bundle, names, now)
     if plan == Rotation.KEEP:

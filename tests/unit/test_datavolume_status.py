@@ -24,8 +24,10 @@ def conds(status: dict) -> dict[str, dict]:
         (View("dv", problem=ClaimProblem("ErrClaimNotValid", "bad")), "Pending"),
         (View("dv", pvc_phase="Pending"), "Pending"),
         (View("dv", pvc_phase="Pending", waiting_for_consumer=True), "WaitForFirstConsumer"),
-        (View("dv", pvc_phase="Pending", waiting_for_consumer=True, pod_phase="Pending"),
-         "ImportScheduled"),
+        (
+            View("dv", pvc_phase="Pending", waiting_for_consumer=True, pod_phase="Pending"),
+            "ImportScheduled",
+        ),
         (View("dv", pvc_phase="Bound"), "PVCBound"),
         (View("dv", pvc_phase="Bound", pod_phase="Pending"), "ImportScheduled"),
         (View("dv", pvc_phase="Bound", pod_phase="Running"), "ImportInProgress"),
@@ -44,8 +46,12 @@ def test_success_is_ready_with_full_progress_and_completed_running_reason() -> N
     c = conds(status)
     assert status["progress"] == "100.0%"
     assert c["Ready"]["status"] == "True"
-    assert c["Bound"] == {**c["Bound"], "status": "True", "reason": "Bound",
-                          "message": "PVC dv Bound"}
+    assert c["Bound"] == {
+        **c["Bound"],
+        "status": "True",
+        "reason": "Bound",
+        "message": "PVC dv Bound",
+    }
     assert (c["Running"]["status"], c["Running"]["reason"]) == ("False", "Completed")
 
 
@@ -60,8 +66,9 @@ def test_failure_is_never_ready_and_carries_the_worker_reason_verbatim() -> None
 
 
 def test_running_pod_shows_cdi_progress_and_bytes_and_rate() -> None:
-    progress = Progress(percent=12.3456, bytes_done=3 * 1024**2, bytes_total=24 * 1024**2,
-                        rate=1024**2)
+    progress = Progress(
+        percent=12.3456, bytes_done=3 * 1024**2, bytes_total=24 * 1024**2, rate=1024**2
+    )
     status = compute_status(
         View("dv", pvc_phase="Bound", pod_phase="Running", progress=progress), None, T0
     )
@@ -112,11 +119,21 @@ def test_unchanged_view_gives_an_identical_status_so_nothing_is_written() -> Non
 
 
 def test_merge_conditions_keeps_heartbeat_until_reason_or_message_changes() -> None:
-    prev = [{"type": "Running", "status": "False", "reason": "Pending", "message": "m",
-             "lastTransitionTime": T0, "lastHeartbeatTime": T0}]
-    same = merge_conditions(prev, [{"type": "Running", "status": "False", "reason": "Pending",
-                                    "message": "m"}], T1)
-    moved = merge_conditions(prev, [{"type": "Running", "status": "False", "reason": "Error",
-                                     "message": "m"}], T1)
+    prev = [
+        {
+            "type": "Running",
+            "status": "False",
+            "reason": "Pending",
+            "message": "m",
+            "lastTransitionTime": T0,
+            "lastHeartbeatTime": T0,
+        }
+    ]
+    same = merge_conditions(
+        prev, [{"type": "Running", "status": "False", "reason": "Pending", "message": "m"}], T1
+    )
+    moved = merge_conditions(
+        prev, [{"type": "Running", "status": "False", "reason": "Error", "message": "m"}], T1
+    )
     assert same[0]["lastHeartbeatTime"] == T0
     assert moved[0]["lastHeartbeatTime"] == T1 and moved[0]["lastTransitionTime"] == T0

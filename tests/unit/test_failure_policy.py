@@ -12,18 +12,21 @@ from cdi.controller.record import ImportRecord
 
 
 def pod(phase: str, message: str = "", reason: str = "Error", exit_code: int = 1) -> dict:
-    terminated: dict[str, Any] = {"exitCode": exit_code, "reason": reason,
-                                  "finishedAt": "2026-01-01T00:00:05Z"}
+    terminated: dict[str, Any] = {
+        "exitCode": exit_code,
+        "reason": reason,
+        "finishedAt": "2026-01-01T00:00:05Z",
+    }
     if message:
         terminated["message"] = message
     state = {"terminated": terminated} if phase in ("Succeeded", "Failed") else {"running": {}}
-    return {"status": {"phase": phase,
-                       "containerStatuses": [{"name": "importer", "state": state}]}}
+    return {"status": {"phase": phase, "containerStatuses": [{"name": "importer", "state": state}]}}
 
 
 def msg(reason: str, transient: bool = False) -> str:
-    return TerminationMessage(reason=reason, message=f"{reason} happened",
-                              transient=transient).to_json()
+    return TerminationMessage(
+        reason=reason, message=f"{reason} happened", transient=transient
+    ).to_json()
 
 
 def test_running_pod_has_no_outcome() -> None:
@@ -35,7 +38,10 @@ def test_typed_message_gives_reason_and_transience() -> None:
     out = pod_outcome(pod("Failed", msg("SourceUnavailable", transient=True)))
     assert out is not None
     assert (out.reason, out.transient, out.finished_at) == (
-        "SourceUnavailable", True, "2026-01-01T00:00:05Z")
+        "SourceUnavailable",
+        True,
+        "2026-01-01T00:00:05Z",
+    )
     ok = pod_outcome(pod("Succeeded", msg("Completed"), reason="Completed", exit_code=0))
     assert ok is not None and ok.succeeded
 
@@ -79,8 +85,13 @@ def test_retry_delay_doubles_and_is_capped() -> None:
 
 
 def test_import_record_round_trips_through_pvc_annotations() -> None:
-    record = ImportRecord(failed_attempts=2, outcome="Failed", reason="UnsafeImage",
-                          message="backing file", pod_name="importer-x-retry-2")
+    record = ImportRecord(
+        failed_attempts=2,
+        outcome="Failed",
+        reason="UnsafeImage",
+        message="backing file",
+        pod_name="importer-x-retry-2",
+    )
     pvc = {"metadata": {"annotations": {k: v for k, v in record.annotations().items() if v}}}
     assert ImportRecord.from_pvc(pvc) == record
     assert not record.differs_from(pvc)

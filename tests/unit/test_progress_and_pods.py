@@ -37,17 +37,25 @@ def test_attempt_pods_have_deterministic_names() -> None:
 
 
 def _dv() -> DataVolume:
-    return DataVolume.from_dict({
-        "metadata": {"name": "disk", "namespace": "ns", "uid": "uid-1"},
-        "spec": {"source": {"blank": {}},
-                 "pvc": {"accessModes": ["ReadWriteOnce"],
-                         "resources": {"requests": {"storage": "1Gi"}}}},
-    })
+    return DataVolume.from_dict(
+        {
+            "metadata": {"name": "disk", "namespace": "ns", "uid": "uid-1"},
+            "spec": {
+                "source": {"blank": {}},
+                "pvc": {
+                    "accessModes": ["ReadWriteOnce"],
+                    "resources": {"requests": {"storage": "1Gi"}},
+                },
+            },
+        }
+    )
 
 
 def test_desired_pod_binds_metrics_to_the_pod_ip_and_uses_the_image_entrypoint() -> None:
-    pvc = {"metadata": {"name": "disk", "namespace": "ns"},
-           "spec": {"resources": {"requests": {"storage": "1Gi"}}}}
+    pvc = {
+        "metadata": {"name": "disk", "namespace": "ns"},
+        "spec": {"resources": {"requests": {"storage": "1Gi"}}},
+    }
     pod = desired_pod(_dv(), pvc, ImporterPodConfig(image="importer", command=()), 1)
     assert pod["metadata"]["name"] == "importer-disk-retry-1"
     assert pod["spec"]["restartPolicy"] == "Never"
@@ -62,8 +70,13 @@ def test_desired_pod_binds_metrics_to_the_pod_ip_and_uses_the_image_entrypoint()
 def test_children_map_to_their_datavolume_key() -> None:
     ref = {"kind": "DataVolume", "name": "disk", "uid": "u", "controller": True}
     pod = {"metadata": {"name": "importer-disk", "namespace": "ns", "ownerReferences": [ref]}}
-    adopted = {"metadata": {"name": "disk", "namespace": "ns",
-                            "annotations": {"cdi.kubevirt.io/createdForDataVolume": "u"}}}
+    adopted = {
+        "metadata": {
+            "name": "disk",
+            "namespace": "ns",
+            "annotations": {"cdi.kubevirt.io/createdForDataVolume": "u"},
+        }
+    }
     stranger = {"metadata": {"name": "x", "namespace": "ns"}}
     assert owner_key(pod) == "ns/disk"
     assert owner_key(adopted) == "ns/disk"

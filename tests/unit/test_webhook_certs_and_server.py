@@ -33,8 +33,9 @@ def test_first_bundle_is_a_ca_and_a_serving_cert_it_signed_for_the_service_names
     key = ca.public_key()
     assert isinstance(key, ec.EllipticCurvePublicKey)
     assert serving.signature_hash_algorithm is not None
-    key.verify(serving.signature, serving.tbs_certificate_bytes,
-               ec.ECDSA(serving.signature_hash_algorithm))  # raises if the CA did not sign
+    key.verify(
+        serving.signature, serving.tbs_certificate_bytes, ec.ECDSA(serving.signature_hash_algorithm)
+    )  # raises if the CA did not sign
     san = serving.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     assert "cdi-webhook.cdi.svc" in san.get_values_for_type(x509.DNSName)
     assert [str(ip) for ip in san.get_values_for_type(x509.IPAddress)] == ["127.0.0.1"]
@@ -61,17 +62,31 @@ def test_serving_renewal_keeps_the_ca_and_ca_renewal_publishes_both_cas() -> Non
 
 
 def review(op: str, obj: dict[str, Any], old: dict[str, Any] | None = None) -> dict[str, Any]:
-    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
-            "request": {"uid": "u-1", "operation": op, "namespace": "ns", "object": obj,
-                        "oldObject": old, "userInfo": {"username": "alice", "groups": ["g"]}}}
+    return {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": "u-1",
+            "operation": op,
+            "namespace": "ns",
+            "object": obj,
+            "oldObject": old,
+            "userInfo": {"username": "alice", "groups": ["g"]},
+        },
+    }
 
 
 def dv(**spec: Any) -> dict[str, Any]:
-    base = {"source": {"http": {"url": "http://example.com/d.img"}},
-            "pvc": {"accessModes": ["ReadWriteOnce"],
-                    "resources": {"requests": {"storage": "1Gi"}}}}
-    return {"apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataVolume",
-            "metadata": {"name": "d", "namespace": "ns"}, "spec": {**base, **spec}}
+    base = {
+        "source": {"http": {"url": "http://example.com/d.img"}},
+        "pvc": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}},
+    }
+    return {
+        "apiVersion": "cdi.kubevirt.io/v1beta1",
+        "kind": "DataVolume",
+        "metadata": {"name": "d", "namespace": "ns"},
+        "spec": {**base, **spec},
+    }
 
 
 async def run_blocking(fn: Any, *args: Any) -> Any:
@@ -86,8 +101,9 @@ async def post(path: str, body: dict[str, Any]) -> dict[str, Any]:
 
 
 async def test_validate_rejects_with_cdi_message_and_status_causes() -> None:
-    out = await post("/datavolume-validate",
-                     review("CREATE", dv(source={"http": {"url": "x"}, "blank": {}})))
+    out = await post(
+        "/datavolume-validate", review("CREATE", dv(source={"http": {"url": "x"}, "blank": {}}))
+    )
     resp = out["response"]
     assert resp["uid"] == "u-1" and resp["allowed"] is False
     assert resp["status"]["code"] == 422

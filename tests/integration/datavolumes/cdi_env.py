@@ -69,8 +69,10 @@ def install_crds(kube: Kube) -> None:
 
 def ensure_namespace(kube: Kube, name: str) -> None:
     try:
-        kube.create("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
-                                           "metadata": {"name": name}})
+        kube.create(
+            "/api/v1/namespaces",
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}},
+        )
     except ApiError as e:
         if not e.conflict:
             raise
@@ -105,8 +107,18 @@ def build_images(root: Path) -> Images:
     reference = root / "reference.raw"
     run("qemu-img", "convert", "-f", "qcow2", "-O", "raw", root / "disk.qcow2", reference)
     # A qcow2 that would read the host's files through a backing file: must be refused.
-    run("qemu-img", "create", "-f", "qcow2", "-b", "/etc/hostname", "-F", "raw",
-        root / "unsafe.qcow2", "16M")
+    run(
+        "qemu-img",
+        "create",
+        "-f",
+        "qcow2",
+        "-b",
+        "/etc/hostname",
+        "-F",
+        "raw",
+        root / "unsafe.qcow2",
+        "16M",
+    )
     return Images(root, reference)
 
 
@@ -200,12 +212,19 @@ class ControllerProcess:
         env = dict(os.environ, PYTHONPATH=str(REPO))
         self.proc = subprocess.Popen(
             [
-                sys.executable, "-m", "cdi", "controller",
+                sys.executable,
+                "-m",
+                "cdi",
+                "controller",
                 f"--kubeconfig={self.cluster.kubeconfig}",
                 "--importer-image=quay.io/cdi-py/cdi-importer:test",
                 f"--lease-namespace={CDI_NAMESPACE}",
-                "--lease-duration=3", "--renew-deadline=2", "--retry-period=0.5",
-                "--retry-base-delay=1", "--max-attempts=3", "--progress-interval=0.5",
+                "--lease-duration=3",
+                "--renew-deadline=2",
+                "--retry-period=0.5",
+                "--retry-base-delay=1",
+                "--max-attempts=3",
+                "--progress-interval=0.5",
                 "--log-level=DEBUG",
                 *self.args,
             ],
@@ -305,7 +324,11 @@ def dv_path(ns: str, name: str = "") -> str:
 
 
 def wait_phase(
-    kube: Kube, ns: str, name: str, phases: tuple[str, ...], timeout: float = 120,
+    kube: Kube,
+    ns: str,
+    name: str,
+    phases: tuple[str, ...],
+    timeout: float = 120,
     seen: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     def check() -> dict[str, Any] | None:

@@ -34,8 +34,10 @@ def base(name: str = "dv") -> dict[str, Any]:
         "metadata": {"name": name},
         "spec": {
             "source": {"http": {"url": "http://example.com/disk.img"}},
-            "pvc": {"accessModes": ["ReadWriteOnce"],
-                    "resources": {"requests": {"storage": "500Mi"}}},
+            "pvc": {
+                "accessModes": ["ReadWriteOnce"],
+                "resources": {"requests": {"storage": "500Mi"}},
+            },
         },
     }
 
@@ -59,131 +61,252 @@ PVC_ONLY = {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storag
 
 # name: (manifest, accepted messages: any one must appear in the rejection)
 CASES: dict[str, tuple[dict[str, Any], tuple[str, ...]]] = {
-    "http-invalid-url": (with_("spec.source", {"http": {"url": "invalidURL"}}),
-                         ("spec.source Invalid source URL",)),
-    "http-empty-url": (with_("spec.source", {"http": {"url": ""}}),
-                       ("spec.source source URL is empty",)),
-    "s3-invalid-url": (with_("spec.source", {"s3": {"url": "invalidURL"}}),
-                       ("spec.source Invalid source URL",)),
-    "s3-empty-url": (with_("spec.source", {"s3": {"url": ""}}),
-                     ("spec.source source URL is empty",)),
-    "pvc-source-empty-namespace": (with_("spec.source", {"pvc": {"namespace": "", "name": "x"}}),
-                                   ("spec.source.PVC source PVC is not valid",)),
-    "pvc-source-empty-name": (with_("spec.source", {"pvc": {"namespace": "x", "name": ""}}),
-                              ("spec.source.PVC source PVC is not valid",)),
+    "http-invalid-url": (
+        with_("spec.source", {"http": {"url": "invalidURL"}}),
+        ("spec.source Invalid source URL",),
+    ),
+    "http-empty-url": (
+        with_("spec.source", {"http": {"url": ""}}),
+        ("spec.source source URL is empty",),
+    ),
+    "s3-invalid-url": (
+        with_("spec.source", {"s3": {"url": "invalidURL"}}),
+        ("spec.source Invalid source URL",),
+    ),
+    "s3-empty-url": (
+        with_("spec.source", {"s3": {"url": ""}}),
+        ("spec.source source URL is empty",),
+    ),
+    "pvc-source-empty-namespace": (
+        with_("spec.source", {"pvc": {"namespace": "", "name": "x"}}),
+        ("spec.source.PVC source PVC is not valid",),
+    ),
+    "pvc-source-empty-name": (
+        with_("spec.source", {"pvc": {"namespace": "x", "name": ""}}),
+        ("spec.source.PVC source PVC is not valid",),
+    ),
     "imageio-empty-disk-id": (
-        with_("spec.source", {"imageio": {"url": "http://e.com", "secretRef": "s",
-                                          "certConfigMap": "c", "diskId": ""}}),
-        ("Imageio source Imageio is not valid",)),
+        with_(
+            "spec.source",
+            {
+                "imageio": {
+                    "url": "http://e.com",
+                    "secretRef": "s",
+                    "certConfigMap": "c",
+                    "diskId": "",
+                }
+            },
+        ),
+        ("Imageio source Imageio is not valid",),
+    ),
     "vddk-empty-uuid": (
-        with_("spec.source", {"vddk": {"url": "http://e.com", "secretRef": "s", "uuid": "",
-                                       "backingFile": "b", "thumbprint": "t"}}),
-        ("VDDK source VDDK is not valid",)),
+        with_(
+            "spec.source",
+            {
+                "vddk": {
+                    "url": "http://e.com",
+                    "secretRef": "s",
+                    "uuid": "",
+                    "backingFile": "b",
+                    "thumbprint": "t",
+                }
+            },
+        ),
+        ("VDDK source VDDK is not valid",),
+    ),
     "vddk-empty-backing-file": (
-        with_("spec.source", {"vddk": {"url": "http://e.com", "secretRef": "s", "uuid": "u",
-                                       "backingFile": "", "thumbprint": "t"}}),
-        ("VDDK source VDDK is not valid",)),
+        with_(
+            "spec.source",
+            {
+                "vddk": {
+                    "url": "http://e.com",
+                    "secretRef": "s",
+                    "uuid": "u",
+                    "backingFile": "",
+                    "thumbprint": "t",
+                }
+            },
+        ),
+        ("VDDK source VDDK is not valid",),
+    ),
     "vddk-empty-thumbprint": (
-        with_("spec.source", {"vddk": {"url": "http://e.com", "secretRef": "s", "uuid": "u",
-                                       "backingFile": "b", "thumbprint": ""}}),
-        ("VDDK source VDDK is not valid",)),
+        with_(
+            "spec.source",
+            {
+                "vddk": {
+                    "url": "http://e.com",
+                    "secretRef": "s",
+                    "uuid": "u",
+                    "backingFile": "b",
+                    "thumbprint": "",
+                }
+            },
+        ),
+        ("VDDK source VDDK is not valid",),
+    ),
     "sourceref-empty-kind": (
-        {**with_("spec.source", DELETE), "spec": {"sourceRef": {"kind": "", "name": "ds"},
-                                                  "pvc": PVC_ONLY}},
-        ("Missing sourceRef kind",)),
+        {
+            **with_("spec.source", DELETE),
+            "spec": {"sourceRef": {"kind": "", "name": "ds"}, "pvc": PVC_ONLY},
+        },
+        ("Missing sourceRef kind",),
+    ),
     "sourceref-bad-kind": (
         {**base(), "spec": {"sourceRef": {"kind": "no-such-kind", "name": "ds"}, "pvc": PVC_ONLY}},
-        ("Unsupported sourceRef kind no-such-kind",)),
+        ("Unsupported sourceRef kind no-such-kind",),
+    ),
     "sourceref-empty-name": (
         {**base(), "spec": {"sourceRef": {"kind": "DataSource", "name": ""}, "pvc": PVC_ONLY}},
-        ("Missing sourceRef name",)),
+        ("Missing sourceRef name",),
+    ),
     "sourceref-missing-datasource": (
         {**base(), "spec": {"sourceRef": {"kind": "DataSource", "name": "nope"}, "pvc": PVC_ONLY}},
-        ("nope", "not found")),
-    "size-zero": (with_("spec.pvc.resources.requests.storage", "0"),
-                  ("PVC size can't be equal or less than zero",)),
-    "size-negative": (with_("spec.pvc.resources.requests.storage", "-500m"),
-                      ("PVC size can't be equal or less than zero",)),
+        ("nope", "not found"),
+    ),
+    "size-zero": (
+        with_("spec.pvc.resources.requests.storage", "0"),
+        ("PVC size can't be equal or less than zero",),
+    ),
+    "size-negative": (
+        with_("spec.pvc.resources.requests.storage", "-500m"),
+        ("PVC size can't be equal or less than zero",),
+    ),
     # Our CRD's structural schema checks quantities with a pattern before any webhook runs, so
     # the API server's message is not the one CDI's kubectl shows (reported to the lead).
-    "size-invalid": (with_("spec.pvc.resources.requests.storage", "invalid_size"),
-                     ("quantities must match the regular expression",
-                      "spec.pvc.resources.requests.storage in body should match")),
+    "size-invalid": (
+        with_("spec.pvc.resources.requests.storage", "invalid_size"),
+        (
+            "quantities must match the regular expression",
+            "spec.pvc.resources.requests.storage in body should match",
+        ),
+    ),
     "dvBlankArchive": (
         {**base(), "spec": {"source": {"blank": {}}, "contentType": "archive", "pvc": PVC_ONLY}},
-        ("SourceType cannot be blank and the contentType be archive",)),
+        ("SourceType cannot be blank and the contentType be archive",),
+    ),
     "dvInvalidContentType": (
         with_("spec.contentType", "invalid"),
-        ("ContentType not one of: kubevirt, archive",
-         'Unsupported value: "invalid": supported values: "kubevirt", "archive"')),
+        (
+            "ContentType not one of: kubevirt, archive",
+            'Unsupported value: "invalid": supported values: "kubevirt", "archive"',
+        ),
+    ),
     "dvMissingSource": (
         {**base(), "spec": {"source": None, "pvc": PVC_ONLY}},
-        ("Data volume should have either Source or SourceRef",
-         "spec.source in body must be of type object")),
+        (
+            "Data volume should have either Source or SourceRef",
+            "spec.source in body must be of type object",
+        ),
+    ),
     "dvMultiSource": (
         with_("spec.source", {"http": {"url": "http://e.com/d.img"}, "blank": {}}),
-        ("Multiple Data volume sources",)),
-    "dvInvalidURL": (with_("spec.source", {"http": {"url": "i am invalid"}}),
-                     ("spec.source Invalid source URL",)),
+        ("Multiple Data volume sources",),
+    ),
+    "dvInvalidURL": (
+        with_("spec.source", {"http": {"url": "i am invalid"}}),
+        ("spec.source Invalid source URL",),
+    ),
     "dvInvalidSourcePVC": (
         with_("spec.source", {"pvc": {"namespace": "default"}}),
-        ("spec.source.pvc.name in body is required", "spec.source.pvc.name: Required value",
-         'missing required field "name"', "spec.source.PVC source PVC is not valid")),
+        (
+            "spec.source.pvc.name in body is required",
+            "spec.source.pvc.name: Required value",
+            'missing required field "name"',
+            "spec.source.PVC source PVC is not valid",
+        ),
+    ),
     "dvMissingPVCSpec": (
         with_("spec.pvc", DELETE),
-        ("Missing Data volume PVC", 'missing required field "pvc"', "spec.pvc: Required value")),
+        ("Missing Data volume PVC", 'missing required field "pvc"', "spec.pvc: Required value"),
+    ),
     "dvMissingPVCAccessModes": (
         with_("spec.pvc.accessModes", DELETE),
-        ("spec.pvc.accessModes in body is required", "spec.pvc.accessModes: Required value",
-         "Required value: at least 1 access mode is required")),
+        (
+            "spec.pvc.accessModes in body is required",
+            "spec.pvc.accessModes: Required value",
+            "Required value: at least 1 access mode is required",
+        ),
+    ),
     "dvMissingResourceSpec": (
         with_("spec.pvc.resources", DELETE),
-        ("spec.pvc.resources in body is required", "spec.pvc.resources: Required value",
-         "PVC size is missing")),
+        (
+            "spec.pvc.resources in body is required",
+            "spec.pvc.resources: Required value",
+            "PVC size is missing",
+        ),
+    ),
     "dvMissingPVCSize": (
         with_("spec.pvc.resources.requests", DELETE),
-        ("PVC size is missing", "must be of type object")),
+        ("PVC size is missing", "must be of type object"),
+    ),
     "dvMissingRequestSpec": (
         with_("spec.pvc.resources.requests", {}),
-        ("PVC size is missing", "must be of type object")),
-    "dv0SizePVC": (with_("spec.pvc.resources.requests.storage", "0G"),
-                   ("PVC size can't be equal or less than zero",)),
+        ("PVC size is missing", "must be of type object"),
+    ),
+    "dv0SizePVC": (
+        with_("spec.pvc.resources.requests.storage", "0G"),
+        ("PVC size can't be equal or less than zero",),
+    ),
     "dvBlankInvalidContentType": (
         {**base(), "spec": {"source": {"blank": {}}, "contentType": "test", "pvc": PVC_ONLY}},
-        ("ContentType not one of: kubevirt, archive", 'Unsupported value: "test"')),
+        ("ContentType not one of: kubevirt, archive", 'Unsupported value: "test"'),
+    ),
     "dvInvalidStorageSizeQuantity": (
         with_("spec.pvc.resources.requests.storage", "2Ng"),
-        ("quantities must match the regular expression "
-         "'^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'",
-         'Invalid value: "2Ng": spec.pvc.resources.requests.storage in body should match')),
+        (
+            "quantities must match the regular expression "
+            "'^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'",
+            'Invalid value: "2Ng": spec.pvc.resources.requests.storage in body should match',
+        ),
+    ),
     "dvInvalidAccessModes": (
         with_("spec.pvc.accessModes", ["justATest"]),
-        ('supported values: "ReadOnlyMany", "ReadWriteMany", "ReadWriteOnce"',)),
+        ('supported values: "ReadOnlyMany", "ReadWriteMany", "ReadWriteOnce"',),
+    ),
     "dvMultipleAccessModes": (
         with_("spec.pvc.accessModes", ["ReadWriteOnce", "ReadWriteMany"]),
-        ("PVC multiple accessModes",)),
-    "dvMissingSource2": (with_("spec.source", DELETE),
-                         ("Data volume should have either Source or SourceRef",)),
+        ("PVC multiple accessModes",),
+    ),
+    "dvMissingSource2": (
+        with_("spec.source", DELETE),
+        ("Data volume should have either Source or SourceRef",),
+    ),
     "dvMissingSourceHttp": (
         with_("spec.source", {"http": None}),
-        ("Missing Data volume source", "spec.source.http in body must be of type object")),
+        ("Missing Data volume source", "spec.source.http in body must be of type object"),
+    ),
     "dvMissingCompleteSpec": (
         with_("spec", DELETE),
-        ("Missing Data volume source", 'missing required field "spec"', "spec: Required value")),
+        ("Missing Data volume source", 'missing required field "spec"', "spec: Required value"),
+    ),
     "dvNoName": (with_("metadata", {}), ("Required value: name or generateName is required",)),
     "dvBothSourceAndSourceRef": (
         with_("spec.sourceRef", {"kind": "DataSource", "name": "ds"}),
-        ("Data volume should have either Source or SourceRef",)),
+        ("Data volume should have either Source or SourceRef",),
+    ),
     "registry-archive": (
-        {**base(), "spec": {"source": {"registry": {"url": "docker://quay.io/x/y"}},
-                            "contentType": "archive", "pvc": PVC_ONLY}},
-        ("ContentType must be kubevirt when Source is Registry",)),
-    "bad-checksum": (with_("spec.source.http.checksum", "sha256:xyz"),
-                     ("Invalid checksum format",)),
-    "bad-scheme": (with_("spec.source.http.url", "ftp://e.com/d.img"),
-                   ("spec.source Invalid source URL scheme",)),
-    "under-1MiB": (with_("spec.pvc.resources.requests.storage", "1000Ki"),
-                   ("PVC size should be at least 1MiB",)),
+        {
+            **base(),
+            "spec": {
+                "source": {"registry": {"url": "docker://quay.io/x/y"}},
+                "contentType": "archive",
+                "pvc": PVC_ONLY,
+            },
+        },
+        ("ContentType must be kubevirt when Source is Registry",),
+    ),
+    "bad-checksum": (
+        with_("spec.source.http.checksum", "sha256:xyz"),
+        ("Invalid checksum format",),
+    ),
+    "bad-scheme": (
+        with_("spec.source.http.url", "ftp://e.com/d.img"),
+        ("spec.source Invalid source URL scheme",),
+    ),
+    "under-1MiB": (
+        with_("spec.pvc.resources.requests.storage", "1000Ki"),
+        ("PVC size should be at least 1MiB",),
+    ),
 }
 
 
@@ -193,12 +316,15 @@ def admission(
 ) -> Iterator[str]:
     """A namespace whose DataVolumes go through our webhook process; yields its name."""
     ns = f"admission-{secrets.token_hex(3)}"
-    kube.create("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
-                                       "metadata": {"name": ns}})
+    kube.create(
+        "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}
+    )
     port = free_port()
     suffix = secrets.token_hex(3)
-    names = {"ValidatingWebhookConfiguration": f"cdi-test-validator-{suffix}",
-             "MutatingWebhookConfiguration": f"cdi-test-mutator-{suffix}"}
+    names = {
+        "ValidatingWebhookConfiguration": f"cdi-test-validator-{suffix}",
+        "MutatingWebhookConfiguration": f"cdi-test-mutator-{suffix}",
+    }
     for doc in yaml.safe_load_all((REPO / "deploy" / "40-webhook-configurations.yaml").read_text()):
         doc = copy.deepcopy(doc)
         doc["metadata"]["name"] = names[doc["kind"]]
@@ -206,17 +332,32 @@ def admission(
             path = hook["clientConfig"]["service"]["path"]
             hook["clientConfig"] = {"url": f"https://127.0.0.1:{port}{path}"}
             hook["namespaceSelector"] = {"matchLabels": {"kubernetes.io/metadata.name": ns}}
-        plural = "validatingwebhookconfigurations" if doc["kind"].startswith("Valid") else \
-            "mutatingwebhookconfigurations"
+        plural = (
+            "validatingwebhookconfigurations"
+            if doc["kind"].startswith("Valid")
+            else "mutatingwebhookconfigurations"
+        )
         kube.create(f"{ADM}/{plural}", doc)
     log = open(tmp_path_factory.mktemp("webhook") / "webhook.log", "wb")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "cdi", "webhook", f"--kubeconfig={cluster.kubeconfig}",
-         "--host=127.0.0.1", f"--port={port}", f"--namespace={CDI_NAMESPACE}",
-         "--extra-san=127.0.0.1", f"--cert-secret=cdi-webhook-certs-{suffix}",
-         f"--validating-config={names['ValidatingWebhookConfiguration']}",
-         f"--mutating-config={names['MutatingWebhookConfiguration']}"],
-        stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)),
+        [
+            sys.executable,
+            "-m",
+            "cdi",
+            "webhook",
+            f"--kubeconfig={cluster.kubeconfig}",
+            "--host=127.0.0.1",
+            f"--port={port}",
+            f"--namespace={CDI_NAMESPACE}",
+            "--extra-san=127.0.0.1",
+            f"--cert-secret=cdi-webhook-certs-{suffix}",
+            f"--validating-config={names['ValidatingWebhookConfiguration']}",
+            f"--mutating-config={names['MutatingWebhookConfiguration']}",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        cwd=REPO,
+        env=dict(os.environ, PYTHONPATH=str(REPO)),
         start_new_session=True,
     )
 
@@ -235,10 +376,12 @@ def admission(
         os.kill(proc.pid, signal.SIGTERM)
         code = proc.wait(20)
         log.close()
-        kube.delete_ignore_missing(f"{ADM}/validatingwebhookconfigurations/"
-                                   f"{names['ValidatingWebhookConfiguration']}")
-        kube.delete_ignore_missing(f"{ADM}/mutatingwebhookconfigurations/"
-                                   f"{names['MutatingWebhookConfiguration']}")
+        kube.delete_ignore_missing(
+            f"{ADM}/validatingwebhookconfigurations/{names['ValidatingWebhookConfiguration']}"
+        )
+        kube.delete_ignore_missing(
+            f"{ADM}/mutatingwebhookconfigurations/{names['MutatingWebhookConfiguration']}"
+        )
         kube.delete_ignore_missing(f"/api/v1/namespaces/{ns}")
         assert code == 0, Path(log.name).read_text()[-3000:]
 
@@ -268,16 +411,24 @@ def test_spec_updates_are_rejected_metadata_updates_allowed_and_duplicates_refus
 ) -> None:
     kube.create(dv_path(admission), base("fixed"))
     with pytest.raises(ApiError) as err:
-        kube.patch(dv_path(admission, "fixed"),
-                   {"spec": {"source": {"http": {"url": "http://example.com/other.img"}}}})
+        kube.patch(
+            dv_path(admission, "fixed"),
+            {"spec": {"source": {"http": {"url": "http://example.com/other.img"}}}},
+        )
     assert "Cannot update DataVolume Spec" in str(err.value)
     kube.patch(dv_path(admission, "fixed"), {"metadata": {"labels": {"team": "a"}}})
     with pytest.raises(ApiError) as dup:
         kube.create(dv_path(admission), base("fixed"))
     assert dup.value.status == 409
-    kube.create(f"/api/v1/namespaces/{admission}/persistentvolumeclaims", {
-        "apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "taken"},
-        "spec": PVC_ONLY})
+    kube.create(
+        f"/api/v1/namespaces/{admission}/persistentvolumeclaims",
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
+            "metadata": {"name": "taken"},
+            "spec": PVC_ONLY,
+        },
+    )
     with pytest.raises(ApiError) as taken:
         kube.create(dv_path(admission), base("taken"))
     assert f"Destination PVC {admission}/taken already exists" in str(taken.value)

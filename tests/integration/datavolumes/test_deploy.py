@@ -25,12 +25,21 @@ PLURALS = {
     "ClusterRoleBinding": ("/apis/rbac.authorization.k8s.io/v1", "clusterrolebindings", False),
     "Role": ("/apis/rbac.authorization.k8s.io/v1", "roles", True),
     "RoleBinding": ("/apis/rbac.authorization.k8s.io/v1", "rolebindings", True),
-    "CustomResourceDefinition": ("/apis/apiextensions.k8s.io/v1", "customresourcedefinitions",
-                                 False),
-    "ValidatingWebhookConfiguration": ("/apis/admissionregistration.k8s.io/v1",
-                                       "validatingwebhookconfigurations", False),
-    "MutatingWebhookConfiguration": ("/apis/admissionregistration.k8s.io/v1",
-                                     "mutatingwebhookconfigurations", False),
+    "CustomResourceDefinition": (
+        "/apis/apiextensions.k8s.io/v1",
+        "customresourcedefinitions",
+        False,
+    ),
+    "ValidatingWebhookConfiguration": (
+        "/apis/admissionregistration.k8s.io/v1",
+        "validatingwebhookconfigurations",
+        False,
+    ),
+    "MutatingWebhookConfiguration": (
+        "/apis/admissionregistration.k8s.io/v1",
+        "mutatingwebhookconfigurations",
+        False,
+    ),
 }
 RBAC_KINDS = {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
 
@@ -51,24 +60,46 @@ def object_path(doc: dict[str, Any]) -> str:
 
 def apply(kube: Kube, doc: dict[str, Any], *, dry_run: bool) -> dict[str, Any]:
     return kube.request(
-        "PATCH", object_path(doc), doc, content_type=APPLY,
-        query={"fieldManager": "cdi-deploy-test", "force": "true",
-               "dryRun": "All" if dry_run else None},
+        "PATCH",
+        object_path(doc),
+        doc,
+        content_type=APPLY,
+        query={
+            "fieldManager": "cdi-deploy-test",
+            "force": "true",
+            "dryRun": "All" if dry_run else None,
+        },
     )
 
 
-def can(kube: Kube, sa: str, verb: str, resource: str, group: str = "",
-        namespace: str | None = "some-ns", name: str | None = None,
-        subresource: str | None = None) -> bool:
-    attrs = {"verb": verb, "resource": resource, "group": group, "namespace": namespace,
-             "name": name, "subresource": subresource}
+def can(
+    kube: Kube,
+    sa: str,
+    verb: str,
+    resource: str,
+    group: str = "",
+    namespace: str | None = "some-ns",
+    name: str | None = None,
+    subresource: str | None = None,
+) -> bool:
+    attrs = {
+        "verb": verb,
+        "resource": resource,
+        "group": group,
+        "namespace": namespace,
+        "name": name,
+        "subresource": subresource,
+    }
     review = {
         "apiVersion": "authorization.k8s.io/v1",
         "kind": "SubjectAccessReview",
         "spec": {
             "user": f"system:serviceaccount:cdi:{sa}",
-            "groups": ["system:serviceaccounts", "system:serviceaccounts:cdi",
-                       "system:authenticated"],
+            "groups": [
+                "system:serviceaccounts",
+                "system:serviceaccounts:cdi",
+                "system:authenticated",
+            ],
             "resourceAttributes": {k: v for k, v in attrs.items() if v is not None},
         },
     }
@@ -92,8 +123,14 @@ def test_every_manifest_passes_a_server_side_dry_run(kube: Kube, cdi_crds: None)
             raise AssertionError(f"{doc['kind']} {doc['metadata']['name']}: {e}") from e
         assert out["metadata"]["name"] == doc["metadata"]["name"]
         kinds.add(doc["kind"])
-    assert {"Namespace", "CustomResourceDefinition", "Deployment", "Service",
-            "ValidatingWebhookConfiguration", "MutatingWebhookConfiguration"} <= kinds
+    assert {
+        "Namespace",
+        "CustomResourceDefinition",
+        "Deployment",
+        "Service",
+        "ValidatingWebhookConfiguration",
+        "MutatingWebhookConfiguration",
+    } <= kinds
 
 
 def test_no_role_uses_wildcards_or_touches_rbac() -> None:
@@ -123,8 +160,14 @@ CONTROLLER_MAY = [
     ("watch", "storageprofiles", "cdi.kubevirt.io", None, None, None),
     ("get", "cdiconfigs", "cdi.kubevirt.io", None, "config", None),
     ("create", "leases", "coordination.k8s.io", "cdi", None, None),
-    ("update", "leases", "coordination.k8s.io", "cdi", "cdi-controller-leader-election-helper",
-     None),
+    (
+        "update",
+        "leases",
+        "coordination.k8s.io",
+        "cdi",
+        "cdi-controller-leader-election-helper",
+        None,
+    ),
 ]
 CONTROLLER_MUST_NOT = [
     ("get", "secrets", "", "some-ns", "x", None),
@@ -142,17 +185,35 @@ WEBHOOK_MAY = [
     ("get", "cdiconfigs", "cdi.kubevirt.io", None, "config", None),
     ("create", "secrets", "", "cdi", None, None),
     ("update", "secrets", "", "cdi", "cdi-webhook-certs", None),
-    ("patch", "validatingwebhookconfigurations", "admissionregistration.k8s.io", None,
-     "cdi-datavolume-validator", None),
-    ("patch", "mutatingwebhookconfigurations", "admissionregistration.k8s.io", None,
-     "cdi-datavolume-mutator", None),
+    (
+        "patch",
+        "validatingwebhookconfigurations",
+        "admissionregistration.k8s.io",
+        None,
+        "cdi-datavolume-validator",
+        None,
+    ),
+    (
+        "patch",
+        "mutatingwebhookconfigurations",
+        "admissionregistration.k8s.io",
+        None,
+        "cdi-datavolume-mutator",
+        None,
+    ),
 ]
 WEBHOOK_MUST_NOT = [
     ("list", "secrets", "", "cdi", None, None),
     ("get", "secrets", "", "cdi", "some-other-secret", None),
     ("get", "secrets", "", "some-ns", "x", None),
-    ("patch", "validatingwebhookconfigurations", "admissionregistration.k8s.io", None,
-     "someone-elses-webhook", None),
+    (
+        "patch",
+        "validatingwebhookconfigurations",
+        "admissionregistration.k8s.io",
+        None,
+        "someone-elses-webhook",
+        None,
+    ),
     ("create", "pods", "", "some-ns", None, None),
     ("list", "persistentvolumeclaims", "", None, None, None),
     ("patch", "datavolumes", "cdi.kubevirt.io", "some-ns", "dv", None),

@@ -54,12 +54,18 @@ def test_blank_datavolume_is_a_sparse_disk_of_the_requested_size(
     assert st.st_size >= min(64 * MiB, free) - MiB and st.st_size % MiB == 0
     assert st.st_blocks * 512 < MiB  # sparse
     # the importer pod is gone after success
-    wait_until(lambda: not kube.get(f"/api/v1/namespaces/{namespace}/pods")["items"],
-               "importer pod deleted", 30)
+    wait_until(
+        lambda: not kube.get(f"/api/v1/namespaces/{namespace}/pods")["items"],
+        "importer pod deleted",
+        30,
+    )
 
 
 def test_http_qcow2_xz_into_filesystem_volume_matches_qemu_img(
-    kube: Kube, namespace: str, controller: ControllerProcess, image_server: ImageServer,
+    kube: Kube,
+    namespace: str,
+    controller: ControllerProcess,
+    image_server: ImageServer,
     images: Images,
 ) -> None:
     url = image_server.url("crawl", "disk.qcow2.xz")  # slow enough to see progress move
@@ -74,9 +80,11 @@ def test_http_qcow2_xz_into_filesystem_volume_matches_qemu_img(
     assert any(p and p.endswith("%") and p != "100.0%" for p in progress), progress
     disk = Path(pv_of(kube, namespace, "fromqcow")["spec"]["local"]["path"])
     same_prefix_then_zeros(disk / "disk.img", images.reference)
-    wait_until(lambda: "ImportSucceeded" in [e["reason"] for e in
-                                             events_for(kube, namespace, "fromqcow")],
-               "an ImportSucceeded event", 10)
+    wait_until(
+        lambda: "ImportSucceeded" in [e["reason"] for e in events_for(kube, namespace, "fromqcow")],
+        "an ImportSucceeded event",
+        10,
+    )
 
 
 @pytest.mark.parametrize(
@@ -84,12 +92,22 @@ def test_http_qcow2_xz_into_filesystem_volume_matches_qemu_img(
     [("disk.raw.gz", "Filesystem"), ("disk.qcow2.xz", "Block"), ("disk.raw.gz", "Block")],
 )
 def test_http_import_into_volume_matches_qemu_img(
-    kube: Kube, namespace: str, controller: ControllerProcess, image_server: ImageServer,
-    images: Images, image: str, mode: str,
+    kube: Kube,
+    namespace: str,
+    controller: ControllerProcess,
+    image_server: ImageServer,
+    images: Images,
+    image: str,
+    mode: str,
 ) -> None:
     sc = "testkit-block" if mode == "Block" else "testkit-fs"
-    manifest = datavolume("img", {"http": {"url": image_server.url("ok", image)}},
-                          size="32Mi", storage_class=sc, mode=mode)
+    manifest = datavolume(
+        "img",
+        {"http": {"url": image_server.url("ok", image)}},
+        size="32Mi",
+        storage_class=sc,
+        mode=mode,
+    )
     kube.create(dv_path(namespace), manifest)
     dv = wait_phase(kube, namespace, "img", ("Succeeded", "Failed"), 120)
     assert dv["status"]["phase"] == "Succeeded", dv["status"]
@@ -101,8 +119,10 @@ def test_http_import_into_volume_matches_qemu_img(
 def test_wait_for_first_consumer_is_reported_and_immediate_binding_imports(
     kube: Kube, namespace: str, controller: ControllerProcess
 ) -> None:
-    kube.create(dv_path(namespace), datavolume("later", {"blank": {}}, size="8Mi",
-                                              storage_class="testkit-fs-wffc"))
+    kube.create(
+        dv_path(namespace),
+        datavolume("later", {"blank": {}}, size="8Mi", storage_class="testkit-fs-wffc"),
+    )
     dv = wait_phase(kube, namespace, "later", ("WaitForFirstConsumer",), 30)
     assert condition(dv, "Bound")["reason"] == "Pending"
     time.sleep(2)  # nothing forces the binding: no importer pod appears
@@ -110,17 +130,23 @@ def test_wait_for_first_consumer_is_reported_and_immediate_binding_imports(
     assert kube.get(dv_path(namespace, "later"))["status"]["phase"] == "WaitForFirstConsumer"
 
     immediate = {"cdi.kubevirt.io/storage.bind.immediate.requested": "true"}
-    kube.create(dv_path(namespace), datavolume("now", {"blank": {}}, size="8Mi",
-                                              storage_class="testkit-fs-wffc",
-                                              annotations=immediate))
+    kube.create(
+        dv_path(namespace),
+        datavolume(
+            "now", {"blank": {}}, size="8Mi", storage_class="testkit-fs-wffc", annotations=immediate
+        ),
+    )
     dv = wait_phase(kube, namespace, "now", ("Succeeded", "Failed"), 60)
     assert dv["status"]["phase"] == "Succeeded", dv["status"]
 
 
 FAILURES = {
     # case: (source, size, reason)
-    "checksum": ({"http": {"url": "ok/disk.raw.gz", "checksum": "sha256:" + "0" * 64}},
-                 "64Mi", "ChecksumMismatch"),
+    "checksum": (
+        {"http": {"url": "ok/disk.raw.gz", "checksum": "sha256:" + "0" * 64}},
+        "64Mi",
+        "ChecksumMismatch",
+    ),
     "404": ({"http": {"url": "ok/no-such-disk.img"}}, "64Mi", "SourceNotFound"),
     "unsafe": ({"http": {"url": "ok/unsafe.qcow2"}}, "64Mi", "UnsafeImage"),
     "undersized": ({"http": {"url": "ok/disk.raw.gz"}}, "8Mi", "InsufficientSpace"),
@@ -129,7 +155,10 @@ FAILURES = {
 
 @pytest.mark.parametrize("case", sorted(FAILURES))
 def test_permanent_failure_fails_at_once_keeps_the_pod_and_marks_nothing_ready(
-    kube: Kube, namespace: str, controller: ControllerProcess, image_server: ImageServer,
+    kube: Kube,
+    namespace: str,
+    controller: ControllerProcess,
+    image_server: ImageServer,
     case: str,
 ) -> None:
     source, size, reason = FAILURES[case]
@@ -146,10 +175,14 @@ def test_permanent_failure_fails_at_once_keeps_the_pod_and_marks_nothing_ready(
         assert cond["status"] == "False" and cond["reason"] == reason, cond
         assert cond["message"]
     # The event follows the status write, so it may land a moment after the phase.
-    wait_until(lambda: any(e["type"] == "Warning" and e["reason"] == "ImportFailed"
-                           and reason in e["message"]
-                           for e in events_for(kube, namespace, "bad")),
-               f"an ImportFailed event naming {reason}", 10)
+    wait_until(
+        lambda: any(
+            e["type"] == "Warning" and e["reason"] == "ImportFailed" and reason in e["message"]
+            for e in events_for(kube, namespace, "bad")
+        ),
+        f"an ImportFailed event naming {reason}",
+        10,
+    )
     volume = Path(pv_of(kube, namespace, "bad")["spec"]["local"]["path"])
     assert not (volume / "disk.img").exists()  # nothing half-written is left behind
     pods = kube.get(f"/api/v1/namespaces/{namespace}/pods")["items"]
@@ -157,13 +190,21 @@ def test_permanent_failure_fails_at_once_keeps_the_pod_and_marks_nothing_ready(
 
     # Deleting the DataVolume removes its pod and its claim (owner references).
     kube.delete(dv_path(namespace, "bad"))
-    wait_until(lambda: not kube.get(f"/api/v1/namespaces/{namespace}/pods")["items"]
-               and not kube.get(f"/api/v1/namespaces/{namespace}/persistentvolumeclaims")["items"],
-               "pod and PVC collected", 60)
+    wait_until(
+        lambda: (
+            not kube.get(f"/api/v1/namespaces/{namespace}/pods")["items"]
+            and not kube.get(f"/api/v1/namespaces/{namespace}/persistentvolumeclaims")["items"]
+        ),
+        "pod and PVC collected",
+        60,
+    )
 
 
 def test_transient_failure_retries_with_backoff_then_fails(
-    kube: Kube, namespace: str, controller: ControllerProcess, image_server: ImageServer,
+    kube: Kube,
+    namespace: str,
+    controller: ControllerProcess,
+    image_server: ImageServer,
 ) -> None:
     url = image_server.url("down", "disk.raw.gz")
     kube.create(dv_path(namespace), datavolume("flaky", {"http": {"url": url}}, size="64Mi"))
@@ -177,13 +218,27 @@ def test_transient_failure_retries_with_backoff_then_fails(
     names = sorted(p["metadata"]["name"] for p in pods)
     assert names == ["importer-flaky", "importer-flaky-retry-1", "importer-flaky-retry-2"]
     assert all(p["status"]["phase"] == "Failed" for p in pods)
-    wait_until(lambda: len([e for e in events_for(kube, namespace, "flaky")
-                            if e["reason"] == "ErrImportFailed"]) == 2,
-               "two ErrImportFailed events, one per retried attempt", 10)
+    wait_until(
+        lambda: (
+            len(
+                [
+                    e
+                    for e in events_for(kube, namespace, "flaky")
+                    if e["reason"] == "ErrImportFailed"
+                ]
+            )
+            == 2
+        ),
+        "two ErrImportFailed events, one per retried attempt",
+        10,
+    )
 
 
 def test_controller_killed_mid_import_resumes_without_duplicate_pods(
-    kube: Kube, namespace: str, controller: ControllerProcess, image_server: ImageServer,
+    kube: Kube,
+    namespace: str,
+    controller: ControllerProcess,
+    image_server: ImageServer,
     images: Images,
 ) -> None:
     url = image_server.url("crawl", "disk.qcow2.xz")
