@@ -92,7 +92,9 @@ class Client:
     ) -> tuple[http.client.HTTPConnection, str]:
         """A connection for ``url`` and the request target to send on it."""
         parts = urlsplit(url)
-        host, port = parts.hostname or "", parts.port
+        # The port always explicitly: http.client would read an IPv6 literal's last group as
+        # a port if left to split "host:port" itself.
+        host, port = parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80)
         path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         proxy = self.proxy_for(url)
         if proxy is None:
@@ -109,7 +111,7 @@ class Client:
             )
         if parts.scheme == "https":  # TLS end to end through a CONNECT tunnel
             conn = self._https(pparts.hostname or "", pparts.port or 80)
-            conn.set_tunnel(host, port or 443, headers=proxy_headers)
+            conn.set_tunnel(host, port, headers=proxy_headers)
             return conn, path
         headers.update(proxy_headers)
         plain = http.client.HTTPConnection(
@@ -117,7 +119,7 @@ class Client:
         )
         return plain, url  # absolute form: the proxy forwards it
 
-    def _https(self, host: str, port: int | None) -> http.client.HTTPSConnection:
+    def _https(self, host: str, port: int) -> http.client.HTTPSConnection:
         return http.client.HTTPSConnection(
             host, port, timeout=self.connect_timeout, context=self.tls()
         )

@@ -295,3 +295,34 @@ def test_iso_is_written_as_raw() -> None:
     iso = bytearray(64 * 1024)
     iso[0x8001:0x8006] = b"CD001"
     assert sniff(bytes(iso)) is ImageFormat.RAW
+
+
+@pytest.mark.parametrize(
+    ("url", "proxy", "host", "port", "target"),
+    [
+        ("http://[::1]/d.img", None, "::1", 80, "/d.img"),
+        ("https://[fd00::5]:8443/d.img?x=1", None, "fd00::5", 8443, "/d.img?x=1"),
+        ("http://example.com/d.img", "proxy:3128", "proxy", 3128, "http://example.com/d.img"),
+        ("https://example.com/d.img", "http://proxy:3129", "proxy", 3129, "/d.img"),
+    ],
+)
+def test_connections_go_to_the_right_host_and_port(
+    url: str, proxy: str | None, host: str, port: int, target: str
+) -> None:
+    """IPv6 literals keep their last group (no port guessed from it); plain http goes to a
+    proxy in absolute form, https through a CONNECT tunnel to the named host."""
+    import ssl
+
+    from importer.sources.http_client import Client
+
+    client = Client(
+        url=url,
+        headers={},
+        authorization=None,
+        tls=ssl.create_default_context,
+        proxy_for=lambda _url: proxy,
+    )
+    conn, request_target = client._connection(url, {})
+    assert (conn.host, conn.port, request_target) == (host, port, target)
+    if proxy and url.startswith("https"):
+        assert conn._tunnel_host == "example.com" and conn._tunnel_port == 443  # type: ignore[attr-defined]
