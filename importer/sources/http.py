@@ -35,7 +35,7 @@ from cdi.api.errors import (
     WorkerError,
 )
 from importer.sources import SourceInfo
-from importer.sources.http_client import Client, Exchange, basic_auth
+from importer.sources.http_client import Client, ConnectionPool, Exchange, basic_auth
 from importer.sources.ranges import RangesUnsupported, parallel_ranges
 
 T = TypeVar("T")
@@ -133,6 +133,7 @@ class HttpSource:
         self._open_exchanges: set[Exchange] = set()
         self._tls: ssl.SSLContext | None = None
         self._pool = ThreadPoolExecutor(options.connections + 1, thread_name_prefix="http")
+        self._connections = ConnectionPool()
         headers = {"User-Agent": USER_AGENT, **dict(options.headers)}
         self._client = Client(
             url=options.url,
@@ -146,6 +147,7 @@ class HttpSource:
             proxy_for=options.proxy.for_url,
             connect_timeout=options.connect_timeout,
             read_timeout=options.read_timeout,
+            pool=self._connections,
         )
 
     def _tls_context(self) -> ssl.SSLContext:
@@ -380,4 +382,5 @@ class HttpSource:
             exchanges, self._open_exchanges = list(self._open_exchanges), set()
         for exchange in exchanges:
             exchange.close()
+        self._connections.close()
         self._pool.shutdown(wait=False, cancel_futures=True)

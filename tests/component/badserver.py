@@ -20,6 +20,7 @@ CHUNK = 1 << 20
 @dataclass
 class Recorder:
     requests: list[tuple[str, str, str | None]] = field(default_factory=list)  # method, path, range
+    peers: list[int] = field(default_factory=list)  # client port of each request: its connection
     counters: dict[str, int] = field(default_factory=dict)
 
     def bump(self, key: str) -> int:
@@ -103,6 +104,8 @@ def make_app(root: Path, rec: Recorder) -> web.Application:
     async def handler(request: web.Request) -> web.StreamResponse:
         mode = request.match_info["mode"]
         rec.requests.append((request.method, request.path, request.headers.get(hdrs.RANGE)))
+        peer = request.transport.get_extra_info("peername") if request.transport else None
+        rec.peers.append(peer[1] if peer else -1)
         behaviour = BEHAVIOURS.get(mode)
         if behaviour is None:
             raise web.HTTPNotFound()

@@ -260,6 +260,32 @@ async def test_throttled_server_is_read_over_parallel_connections(
     assert result.duration_seconds < 3.2 * 0.6  # one 10 MB/s connection would need 3.2 s
 
 
+async def test_parallel_segments_reuse_keep_alive_connections(
+    images: ImageFactory, server: Server, tmp_path: Path
+) -> None:
+    """Each 1 MiB segment must not cost a new connection (a TCP and TLS handshake per segment
+    on a WAN link): segments go over at most ``connections`` kept-alive connections, plus the
+    first stream's and the probe's."""
+    image = images.make("raw")
+    result = await import_url(
+        server.link("ok", image.path),
+        tmp_path / "d.img",
+        probe_bytes=4 * 1024 * 1024,
+        connections=3,
+        segment_size=1024 * 1024,
+        parallel_below=float("inf"),
+    )
+    assert result.succeeded, result
+    assert same_content(tmp_path / "d.img", image.reference)
+    segments = [
+        port
+        for (m, _, r), port in zip(server.recorder.requests, server.recorder.peers, strict=True)
+        if m == "GET" and r and not r.endswith("-")
+    ]
+    assert len(segments) >= 8
+    assert len(set(segments)) <= 3 + 2
+
+
 async def test_parallel_segments_cut_mid_way_resume_from_their_last_byte(
     images: ImageFactory, server: Server, tmp_path: Path
 ) -> None:
