@@ -56,22 +56,26 @@ def parse_range(header: str | None, size: int) -> tuple[int, int] | None:
 
 
 async def _send(resp: web.StreamResponse, fd: int, start: int, stop: int, rate: int) -> None:
+    """Send [start, stop); with a rate, each piece (1/100 s worth) waits for its turn
+    *before* it is written, so a response bursts at most one piece. (Sleeping after each
+    write let every new response's first 12.5 MB out at full speed, which rewarded opening
+    a new connection per range request over reusing a kept-alive one.)"""
     loop = asyncio.get_running_loop()
-    piece = CHUNK if rate <= 0 else max(64 << 10, min(CHUNK, rate // 20))
+    piece = CHUNK if rate <= 0 else max(64 << 10, min(CHUNK, rate // 100))
     t0 = time.monotonic()
     sent = 0
     pos = start
     while pos < stop:
+        if rate > 0:
+            ahead = sent / rate - (time.monotonic() - t0)
+            if ahead > 0:
+                await asyncio.sleep(ahead)
         data = await loop.run_in_executor(None, os.pread, fd, min(piece, stop - pos), pos)
         if not data:
             break
         await resp.write(data)
         pos += len(data)
         sent += len(data)
-        if rate > 0:
-            ahead = sent / rate - (time.monotonic() - t0)
-            if ahead > 0:
-                await asyncio.sleep(ahead)
 
 
 async def serve_file(request: web.Request) -> web.StreamResponse:
