@@ -206,6 +206,23 @@ async def _slow(request, file_of, rec):  # type: ignore[no-untyped-def]
     return await _send(request, path, delay=0 if rec.counters.get("fast") else 0.1)
 
 
+async def _paced(request, file_of, rec):  # type: ignore[no-untyped-def]
+    """100 MB/s a response: waiting for the network clearly dominates, so a client that
+    splits when the network is slow does so whatever the machine's load."""
+    if request.method == "HEAD":
+        return await _ok(request, file_of, rec)
+    return await _send(request, file_of(request), delay=0.01)
+
+
+async def _dropidle(request, file_of, rec):  # type: ignore[no-untyped-def]
+    """Paced, answers in full with keep-alive, then drops the connection (as an idle timeout
+    would): a client that reuses it finds it dead on its next request."""
+    resp = await _paced(request, file_of, rec)
+    if request.method == "GET" and request.transport is not None:
+        request.transport.close()  # after the streamed body, which has been queued
+    return resp
+
+
 async def _html200(request, file_of, rec):  # type: ignore[no-untyped-def]
     return web.Response(body=HTML_PAGE, content_type="text/html")
 
@@ -245,6 +262,8 @@ BEHAVIOURS = {
     "auth": _auth,
     "header": _header,
     "redirect": _redirect,
+    "paced": _paced,
+    "dropidle": _dropidle,
 }
 
 __all__ = ["BEHAVIOURS", "Recorder", "make_app"]

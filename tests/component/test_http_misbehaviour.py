@@ -150,7 +150,7 @@ async def test_slow_single_stream_switches_to_parallel_ranges_in_order(
     target = tmp_path / "disk.img"
     digest = _sha256(image.path)
     result = await import_url(
-        server.link("ok", image.path),
+        server.link("paced", image.path),
         target,
         checksum=digest,
         connections=3,
@@ -268,7 +268,7 @@ async def test_parallel_segments_reuse_keep_alive_connections(
     first stream's and the probe's."""
     image = images.make("raw")
     result = await import_url(
-        server.link("ok", image.path),
+        server.link("paced", image.path),
         tmp_path / "d.img",
         probe_bytes=4 * 1024 * 1024,
         connections=3,
@@ -310,3 +310,29 @@ async def test_parallel_segments_cut_mid_way_resume_from_their_last_byte(
     segments = {r.rsplit("-", 1)[1] for r in bounded}
     resumed = len(bounded) - len(segments)  # a second request for the same segment end
     assert resumed, f"no segment was resumed from the middle: {server.recorder.requests}"
+
+
+async def test_kept_alive_connection_dropped_while_idle_is_replaced_transparently(
+    images: ImageFactory, server: Server, tmp_path: Path
+) -> None:
+    """The server closes each connection soon after its response (an idle timeout): every
+    reuse finds a dead connection, which is replaced without counting as a cut."""
+    image = images.make("raw")
+    result = await import_url(
+        server.link("dropidle", image.path),
+        tmp_path / "d.img",
+        probe_bytes=4 * 1024 * 1024,
+        connections=2,
+        segment_size=1024 * 1024,
+        parallel_below=float("inf"),
+        resumes=0,  # a single counted cut would fail the import
+        attempts=1,  # and so would a single failed request
+    )
+    assert result.succeeded, result
+    assert same_content(tmp_path / "d.img", image.reference)
+    segments = [
+        port
+        for (m, _, r), port in zip(server.recorder.requests, server.recorder.peers, strict=True)
+        if m == "GET" and r and not r.endswith("-")
+    ]
+    assert len(segments) >= 8 and len(set(segments)) == len(segments)  # none could be reused
