@@ -38,10 +38,24 @@ def basic_auth(username: str, password: str) -> str:
     return f"Basic {token}"
 
 
-def _origin(url: str) -> tuple[str, str, int | None]:
+def _endpoint(url: str) -> tuple[str, str, int]:
+    """(scheme, host, port) of ``url``: its origin. The port is always explicit, because
+    http.client would read an IPv6 literal's last group as a port if left to split
+    "host:port" itself."""
     parts = urlsplit(url)
-    default = 443 if parts.scheme == "https" else 80
-    return parts.scheme, (parts.hostname or "").lower(), parts.port or default
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    return parts.scheme, (parts.hostname or "").lower(), port
+
+
+def _proxy(proxy: str) -> tuple[str, int, str | None]:
+    """(host, port, Proxy-Authorization value) of an http:// proxy URL."""
+    parts = urlsplit(proxy if "://" in proxy else f"http://{proxy}")
+    if parts.scheme != "http":
+        raise InvalidConfig(f"proxy {proxy}: only http:// proxies are supported")
+    auth = None
+    if parts.username is not None:
+        auth = basic_auth(unquote(parts.username), unquote(parts.password or ""))
+    return parts.hostname or "", parts.port or 80, auth
 
 
 RouteKey = tuple[str, str, int, str | None]  # scheme, host, port, proxy
@@ -111,84 +125,74 @@ class Client:
 
     def _send(self, method: str, url: str, extra: Mapping[str, str]) -> Exchange:
         headers = {**self.headers, **extra}
-        if self.authorization and _origin(url) == _origin(self.url):
+        if self.authorization and _endpoint(url) == _endpoint(self.url):
             headers["Authorization"] = self.authorization
-        key = _route(url, self.proxy_for(url))
+        key, target = self._route(url, headers)
         idle = self.pool.take(key) if self.pool is not None else None
         if idle is not None:
             try:
-                return self._exchange(idle, method, url, headers, key, fresh=False)
+                return self._exchange(idle, method, target, headers, url, key)
             except (ConnectionError, http.client.RemoteDisconnected, http.client.BadStatusLine):
                 pass  # the server closed it while it was idle: a GET/HEAD is safe to resend
-        conn, target = self._connection(url, headers)
-        return self._exchange(conn, method, url, headers, key, fresh=True, target=target)
+        conn = self._connection(key)
+        try:
+            conn.connect()
+            assert conn.sock is not None
+            conn.sock.settimeout(self.read_timeout)
+        except BaseException:
+            conn.close()
+            raise
+        return self._exchange(conn, method, target, headers, url, key)
 
     def _exchange(
         self,
         conn: http.client.HTTPConnection,
         method: str,
-        url: str,
+        target: str,
         headers: dict[str, str],
+        url: str,
         key: RouteKey,
-        *,
-        fresh: bool,
-        target: str | None = None,
     ) -> Exchange:
-        if target is None:
-            _, target = self._connection(url, headers)  # same route: only the headers matter
         try:
-            if fresh:
-                conn.connect()
-                assert conn.sock is not None
-                conn.sock.settimeout(self.read_timeout)
             conn.request(method, target, headers=headers)
             return Exchange(conn, conn.getresponse(), url, self.pool, key)
         except BaseException:
             conn.close()
             raise
 
-    def _connection(
-        self, url: str, headers: dict[str, str]
-    ) -> tuple[http.client.HTTPConnection, str]:
-        """A new connection for ``url`` and the request target to send on it."""
-        parts = urlsplit(url)
-        # The port always explicitly: http.client would read an IPv6 literal's last group as
-        # a port if left to split "host:port" itself.
-        host, port = parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80)
-        path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    def _route(self, url: str, headers: dict[str, str]) -> tuple[RouteKey, str]:
+        """Where a request for ``url`` goes (the pool's key) and its request target: the
+        absolute URL through a plain-http proxy, which also gets the proxy's credentials in
+        ``headers``; the path otherwise (https goes through a CONNECT tunnel)."""
+        scheme, host, port = _endpoint(url)
         proxy = self.proxy_for(url)
+        parts = urlsplit(url)
+        target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        if proxy is not None and scheme == "http":
+            auth = _proxy(proxy)[2]
+            if auth is not None:
+                headers["Proxy-Authorization"] = auth
+            target = url  # absolute form: the proxy forwards it
+        return (scheme, host, port, proxy), target
+
+    def _connection(self, key: RouteKey) -> http.client.HTTPConnection:
+        """A new, not yet connected, connection for a route."""
+        scheme, host, port, proxy = key
         if proxy is None:
-            if parts.scheme == "https":
-                return self._https(host, port), path
-            return http.client.HTTPConnection(host, port, timeout=self.connect_timeout), path
-        pparts = urlsplit(proxy if "://" in proxy else f"http://{proxy}")
-        if pparts.scheme != "http":
-            raise InvalidConfig(f"proxy {proxy}: only http:// proxies are supported")
-        proxy_headers = {}
-        if pparts.username is not None:
-            proxy_headers["Proxy-Authorization"] = basic_auth(
-                unquote(pparts.username), unquote(pparts.password or "")
-            )
-        if parts.scheme == "https":  # TLS end to end through a CONNECT tunnel
-            conn = self._https(pparts.hostname or "", pparts.port or 80)
-            conn.set_tunnel(host, port, headers=proxy_headers)
-            return conn, path
-        headers.update(proxy_headers)
-        plain = http.client.HTTPConnection(
-            pparts.hostname or "", pparts.port or 80, timeout=self.connect_timeout
-        )
-        return plain, url  # absolute form: the proxy forwards it
+            if scheme == "https":
+                return self._https(host, port)
+            return http.client.HTTPConnection(host, port, timeout=self.connect_timeout)
+        proxy_host, proxy_port, auth = _proxy(proxy)
+        if scheme == "https":  # TLS end to end through a CONNECT tunnel
+            conn = self._https(proxy_host, proxy_port)
+            conn.set_tunnel(host, port, headers={"Proxy-Authorization": auth} if auth else {})
+            return conn
+        return http.client.HTTPConnection(proxy_host, proxy_port, timeout=self.connect_timeout)
 
     def _https(self, host: str, port: int) -> http.client.HTTPSConnection:
         return http.client.HTTPSConnection(
             host, port, timeout=self.connect_timeout, context=self.tls()
         )
-
-
-def _route(url: str, proxy: str | None) -> RouteKey:
-    parts = urlsplit(url)
-    port = parts.port or (443 if parts.scheme == "https" else 80)
-    return parts.scheme, (parts.hostname or "").lower(), port, proxy
 
 
 class Exchange:

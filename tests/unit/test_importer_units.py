@@ -322,7 +322,8 @@ def test_connections_go_to_the_right_host_and_port(
         tls=ssl.create_default_context,
         proxy_for=lambda _url: proxy,
     )
-    conn, request_target = client._connection(url, {})
+    key, request_target = client._route(url, {})
+    conn = client._connection(key)
     assert (conn.host, conn.port, request_target) == (host, port, target)
     if proxy and url.startswith("https"):
         assert conn._tunnel_host == "example.com" and conn._tunnel_port == 443  # type: ignore[attr-defined]
