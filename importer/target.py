@@ -161,22 +161,11 @@ class RawWriter:
 
     def write_at(self, offset: int, data: bytes) -> None:
         self._claim(offset + len(data))
-        run = zrun = -1  # starts (relative) of the pending data run and zero run
-        for start, _stop, zero in page_segments(data, offset):
+        for start, stop, zero in page_segments(data, offset):  # maximal runs, alternating
             if zero:
-                if run >= 0:
-                    self._pwrite(data, run, start, offset)
-                    run = -1
-                zrun = start if zrun < 0 else zrun
+                self._zero(offset + start, stop - start)
             else:
-                if zrun >= 0:
-                    self._zero(offset + zrun, start - zrun)
-                    zrun = -1
-                run = start if run < 0 else run
-        if run >= 0:
-            self._pwrite(data, run, len(data), offset)
-        if zrun >= 0:
-            self._zero(offset + zrun, len(data) - zrun)
+                self._pwrite(data, start, stop, offset)
 
     def ensure_room(self, end: int) -> None:
         """Refuse data past the usable size: a decompression bomb stops here."""
