@@ -137,6 +137,13 @@ async def test_checksum_algorithms(
     assert result.checksum == spec.lower()
 
 
+def _segment_requests(server: Server) -> list[tuple[str, int]]:
+    """(Range, client port) of each GET for a bounded range: the parallel segments, each
+    with the connection it came over."""
+    requests = zip(server.recorder.requests, server.recorder.peers, strict=True)
+    return [(r, port) for (m, _, r), port in requests if m == "GET" and r and not r.endswith("-")]
+
+
 def _sha256(path: Path) -> str:
     import hashlib
 
@@ -253,9 +260,7 @@ async def test_throttled_server_is_read_over_parallel_connections(
     )
     assert result.succeeded, result
     assert same_content(tmp_path / "d.img", image.reference)
-    bounded = [
-        r for m, _, r in server.recorder.requests if m == "GET" and r and not r.endswith("-")
-    ]
+    bounded = [r for r, _ in _segment_requests(server)]
     assert len(bounded) >= 4
     assert result.duration_seconds < 3.2 * 0.6  # one 10 MB/s connection would need 3.2 s
 
@@ -277,11 +282,7 @@ async def test_parallel_segments_reuse_keep_alive_connections(
     )
     assert result.succeeded, result
     assert same_content(tmp_path / "d.img", image.reference)
-    segments = [
-        port
-        for (m, _, r), port in zip(server.recorder.requests, server.recorder.peers, strict=True)
-        if m == "GET" and r and not r.endswith("-")
-    ]
+    segments = [port for _, port in _segment_requests(server)]
     assert len(segments) >= 8
     assert len(set(segments)) <= 3 + 2
 
@@ -304,9 +305,7 @@ async def test_parallel_segments_cut_mid_way_resume_from_their_last_byte(
     assert result.succeeded, result
     assert same_content(target, image.reference)
     assert result.bytes_read == image.path.stat().st_size
-    bounded = [
-        r for m, _, r in server.recorder.requests if m == "GET" and r and not r.endswith("-")
-    ]
+    bounded = [r for r, _ in _segment_requests(server)]
     segments = {r.rsplit("-", 1)[1] for r in bounded}
     resumed = len(bounded) - len(segments)  # a second request for the same segment end
     assert resumed, f"no segment was resumed from the middle: {server.recorder.requests}"
@@ -330,9 +329,5 @@ async def test_kept_alive_connection_dropped_while_idle_is_replaced_transparentl
     )
     assert result.succeeded, result
     assert same_content(tmp_path / "d.img", image.reference)
-    segments = [
-        port
-        for (m, _, r), port in zip(server.recorder.requests, server.recorder.peers, strict=True)
-        if m == "GET" and r and not r.endswith("-")
-    ]
+    segments = [port for _, port in _segment_requests(server)]
     assert len(segments) >= 8 and len(set(segments)) == len(segments)  # none could be reused
