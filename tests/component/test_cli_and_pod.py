@@ -137,6 +137,33 @@ async def test_pod_entry_point_reads_cdi_environment(
     assert same_content(disk, image.reference, image.reference.stat().st_size)
 
 
+def _pod_env(url: str, tmp_path: Path, **extra: str) -> dict[str, str]:
+    """The pod's environment for a 40Mi import from ``url`` into ``tmp_path/data``."""
+    return {
+        "IMPORTER_SOURCE": "http",
+        "IMPORTER_ENDPOINT": url,
+        "IMPORTER_IMAGE_SIZE": "40Mi",
+        "IMPORTER_TERMINATION_PATH": str(tmp_path / "term"),
+        "IMPORTER_METRICS_PORT": "0",
+        "IMPORTER_METRICS_ADDR": "127.0.0.1",
+        "IMPORTER_DATA_DIR": str(tmp_path / "data"),
+        "FILESYSTEM_OVERHEAD": "0",
+        **extra,
+    }
+
+
+async def _start_importer(env: dict[str, str]) -> asyncio.subprocess.Process:
+    """``python -m importer`` in the background, to be killed mid-import."""
+    return await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "importer",
+        env={**os.environ, **env},
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
+
+
 async def test_killed_importer_resumes_from_its_checkpoint(
     images: ImageFactory, server: Server, tmp_path: Path
 ) -> None:
@@ -148,27 +175,14 @@ async def test_killed_importer_resumes_from_its_checkpoint(
     digest = "sha256:" + hashlib.sha256(image.path.read_bytes()).hexdigest()
     data = tmp_path / "data"
     data.mkdir()
-    env = {
-        "IMPORTER_SOURCE": "http",
-        "IMPORTER_ENDPOINT": server.link("slow", image.path),
-        "IMPORTER_IMAGE_SIZE": "40Mi",
-        "IMPORTER_CHECKSUM": digest,
-        "IMPORTER_TERMINATION_PATH": str(tmp_path / "term"),
-        "IMPORTER_METRICS_PORT": "0",
-        "IMPORTER_METRICS_ADDR": "127.0.0.1",
-        "IMPORTER_DATA_DIR": str(data),
-        "IMPORTER_CHECKPOINT_INTERVAL": str(4 * MiB),
-        "FILESYSTEM_OVERHEAD": "0",
-    }
-    checkpoint = data / ".cdi-import-checkpoint"
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "importer",
-        env={**os.environ, **env},
-        stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.DEVNULL,
+    env = _pod_env(
+        server.link("slow", image.path),
+        tmp_path,
+        IMPORTER_CHECKSUM=digest,
+        IMPORTER_CHECKPOINT_INTERVAL=str(4 * MiB),
     )
+    checkpoint = data / ".cdi-import-checkpoint"
+    proc = await _start_importer(env)
     for _ in range(400):
         if checkpoint.exists() and json.loads(checkpoint.read_text())["offset"] >= 8 * MiB:
             break
@@ -197,24 +211,8 @@ async def test_killed_qcow2_import_restarts_and_says_so(
     image = images.make("qcow2")
     data = tmp_path / "data"
     data.mkdir()
-    env = {
-        "IMPORTER_SOURCE": "http",
-        "IMPORTER_ENDPOINT": server.link("slow", image.path),
-        "IMPORTER_IMAGE_SIZE": "40Mi",
-        "IMPORTER_TERMINATION_PATH": str(tmp_path / "term"),
-        "IMPORTER_METRICS_PORT": "0",
-        "IMPORTER_METRICS_ADDR": "127.0.0.1",
-        "IMPORTER_DATA_DIR": str(data),
-        "FILESYSTEM_OVERHEAD": "0",
-    }
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "importer",
-        env={**os.environ, **env},
-        stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.DEVNULL,
-    )
+    env = _pod_env(server.link("slow", image.path), tmp_path)
+    proc = await _start_importer(env)
     for _ in range(400):  # killed once the body is flowing
         if any(m == "GET" for m, _, _ in server.recorder.requests):
             break
