@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from importer.qcow2 import Qcow2StreamDecoder
+from datapath.decode.qcow2 import Qcow2StreamDecoder
 
 MiB = 1024 * 1024
 VIRTUAL = 256 * MiB

@@ -16,6 +16,9 @@ from urllib.parse import urlsplit
 
 from cdi.api.errors import WorkerError
 from cdi.api.termination import TerminationMessage
+from datapath.decode import ContentType
+from datapath.taps import Progress, parse_checksum
+from datapath.target import TargetSpec
 from importer.config import (
     CHECKPOINT_SUFFIX,
     ImportConfig,
@@ -24,11 +27,8 @@ from importer.config import (
     read_file,
     split_header,
 )
-from importer.decode import ContentType
 from importer.runner import run_import, tune_process_memory
 from importer.sources.http import HttpOptions, ProxyConfig
-from importer.taps import Progress, parse_checksum
-from importer.target import TargetSpec
 
 
 def _tempdir() -> str:

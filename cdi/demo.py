@@ -20,10 +20,10 @@ from pathlib import Path
 from aiohttp import web
 
 from cdi.cli import print_result, with_progress
+from datapath.taps import parse_checksum
+from datapath.target import TargetSpec
 from importer.config import ImportConfig, parse_size
 from importer.sources.http import HttpOptions
-from importer.taps import parse_checksum
-from importer.target import TargetSpec
 
 
 def _sha256(path: Path) -> str:

@@ -16,11 +16,11 @@ from cdi.api.checksum import Checksum
 from cdi.api.constants import EXTRA_HEADERS_DIR, IMPORTER_EXTRA_HEADER_PREFIX, ImporterEnv
 from cdi.api.errors import InvalidConfig
 from cdi.api.quantity import Quantity, QuantityError
-from importer.checkpoint import INTERVAL as CHECKPOINT_INTERVAL
-from importer.decode import ContentType
+from datapath.checkpoint import INTERVAL as CHECKPOINT_INTERVAL
+from datapath.decode import ContentType
+from datapath.taps import parse_checksum
+from datapath.target import TargetSpec
 from importer.sources.http import HttpOptions, ProxyConfig
-from importer.taps import parse_checksum
-from importer.target import TargetSpec
 
 BLOCK_DEVICE_PATH = "/dev/cdi-block-volume"
 DATA_DIR = "/data"

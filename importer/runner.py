@@ -9,11 +9,11 @@ from __future__ import annotations
 import ctypes
 
 from cdi.api.termination import TerminationMessage
+from datapath.processor import Importer
+from datapath.sources import Source
+from datapath.taps import Progress
 from importer.config import ImportConfig
-from importer.phases import Importer
-from importer.sources import Source
 from importer.sources.http import HttpSource
-from importer.taps import Progress
 
 _M_ARENA_MAX = -8  # glibc mallopt parameter
 
@@ -37,7 +37,7 @@ def make_source(config: ImportConfig) -> Source | None:
     if config.source == "http" and config.http is not None:
         return HttpSource(config.http)
     if config.source == "file" and config.file_path is not None:
-        from importer.sources.file import FileSource  # aiofiles: the CLI's local files only
+        from datapath.sources.file import FileSource  # aiofiles: the CLI's local files only
 
         return FileSource(config.file_path)
     return None
@@ -46,7 +46,7 @@ def make_source(config: ImportConfig) -> Source | None:
 async def run_import(config: ImportConfig, progress: Progress | None = None) -> TerminationMessage:
     progress = progress or Progress()
     if config.metrics_port is not None:
-        from importer.metrics import serve_metrics  # prometheus_client: 12 ms of start-up
+        from datapath.metrics import serve_metrics  # prometheus_client: 12 ms of start-up
 
         serve_metrics(progress, config.owner_uid, config.metrics_port, config.metrics_addr)
     message = await Importer(config, make_source(config), progress).run()

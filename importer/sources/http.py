@@ -34,7 +34,7 @@ from cdi.api.errors import (
     SourceUnavailable,
     WorkerError,
 )
-from importer.sources import SourceInfo
+from datapath.sources import SourceInfo
 from importer.sources.http_client import Client, ConnectionPool, Exchange, basic_auth
 from importer.sources.ranges import RangesUnsupported, parallel_ranges
 

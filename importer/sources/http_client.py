@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from urllib.parse import unquote, urljoin, urlsplit
 
 from cdi.api.errors import InvalidConfig, SourceUnavailable
-from importer.streams import CHUNK_SIZE
+from datapath.streams import CHUNK_SIZE
 
 MAX_REDIRECTS = 10
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})

@@ -16,7 +16,7 @@ import contextlib
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 
-from importer.streams import CHUNK_SIZE
+from datapath.streams import CHUNK_SIZE
 
 # Fetch bytes [start, end) and return them as chunks; raise on failure after its retries.
 RangeFetcher = Callable[[int, int], Awaitable[list[bytes]]]

@@ -7,12 +7,12 @@ from pathlib import Path
 from typing import Any
 
 from cdi.api.termination import TerminationMessage
+from datapath.decode import ContentType
+from datapath.taps import parse_checksum
+from datapath.target import TargetSpec
 from importer.config import ImportConfig
-from importer.decode import ContentType
 from importer.runner import run_import
 from importer.sources.http import HttpOptions
-from importer.taps import parse_checksum
-from importer.target import TargetSpec
 
 
 def http_config(

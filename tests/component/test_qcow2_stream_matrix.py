@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from cdi.api.errors import InvalidImage, UnsafeImage, WorkerError
-from importer.qcow2 import Qcow2StreamDecoder, SpillLimitExceeded
+from datapath.decode.qcow2 import Qcow2StreamDecoder, SpillLimitExceeded
 from tests.unit.stream_decoding import Decoder
 
 MiB = 1024 * 1024

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from cdi.api.termination import TerminationMessage
+from datapath.target import TargetSpec, usable_space
 from importer.config import ImportConfig
 from importer.runner import run_import
-from importer.target import TargetSpec, usable_space
 from tests.component.conftest import VIRTUAL, ImageFactory, MiB, Server, allocated, same_content
 from tests.component.helpers import import_url
 

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from importer.vdi import VdiStreamDecoder
-from importer.vmdk import VmdkStreamDecoder
+from datapath.decode.vdi import VdiStreamDecoder
+from datapath.decode.vmdk import VmdkStreamDecoder
 from tests.component.conftest import Server, allocated, same_content
 from tests.component.helpers import import_url
 from tests.component.test_qcow2_stream_matrix import (

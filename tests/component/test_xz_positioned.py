@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from cdi.api.errors import InsufficientSpace
-from importer.decode import ContentType, DecodePlan, DecodeResult, decode_into
-from importer.streams import rechunk
-from importer.target import RawWriter
-from importer.xz_parallel import STREAM_HEADER, XzBlocks
+from datapath.decode import ContentType, DecodePlan, DecodeResult, decode_into
+from datapath.decode.xz_parallel import STREAM_HEADER, XzBlocks
+from datapath.streams import rechunk
+from datapath.target import RawWriter
 from tests.component.conftest import (
     VIRTUAL,
     ImageFactory,

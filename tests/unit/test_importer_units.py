@@ -12,13 +12,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cdi.api.errors import InsufficientSpace, InvalidImage
-from importer.decompress import decompress
-from importer.formats import ImageFormat, sniff
+from datapath.decode.decompress import decompress
+from datapath.decode.xz_parallel import XzBlocks, block_sizes, decode_positioned, decode_xz
+from datapath.decode.zstd_frames import checked_frames
+from datapath.formats import ImageFormat, sniff
+from datapath.streams import Peekable, rechunk
+from datapath.target import RawWriter, page_segments
 from importer.sources.http import ProxyConfig
-from importer.streams import Peekable, rechunk
-from importer.target import RawWriter, page_segments
-from importer.xz_parallel import XzBlocks, block_sizes, decode_positioned, decode_xz
-from importer.zstd_frames import checked_frames
 
 
 @pytest.mark.parametrize(

@@ -23,10 +23,10 @@ from cdi.api.errors import (
     UnsupportedFormat,
     WorkerError,
 )
-from importer.qcow2 import Qcow2StreamDecoder, SpillLimitExceeded, parse_header
-from importer.qcow2.spill import SpillStore
-from importer.qcow2.tables import _bit_ranges, compressed_extent
-from importer.rawpieces import WriteCoalescer, nonzero_pieces
+from datapath.decode.qcow2 import Qcow2StreamDecoder, SpillLimitExceeded, parse_header
+from datapath.decode.qcow2.spill import SpillStore
+from datapath.decode.qcow2.tables import _bit_ranges, compressed_extent
+from datapath.decode.rawpieces import WriteCoalescer, nonzero_pieces
 from tests.unit.qcow2_builder import Spec, build
 from tests.unit.stream_decoding import decode_stream
 

@@ -22,8 +22,8 @@ from cdi.api.errors import (
     UnsupportedFormat,
     WorkerError,
 )
-from importer.rawpieces import LayoutNotStreamable
-from importer.vdi import VdiStreamDecoder, parse_header
+from datapath.decode.rawpieces import LayoutNotStreamable
+from datapath.decode.vdi import VdiStreamDecoder, parse_header
 from tests.unit.disk_builders import MiB, VdiSpec, build_vdi
 from tests.unit.stream_decoding import decode_stream
 

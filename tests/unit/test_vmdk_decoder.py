@@ -24,9 +24,9 @@ from cdi.api.errors import (
     UnsupportedFormat,
     WorkerError,
 )
-from importer.formats import ImageFormat, sniff
-from importer.rawpieces import LayoutNotStreamable
-from importer.vmdk import VmdkStreamDecoder, inflate_grain, parse_header
+from datapath.decode.rawpieces import LayoutNotStreamable
+from datapath.decode.vmdk import VmdkStreamDecoder, inflate_grain, parse_header
+from datapath.formats import ImageFormat, sniff
 from tests.unit.disk_builders import VmdkSpec, build_vmdk
 from tests.unit.stream_decoding import decode_stream
 

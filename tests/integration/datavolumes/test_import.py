@@ -11,7 +11,7 @@ import pytest
 
 from cdi.api.quantity import Quantity
 from cdi.render.pvc import required_space
-from importer.target import usable_space
+from datapath.target import usable_space
 from testkit.kubeclient import Kube
 from testkit.waiting import wait_until
 from tests.integration.datavolumes.cdi_env import (

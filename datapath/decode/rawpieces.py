@@ -8,7 +8,7 @@ zero fragments at the ends of a write. This relies on one contract with the sink
 reads as zeros wherever nothing is written** (a fresh sparse file, or a device the pipeline has
 zeroed or discarded).
 
-Zero pages are found by ``importer.target.page_segments`` (sampled bytes per page, memcmp only
+Zero pages are found by ``datapath.target.page_segments`` (sampled bytes per page, memcmp only
 where the samples are all zero; never a memoryview compare or a per-byte loop, perf-baselines
 section 5). Pieces are zero-copy views of the decoder's chunk: every copy of the image costs
 ~0.1 s of GIL-held CPU per 600 MB. Neighbours on the virtual disk that are whole pages go out
@@ -20,7 +20,7 @@ writes of up to ``MAX_WRITE`` bytes so the page cache path sees few, larger writ
 from __future__ import annotations
 
 from cdi.api.errors import WorkerError
-from importer.target import page_segments
+from datapath.target import page_segments
 
 PAGE = 4096
 FLUSH_AT = 4 * 1024 * 1024

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from cdi.api.errors import InvalidImage, UnsupportedFormat
-from importer.streams import CHUNK_SIZE, as_file
+from datapath.streams import CHUNK_SIZE, as_file
 
 STREAM_HEADER = 12
 MAX_PARALLEL_BLOCK = 64 * 1024 * 1024

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cdi.api.errors import InsufficientSpace, InvalidImage, TargetError, UnsafeImage
-from importer.formats import ImageFormat
+from datapath.formats import ImageFormat
 
 INFO_TIMEOUT = 30.0
 INFO_MEMORY_LIMIT = 1024 * 1024 * 1024

@@ -6,8 +6,8 @@ unallocated, 0xFFFFFFFE for a block that reads as zeros) and the physical blocks
 ``offset_data + index * block_size``. qemu-img and VirtualBox put the map before the data, so
 the map is read as it streams past (in pieces of ``MAP_PIECE`` entries, so memory does not grow
 with the disk), inverted into file-ordered extents (physical block -> virtual offset), and each
-block lands in the target as it goes by (``importer.mapped``). Unallocated and zero blocks are
-simply never written: the target reads as zeros there.
+block lands in the target as it goes by (``datapath.decode.mapped``). Unallocated and zero
+blocks are simply never written: the target reads as zeros there.
 
 The header checks follow qemu's ``vdi_open`` (block/vdi.c) so that we accept what qemu-img
 accepts and refuse the rest with a typed error; a differencing image (parent or link UUID) is
@@ -22,8 +22,8 @@ from array import array
 from dataclasses import dataclass
 
 from cdi.api.errors import InsufficientSpace, InvalidImage, UnsafeImage, UnsupportedFormat
-from importer.mapped import MappedImageDecoder
-from importer.rawpieces import LayoutNotStreamable
+from datapath.decode.mapped import MappedImageDecoder
+from datapath.decode.rawpieces import LayoutNotStreamable
 
 SIGNATURE = 0xBEDA107F
 VERSION_1_1 = 0x00010001

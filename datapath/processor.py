@@ -8,7 +8,7 @@
     any  -> Failed (typed error; the target file is removed: never reported or left "complete")
 
 Transfer is one streaming pass: the event loop reads the source and feeds two thread stages, the
-checksum and the decode stage (``importer.decode``), each bounded, so memory is constant.
+checksum and the decode stage (``datapath.decode``), each bounded, so memory is constant.
 """
 
 from __future__ import annotations
@@ -21,17 +21,17 @@ from collections.abc import Awaitable, Callable, Iterator
 
 from cdi.api.errors import InvalidConfig, WorkerError
 from cdi.api.termination import REASON_COMPLETED, TerminationMessage
-from importer import checkpoint, qemu
-from importer.checkpoint import Checkpoint, Checkpointer
+from datapath import checkpoint, qemu
+from datapath.checkpoint import Checkpoint, Checkpointer
+from datapath.decode import SCRATCH_NAME, ContentType, DecodePlan, DecodeResult, decode_into
+from datapath.decode.rawpieces import LayoutNotStreamable
+from datapath.formats import ImageFormat
+from datapath.sources import Source, SourceInfo
+from datapath.stage import ThreadStage
+from datapath.streams import CHUNK_SIZE
+from datapath.taps import Progress, hash_stream, verify
+from datapath.target import RawWriter, open_target
 from importer.config import ImportConfig
-from importer.decode import SCRATCH_NAME, ContentType, DecodePlan, DecodeResult, decode_into
-from importer.formats import ImageFormat
-from importer.rawpieces import LayoutNotStreamable
-from importer.sources import Source, SourceInfo
-from importer.stage import ThreadStage
-from importer.streams import CHUNK_SIZE
-from importer.taps import Progress, hash_stream, verify
-from importer.target import RawWriter, open_target
 
 
 class Phase(enum.Enum):

@@ -8,8 +8,8 @@ from collections.abc import AsyncIterator
 import aiofiles
 
 from cdi.api.errors import SourceNotFound
-from importer.sources import SourceInfo
-from importer.streams import CHUNK_SIZE
+from datapath.sources import SourceInfo
+from datapath.streams import CHUNK_SIZE
 
 
 class FileSource:

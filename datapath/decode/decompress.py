@@ -4,8 +4,8 @@ Every decoder is pull-driven and returns at most ``CHUNK_SIZE`` bytes per piece,
 zeros expand more than 1000x: a single compressed megabyte can decode to gigabytes, so an
 unbounded ``decompress(data)`` call is a memory bomb (perf-baselines 3.2). Library choices are
 measured ones: isal inflates 3.4x faster than zlib; zstandard's ``stream_reader`` matches the
-zstd CLI; multi-block xz is decoded block-parallel (``importer.xz_parallel``) because lzma releases
-the GIL. Library exceptions are mapped once, here, to ``InvalidImage``.
+zstd CLI; multi-block xz is decoded block-parallel (``datapath.decode.xz_parallel``)
+because lzma releases the GIL. Library exceptions are mapped once, here, to ``InvalidImage``.
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ import zstandard
 from isal import igzip
 
 from cdi.api.errors import InvalidImage, WorkerError
-from importer.formats import ImageFormat
-from importer.streams import CHUNK_SIZE, IterReader, as_file
-from importer.xz_parallel import decode_xz
-from importer.zstd_frames import checked_frames
+from datapath.decode.xz_parallel import decode_xz
+from datapath.decode.zstd_frames import checked_frames
+from datapath.formats import ImageFormat
+from datapath.streams import CHUNK_SIZE, IterReader, as_file
 
 _LIBRARY_ERRORS: tuple[type[BaseException], ...] = (
     OSError,

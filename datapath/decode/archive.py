@@ -14,7 +14,7 @@ import tarfile
 from collections.abc import Iterator
 
 from cdi.api.errors import InsufficientSpace, InvalidImage, UnsafeImage
-from importer.streams import IterReader
+from datapath.streams import IterReader
 
 
 def _inside(root: str, relative: str) -> bool:

@@ -27,7 +27,7 @@ import itertools
 from dataclasses import dataclass, field
 
 from cdi.api.errors import InvalidImage, UnsafeImage
-from importer.rawpieces import LayoutNotStreamable, Write, WriteCoalescer
+from datapath.decode.rawpieces import LayoutNotStreamable, Write, WriteCoalescer
 
 from .clusters import inflate_cluster, zstd_cluster
 from .header import COMPRESSION_ZSTD, Qcow2Header, parse_header, peek_cluster_size

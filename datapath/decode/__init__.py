@@ -22,15 +22,15 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from cdi.api.errors import UnsupportedFormat
-from importer.formats import SNIFF_BYTES, ImageFormat, sniff
-from importer.qcow2 import Qcow2StreamDecoder
-from importer.qcow2.header import parse_header, peek_cluster_size
-from importer.rawpieces import Write
-from importer.streams import Peekable
-from importer.target import RawWriter
+from datapath.decode.qcow2 import Qcow2StreamDecoder
+from datapath.decode.qcow2.header import parse_header, peek_cluster_size
+from datapath.decode.rawpieces import Write
+from datapath.formats import SNIFF_BYTES, ImageFormat, sniff
+from datapath.streams import Peekable
+from datapath.target import RawWriter
 
 if TYPE_CHECKING:
-    from importer.xz_parallel import XzBlocks
+    from datapath.decode.xz_parallel import XzBlocks
 
 # Handlers for compression, archives, vdi and vmdk are imported where first needed: importing
 # every codec up front cost ~30 ms of each import's start-up (python -X importtime), ~4% of a
@@ -65,7 +65,7 @@ class DecodePlan:
     spill_limit: int = 64 * 1024 * 1024
     source_size: int | None = None  # bytes on the wire, when known (Content-Length)
     before_random_writes: Callable[[], None] | None = None  # e.g. zero a block device first
-    resume_offset: int = 0  # continue a raw image at this offset (importer.checkpoint)
+    resume_offset: int = 0  # continue a raw image at this offset (datapath.checkpoint)
     checkpointer: Callable[[int], None] | None = None  # told the position after raw writes
 
 
@@ -77,7 +77,7 @@ def peel(chunks: Iterator[bytes], chain: list[str]) -> tuple[ImageFormat, Peekab
         chain.append(fmt.value)
         if not fmt.is_compression:
             return fmt, stream
-        from importer.decompress import decompress
+        from datapath.decode.decompress import decompress
 
         stream = Peekable(decompress(fmt, stream))
     raise UnsupportedFormat(f"more than {MAX_LAYERS} nested compression layers: {chain}")
@@ -101,7 +101,7 @@ def decode_into(chunks: Iterator[bytes], plan: DecodePlan, result: DecodeResult)
     if plan.content_type is ContentType.ARCHIVE:
         if fmt is not ImageFormat.TAR or plan.archive_dir is None:
             raise UnsupportedFormat(f"content type archive needs a tar archive, got {fmt.value}")
-        from importer.archive import extract_tar
+        from datapath.decode.archive import extract_tar
 
         result.bytes_written = extract_tar(stream, plan.archive_dir, plan.capacity)
         return result
@@ -139,7 +139,7 @@ def _raw_xz_blocks(chunks: Iterator[bytes]) -> tuple[XzBlocks | None, Iterator[b
     stream = Peekable(chunks)
     if sniff(stream.peek(SNIFF_BYTES)) is not ImageFormat.XZ:
         return None, stream
-    from importer.xz_parallel import XzBlocks
+    from datapath.decode.xz_parallel import XzBlocks
 
     xz = XzBlocks(stream)
     first = xz.first_size()
@@ -154,7 +154,7 @@ def _write_xz_blocks(xz: XzBlocks, writer: RawWriter, result: DecodeResult) -> D
     finish (issue 2: nothing decoded waits in memory for an older block). The blocks tile the
     image exactly, so each lane zeroing its own skipped ranges (``zero_fill``, block devices)
     leaves no stale byte: no ``before_random_writes`` pass is needed."""
-    from importer.xz_parallel import decode_positioned, default_workers
+    from datapath.decode.xz_parallel import decode_positioned, default_workers
 
     lanes = [writer.lane() for _ in range(default_workers())]
     try:
@@ -200,12 +200,12 @@ def _streaming_decoder(
             max_virtual_size=plan.capacity, spill_limit=plan.spill_limit, file_size=file_size
         )
     if fmt is ImageFormat.VDI:
-        from importer import vdi
+        from datapath.decode import vdi
 
         vdi.parse_header(stream.peek(SNIFF_BYTES), max_virtual_size=plan.capacity)
         return vdi.VdiStreamDecoder(max_virtual_size=plan.capacity, file_size=file_size)
     if fmt is ImageFormat.VMDK:
-        from importer import vmdk
+        from datapath.decode import vmdk
 
         vmdk.parse_header(stream.peek(vmdk.HEAD_BYTES), max_virtual_size=plan.capacity)
         return vmdk.VmdkStreamDecoder(max_virtual_size=plan.capacity, file_size=file_size)

@@ -8,7 +8,7 @@ are used; a grain table entry (GTE) is a sector offset, 0 for an unallocated gra
 zeroed grain when the header says zeroed-grain GTEs are in use (both are holes in the target).
 In ``streamOptimized`` images every grain is deflate-compressed behind a 12-byte marker (its
 LBA and compressed size); it is decompressed with its output bounded by the grain size. The
-tables come before the grains, so ``importer.mapped`` places each grain as it streams past.
+tables come before the grains, so ``datapath.decode.mapped`` places each grain as it streams past.
 
 Not streamed, but converted through scratch space (``LayoutNotStreamable``): a GD only in the
 footer (``streamOptimized`` files written by VMware tools), compressed grains without markers,
@@ -32,8 +32,8 @@ from typing import NoReturn
 from isal import isal_zlib
 
 from cdi.api.errors import InsufficientSpace, InvalidImage, UnsafeImage, UnsupportedFormat
-from importer.mapped import FRAME, PLAIN, MappedImageDecoder
-from importer.rawpieces import LayoutNotStreamable, Write
+from datapath.decode.mapped import FRAME, PLAIN, MappedImageDecoder
+from datapath.decode.rawpieces import LayoutNotStreamable, Write
 
 MAGIC = b"KDMV"
 DESCRIPTOR_MAGIC = b"# Disk DescriptorFile"

@@ -25,7 +25,7 @@ import itertools
 from dataclasses import dataclass, field
 
 from cdi.api.errors import InvalidImage, UnsafeImage
-from importer.rawpieces import LayoutNotStreamable, Write, WriteCoalescer
+from datapath.decode.rawpieces import LayoutNotStreamable, Write, WriteCoalescer
 
 PLAIN = 0  # raw bytes of the disk, placed as they pass
 FRAME = 1  # a self-describing extent: read whole, then handed to ``_on_frame``

@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from importer.taps import Progress
+from datapath.taps import Progress
 
 PHASES = ("Pending", "Transferring", "Validating", "Converting", "Resizing", "Complete", "Failed")
 

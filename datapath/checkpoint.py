@@ -16,7 +16,7 @@ import os
 import stat
 from dataclasses import asdict, dataclass
 
-from importer.target import RawWriter
+from datapath.target import RawWriter
 
 INTERVAL = 256 * 1024 * 1024
 
