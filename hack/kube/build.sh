@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Build the real Kubernetes control plane used by the integration tests (testkit/) from Go
-# modules: kube-apiserver, kube-controller-manager and kube-scheduler of one release from
-# k8s.io/kubernetes (module ./k8s) and the etcd 3.6 server (module ./etcd).
+# modules: kube-apiserver, kube-controller-manager, kube-scheduler and kubectl of one release
+# from k8s.io/kubernetes (module ./k8s) and the etcd 3.6 server (module ./etcd).
 #
-# Output: hack/kube/_build/bin/{etcd,kube-apiserver,kube-controller-manager,kube-scheduler}
-# (git-ignored). Cached: a stamp records the hash of every input (go.mod, go.sum, sources, this
-# script, the Go version); when it matches and the binaries exist, the script exits at once.
+# Output: hack/kube/_build/bin/{etcd,kube-apiserver,kube-controller-manager,kube-scheduler,
+# kubectl} (git-ignored). Cached: a stamp records the hash of every input (go.mod, go.sum,
+# sources, this script, the Go version); when it matches and the binaries exist, the script
+# exits at once. Each build is also kept under ~/.cache/cdi-py/kube/<hash>/ (XDG_CACHE_HOME is
+# honoured), so a fresh clone or another worktree with the same inputs copies it in seconds.
 #   hack/kube/build.sh           build if inputs changed
 #   hack/kube/build.sh --force   rebuild regardless of the stamp
 set -euo pipefail
@@ -13,7 +15,8 @@ here="$(cd "$(dirname "$0")" && pwd)"
 out="$here/_build"
 bin="$out/bin"
 stamp="$out/stamp"
-binaries=(etcd kube-apiserver kube-controller-manager kube-scheduler)
+binaries=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl)
+cache_root="${XDG_CACHE_HOME:-$HOME/.cache}/cdi-py/kube"
 
 command -v go >/dev/null || { echo "hack/kube: no Go toolchain on PATH (need Go >= 1.25)" >&2; exit 1; }
 
@@ -46,6 +49,13 @@ fi
 
 mkdir -p "$bin"
 rm -f "$stamp"
+cached="$cache_root/$want"
+if [[ "${1:-}" != "--force" && -f "$cached/complete" ]]; then
+  for b in "${binaries[@]}"; do cp -f "$cached/$b" "$bin/$b"; done
+  echo "$want" > "$stamp"
+  echo "hack/kube: copied from $cached (kubernetes $kube_version, etcd $etcd_version)"
+  exit 0
+fi
 export CGO_ENABLED=0
 export GOFLAGS="${GOFLAGS:-} -buildvcs=false"
 start=$SECONDS
@@ -58,7 +68,7 @@ echo "hack/kube: building etcd $etcd_version"
     -o "$bin/etcd" .
 )
 
-echo "hack/kube: building kube-apiserver, kube-controller-manager, kube-scheduler $kube_version"
+echo "hack/kube: building kube-apiserver, kube-controller-manager, kube-scheduler, kubectl $kube_version"
 minor="${kube_version#v1.}"
 minor="${minor%%.*}"
 # The same variables hack/lib/version.sh sets upstream, so /version reports the real release.
@@ -75,8 +85,13 @@ done
   go build -trimpath -ldflags "$ldflags" -o "$bin/" \
     k8s.io/kubernetes/cmd/kube-apiserver \
     k8s.io/kubernetes/cmd/kube-controller-manager \
-    k8s.io/kubernetes/cmd/kube-scheduler
+    k8s.io/kubernetes/cmd/kube-scheduler \
+    k8s.io/kubernetes/cmd/kubectl
 )
 
+# Keep a copy outside the tree for other checkouts; written fully before it is marked complete.
+mkdir -p "$cached"
+for b in "${binaries[@]}"; do cp -f "$bin/$b" "$cached/$b"; done
+touch "$cached/complete"
 echo "$want" > "$stamp"
 echo "hack/kube: built in $((SECONDS - start)) s into $bin"

@@ -1,11 +1,13 @@
 //go:build tools
 
-// Package tools pins the Kubernetes control-plane commands that build.sh compiles, so that
-// `go mod tidy` keeps every module they need in go.mod and go.sum.
+// Package tools pins the Kubernetes commands that build.sh compiles (the control plane, and
+// kubectl of the same release), so that `go mod tidy` keeps every module they need in go.mod
+// and go.sum.
 package tools
 
 import (
 	_ "k8s.io/kubernetes/cmd/kube-apiserver"
 	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
 	_ "k8s.io/kubernetes/cmd/kube-scheduler"
+	_ "k8s.io/kubernetes/cmd/kubectl"
 )
