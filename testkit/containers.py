@@ -1,10 +1,12 @@
 """One container as a process on the node: start, exit, signals, logs, termination message,
 restart back-off, readiness and liveness probes.
 
-A container runs as ``unshare --mount --propagation private -- mountns.sh <binds> -- argv`` in a
-new session (its own process group): the wrapper bind-mounts the pod's volumes in the private
-mount namespace and execs the command with the same PID, so signals reach it directly and the
-host's mounts never change. stdout and stderr go to ``logs/<container>/<restartCount>.log``.
+A container runs as ``unshare --mount --uts --propagation private -- mountns.sh <binds> -- argv``
+in a new session (its own process group): the wrapper bind-mounts the pod's volumes in the
+private mount namespace, sets the pod's hostname in its own UTS namespace (as a kubelet does, so
+``gethostname()`` names the pod) and execs the command with the same PID, so signals reach it
+directly and the host's mounts and name never change. stdout and stderr go to
+``logs/<container>/<restartCount>.log``.
 """
 
 from __future__ import annotations
@@ -78,6 +80,7 @@ class LaunchSpec:
     termination_path: str
     fallback_to_logs: bool
     record_path: Path  # the wrapper lists here the mount points it had to create on the host
+    hostname: str = ""  # the pod's hostname (its name, or spec.hostname); empty: the host's
 
 
 class ContainerProcess:
@@ -92,8 +95,10 @@ class ContainerProcess:
         # setpriv: a container dies with the node agent that started it, like pods whose
         # kubelet and runtime went away.
         argv = ["setpriv", "--pdeathsig", "KILL", "--"]
-        argv += ["unshare", "--mount", "--propagation", "private", "--", "/bin/sh", str(MOUNTNS)]
-        argv += ["--record", str(spec.record_path)]
+        argv += ["unshare", "--mount", "--uts", "--propagation", "private", "--"]
+        argv += ["/bin/sh", str(MOUNTNS), "--record", str(spec.record_path)]
+        if spec.hostname:
+            argv += ["--hostname", spec.hostname]
         for keep in dict.fromkeys((str(REPO_ROOT), sys.prefix, sys.base_prefix)):
             argv += ["--keep", keep]
         for b in spec.binds:

@@ -2,8 +2,9 @@
 # Runs inside a fresh private mount namespace (`unshare --mount --propagation private`) made by
 # the testkit node agent for one container: bind-mounts the pod's volumes at their mount paths,
 # changes to the working directory, then execs the container command, keeping the PID.
-#   mountns.sh [--record FILE] [--keep PATH]... [--bind SRC DST rw|ro]... [--dev SRC DST]...
-#              [--workdir DIR] -- CMD [ARG]...
+#   mountns.sh [--record FILE] [--hostname NAME] [--keep PATH]... [--bind SRC DST rw|ro]...
+#              [--dev SRC DST]... [--workdir DIR] -- CMD [ARG]...
+# --hostname sets the name in the UTS namespace the node agent made (`unshare --uts`).
 # --keep names a host path the container's command lives in (the repository, the Python
 # install): if a volume is mounted over one of its parents (an emptyDir at /tmp while the
 # checkout is under /tmp), the path is bound back on top, so the program is still there.
@@ -50,6 +51,7 @@ tab=$(printf '\t')
 while [ $# -gt 0 ]; do
   case "$1" in
     --record) record=$2; shift 2 ;;
+    --hostname) printf '%s' "$2" > /proc/sys/kernel/hostname || die "cannot set hostname $2"; shift 2 ;;
     --keep)
       n=$(printf '%s\n' "$keeps" | grep -c . || true)
       mkdirs "$stage/$n"

@@ -43,7 +43,7 @@ from testkit.containers import (
 )
 from testkit.images import DEFAULT_MAP, ImageMap, UnknownImage
 from testkit.kubeclient import JSON, STRATEGIC_PATCH, ApiError, Kube, ns_path
-from testkit.podenv import NotReady, PodFacts, base_env, container_env, expand
+from testkit.podenv import NotReady, PodFacts, base_env, container_env, expand, pod_hostname
 from testkit.podvolumes import KubeLookup, Volume, VolumeBuilder, container_binds
 from testkit.serviceproxy import ServiceProxy
 
@@ -395,6 +395,7 @@ class NodeAgent:
             fallback_to_logs=c.spec.get("terminationMessagePolicy") == "FallbackToLogsOnError",
             record_path=self.config.mount_point_record
             or self.config.state_dir / "created-mount-points",
+            hostname=pod_hostname(rt.pod),
         )
 
     def _write_status(self, rt: PodRuntime) -> None:

@@ -159,8 +159,17 @@ def container_env(
     return env
 
 
+def pod_hostname(pod: JSON) -> str:
+    """The kubelet's rule: ``spec.hostname``, else the pod name cut to 63 characters (a DNS
+    label) without a trailing ``-`` or ``.``."""
+    explicit = pod["spec"].get("hostname")
+    if explicit:
+        return str(explicit)
+    return str(pod["metadata"]["name"])[:63].rstrip("-.")
+
+
 def base_env(pod: JSON, image_env: dict[str, str], api_port: int) -> dict[str, str]:
-    env = {"PATH": BASE_PATH, "HOME": "/root", "HOSTNAME": pod["metadata"]["name"]}
+    env = {"PATH": BASE_PATH, "HOME": "/root", "HOSTNAME": pod_hostname(pod)}
     env.update(image_env)
     env.update(
         {

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import itertools
+import os
 import time
 import urllib.request
 
@@ -43,7 +44,8 @@ def test_env_and_volumes_come_from_secrets_configmaps_and_the_downward_api(
     script = (
         'echo "key=$ACCESS_KEY mode=$MODE pod=$POD_NAME ns=$POD_NS ip=$POD_IP greet=$GREETING";'
         " echo pwd=$(pwd); cat /etc/creds/secretKey; echo; cat /etc/settings/config.ini;"
-        " cat /etc/podinfo/labels; echo; ls /var/run/secrets/kubernetes.io/serviceaccount"
+        " cat /etc/podinfo/labels; echo; ls /var/run/secrets/kubernetes.io/serviceaccount;"
+        " echo host=$(cat /proc/sys/kernel/hostname) env-host=$HOSTNAME"
     )
     pod = pod_manifest(
         "envy",
@@ -94,6 +96,8 @@ def test_env_and_volumes_come_from_secrets_configmaps_and_the_downward_api(
     assert "pwd=/work-dir-testkit" in out
     assert "s3cr3t" in out and "y=1" in out and 'app="envy"' in out
     assert "token" in out and "ca.crt" in out  # projected service-account volume
+    assert "host=envy env-host=envy" in out  # its own UTS namespace, named like the pod
+    assert os.uname().nodename != "envy"  # ... and the host's name is untouched
 
 
 def test_readiness_probe_gates_ready_and_deletion_sends_sigterm(

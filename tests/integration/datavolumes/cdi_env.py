@@ -1,20 +1,18 @@
 """What the DataVolume integration tests share: our CRDs installed, test images built by real
-qemu-img, a loopback image server, and the controller running as a real process.
+qemu-img, a loopback image server, and the product deployed from ``deploy/``.
 
-The controller runs as ``python -m cdi controller`` against the session cluster with leader
-election on (a short lease, so a restarted controller takes over quickly); tests may SIGKILL it
-by pid and start it again. Images are served from 127.0.0.1, which pods on the local node
-(127.1.x.y) reach directly.
+The product is what a user installs: ``kubectl apply`` of ``crds/`` and ``deploy/`` unchanged
+(``testkit.product``), so the controller runs as its Deployment's 2 replicas with Lease leader
+election and the webhook is reached through its Service. Tests that crash a component SIGKILL
+a replica's container (``Product.kill``) and the node restarts it, as a kubelet would. Images
+are served from 127.0.0.1, which pods on the local node (127.N.x.y) reach directly.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
 import random
-import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -28,6 +26,7 @@ from aiohttp import web
 
 from testkit.cluster import Cluster
 from testkit.kubeclient import ApiError, Kube
+from testkit.product import Product
 from testkit.waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[3]
@@ -195,72 +194,6 @@ class ImageServer:
             loop.call_soon_threadsafe(loop.stop)
 
 
-# -- the controller process -----------------------------------------------------------------
-
-
-@dataclass
-class ControllerProcess:
-    cluster: Cluster
-    log_dir: Path
-    args: tuple[str, ...] = ()
-    proc: subprocess.Popen[bytes] | None = None
-    starts: int = 0
-
-    def start(self) -> ControllerProcess:
-        self.starts += 1
-        log = open(self.log_dir / f"controller-{self.starts}.log", "wb")
-        env = dict(os.environ, PYTHONPATH=str(REPO))
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "cdi",
-                "controller",
-                f"--kubeconfig={self.cluster.kubeconfig}",
-                "--importer-image=quay.io/cdi-py/cdi-importer:test",
-                f"--lease-namespace={CDI_NAMESPACE}",
-                "--lease-duration=3",
-                "--renew-deadline=2",
-                "--retry-period=0.5",
-                "--retry-base-delay=1",
-                "--max-attempts=3",
-                "--progress-interval=0.5",
-                "--log-level=DEBUG",
-                *self.args,
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
-            cwd=REPO,
-            start_new_session=True,
-        )
-        log.close()
-        return self
-
-    def kill(self) -> None:
-        """SIGKILL: no graceful shutdown, no lease release (a crash)."""
-        if self.proc is not None:
-            os.kill(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(10)
-
-    def stop(self) -> int | None:
-        if self.proc is None:
-            return None
-        if self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.kill(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(10)
-        return self.proc.returncode
-
-    def log(self) -> str:
-        return "".join(
-            p.read_text(errors="replace") for p in sorted(self.log_dir.glob("controller-*.log"))
-        )
-
-
 # -- fixtures -------------------------------------------------------------------------------
 
 
@@ -268,6 +201,24 @@ class ControllerProcess:
 def cdi_crds(kube: Kube) -> None:
     install_crds(kube)
     ensure_namespace(kube, CDI_NAMESPACE)
+
+
+@pytest.fixture(scope="session")
+def product(cluster: Cluster, cdi_crds: None) -> Product:
+    """``crds/`` and ``deploy/`` applied with kubectl, as they are; every Deployment Available
+    and the webhook answering through its Service. One per session: every DataVolume test
+    shares it (the Deployments run the checkout's code through the node's image map)."""
+    return Product.on(cluster).install()
+
+
+@pytest.fixture(scope="session")
+def controller(product: Product) -> Product:
+    """The deployed controller (2 replicas, one leading); the name tests have always used."""
+    return product
+
+
+# Tests written when the controller was a loose process annotate the fixture with this name.
+ControllerProcess = Product
 
 
 @pytest.fixture(scope="session")
@@ -280,16 +231,6 @@ def image_server(images: Images) -> Iterator[ImageServer]:
     server = ImageServer(images.root).start()
     yield server
     server.stop()
-
-
-@pytest.fixture(scope="session")
-def controller(
-    cluster: Cluster, cdi_crds: None, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[ControllerProcess]:
-    proc = ControllerProcess(cluster, tmp_path_factory.mktemp("controller")).start()
-    yield proc
-    code = proc.stop()
-    assert code == 0, f"controller exited {code} on SIGTERM:\n{proc.log()[-4000:]}"
 
 
 # -- DataVolume helpers ---------------------------------------------------------------------

@@ -1,9 +1,11 @@
-"""Fixtures of the DataVolume tests (CRDs, images, image server, the controller process);
-the cluster and per-test namespace come from ``tests/integration/conftest.py``."""
+"""Fixtures of the DataVolume tests (CRDs, images, image server, the product deployed from
+deploy/ and its controller); the cluster and per-test namespace come from
+``tests/integration/conftest.py``."""
 
 from tests.integration.datavolumes.cdi_env import (  # noqa: F401
     cdi_crds,
     controller,
     image_server,
     images,
+    product,
 )

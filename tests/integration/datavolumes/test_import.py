@@ -1,5 +1,6 @@
-"""DataVolume import and blank, end to end: the real API server, our CRDs, the controller as
-a process, importer pods on the local node writing real volumes."""
+"""DataVolume import and blank, end to end: the real API server, our CRDs, the product deployed
+from deploy/ (2 controller replicas, the webhook), importer pods on the local node writing real
+volumes."""
 
 from __future__ import annotations
 
@@ -13,9 +14,9 @@ from cdi.api.quantity import Quantity
 from cdi.render.pvc import required_space
 from datapath.target import usable_space
 from testkit.kubeclient import Kube
+from testkit.product import Product
 from testkit.waiting import wait_until
 from tests.integration.datavolumes.cdi_env import (
-    ControllerProcess,
     Images,
     ImageServer,
     MiB,
@@ -32,7 +33,7 @@ pytestmark = pytest.mark.integration
 
 
 def test_blank_datavolume_is_a_sparse_disk_of_the_requested_size(
-    kube: Kube, namespace: str, controller: ControllerProcess
+    kube: Kube, namespace: str, controller: Product
 ) -> None:
     kube.create(dv_path(namespace), datavolume("blank", {"blank": {}}, size="64Mi"))
     dv = wait_phase(kube, namespace, "blank", ("Succeeded", "Failed"), 90)
@@ -64,7 +65,7 @@ def test_blank_datavolume_is_a_sparse_disk_of_the_requested_size(
 def test_http_qcow2_xz_into_filesystem_volume_matches_qemu_img(
     kube: Kube,
     namespace: str,
-    controller: ControllerProcess,
+    controller: Product,
     image_server: ImageServer,
     images: Images,
 ) -> None:
@@ -94,7 +95,7 @@ def test_http_qcow2_xz_into_filesystem_volume_matches_qemu_img(
 def test_http_import_into_volume_matches_qemu_img(
     kube: Kube,
     namespace: str,
-    controller: ControllerProcess,
+    controller: Product,
     image_server: ImageServer,
     images: Images,
     image: str,
@@ -117,7 +118,7 @@ def test_http_import_into_volume_matches_qemu_img(
 
 
 def test_wait_for_first_consumer_is_reported_and_immediate_binding_imports(
-    kube: Kube, namespace: str, controller: ControllerProcess
+    kube: Kube, namespace: str, controller: Product
 ) -> None:
     kube.create(
         dv_path(namespace),
@@ -157,7 +158,7 @@ FAILURES = {
 def test_permanent_failure_fails_at_once_keeps_the_pod_and_marks_nothing_ready(
     kube: Kube,
     namespace: str,
-    controller: ControllerProcess,
+    controller: Product,
     image_server: ImageServer,
     case: str,
 ) -> None:
@@ -203,7 +204,7 @@ def test_permanent_failure_fails_at_once_keeps_the_pod_and_marks_nothing_ready(
 def test_transient_failure_retries_with_backoff_then_fails(
     kube: Kube,
     namespace: str,
-    controller: ControllerProcess,
+    controller: Product,
     image_server: ImageServer,
 ) -> None:
     url = image_server.url("down", "disk.raw.gz")
@@ -234,10 +235,10 @@ def test_transient_failure_retries_with_backoff_then_fails(
     )
 
 
-def test_controller_killed_mid_import_resumes_without_duplicate_pods(
+def test_leader_killed_mid_import_the_standby_takes_over_within_the_lease_without_duplicates(
     kube: Kube,
     namespace: str,
-    controller: ControllerProcess,
+    controller: Product,
     image_server: ImageServer,
     images: Images,
 ) -> None:
@@ -250,19 +251,44 @@ def test_controller_killed_mid_import_resumes_without_duplicate_pods(
         for p in kube.get(f"/api/v1/namespaces/{namespace}/pods")["items"]:
             uids.add(p["metadata"]["uid"])
 
+    old = controller.leader()
+    assert old in {p["metadata"]["name"] for p in controller.pods("cdi-controller")}
+    lease_seconds = controller.lease()["spec"]["leaseDurationSeconds"]
     note_pods()
-    controller.kill()
-    note_pods()
-    controller.start()
+    killed_at = time.monotonic()
+    controller.kill(old)  # SIGKILL: the Lease is not released, the standby must wait it out
+
+    def new_leader() -> str | None:
+        note_pods()
+        holder = controller.leader()
+        return holder if holder != old else None
+
+    successor = wait_until(new_leader, "another replica to take the Lease", 3 * lease_seconds)
+    took = time.monotonic() - killed_at
+    # The standby retries every 2 s (--retry-period): it takes over once the lease expired.
+    assert took <= lease_seconds + 3, f"{successor} took over after {took:.1f} s"
 
     def done() -> dict | None:
         note_pods()
         dv = kube.get(dv_path(namespace, "crash"))
         return dv if dv.get("status", {}).get("phase") in ("Succeeded", "Failed") else None
 
-    dv = wait_until(done, "import to finish after the restart", 120, interval=0.2)
+    dv = wait_until(done, "import to finish after the takeover", 120, interval=0.2)
     assert dv["status"]["phase"] == "Succeeded", dv["status"]
     assert dv["status"]["restartCount"] == 0
-    assert len(uids) == 1, uids  # the restarted controller found the pod instead of a new one
+    assert len(uids) == 1, uids  # the new leader found the pod instead of making another
     local = Path(pv_of(kube, namespace, "crash")["spec"]["local"]["path"])
     same_prefix_then_zeros(local / "disk.img", images.reference)
+    # The killed replica is restarted by the node and stands by again.
+    wait_until(
+        lambda: (
+            all(
+                c.get("ready")
+                for p in controller.pods("cdi-controller")
+                for c in p["status"].get("containerStatuses") or [{}]
+            )
+            and len(controller.pods("cdi-controller")) == 2
+        ),
+        "both controller replicas running again",
+        60,
+    )

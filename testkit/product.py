@@ -1,0 +1,174 @@
+"""Install the product on a testkit cluster the way a user does: ``kubectl apply`` of ``crds/``
+and ``deploy/`` as they are in the repository, then wait until every Deployment there is
+Available and the admission webhook answers through its Service.
+
+The node maps our image names to ``python -m cdi`` and friends (``images.yaml``), so the
+Deployments run the checkout's code; nothing is started by hand and nothing in the manifests
+is rewritten. The integration tests share one installed product per session; ``testkit.tryout``
+uses the same steps for the one-command try-out. :class:`Kubectl` runs the kubectl that
+``hack/kube/build.sh`` builds from the control plane's own release.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from testkit.cluster import DEFAULT_BIN_DIR, REPO_ROOT, Cluster
+from testkit.kubeclient import Kube
+from testkit.waiting import wait_until
+
+JSON = dict[str, Any]
+DEPLOY_DIR = REPO_ROOT / "deploy"
+CRD_DIR = REPO_ROOT / "crds"
+NAMESPACE = "cdi"
+LEASE = "cdi-controller-leader-election-helper"
+CONTROLLER = "cdi-controller"
+# A DataVolume with two sources: only our validating webhook refuses it with this message.
+WEBHOOK_PROBE = {
+    "apiVersion": "cdi.kubevirt.io/v1beta1",
+    "kind": "DataVolume",
+    "metadata": {"name": "webhook-probe", "namespace": "default"},
+    "spec": {
+        "source": {"http": {"url": "http://127.0.0.1:9/a.img"}, "blank": {}},
+        "pvc": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Mi"}}},
+    },
+}
+WEBHOOK_PROBE_MESSAGE = "Multiple Data volume sources"
+
+
+class KubectlFailed(RuntimeError):
+    """kubectl exited non-zero; the message holds its stderr."""
+
+
+@dataclass(frozen=True)
+class Kubectl:
+    """The real kubectl against one cluster, with the admin kubeconfig."""
+
+    kubeconfig: Path
+    binary: Path = DEFAULT_BIN_DIR / "kubectl"
+
+    @classmethod
+    def for_cluster(cls, cluster: Cluster) -> Kubectl:
+        return cls(cluster.kubeconfig, cluster.config.bin_dir / "kubectl")
+
+    def __call__(self, *args: str, stdin: str | None = None, timeout: float = 120) -> str:
+        if not self.binary.is_file():
+            raise KubectlFailed(f"no kubectl at {self.binary}: run hack/kube/build.sh")
+        proc = subprocess.run(
+            [str(self.binary), f"--kubeconfig={self.kubeconfig}", *args],
+            input=stdin,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+        if proc.returncode:
+            raise KubectlFailed(f"kubectl {' '.join(args)}: {proc.stderr.strip()}")
+        return proc.stdout
+
+
+def deploy_documents(deploy_dir: Path = DEPLOY_DIR) -> list[JSON]:
+    """Every object in ``deploy/*.yaml`` (not the ``crds`` link), in file order."""
+    docs: list[JSON] = []
+    for path in sorted(deploy_dir.glob("*.yaml")):
+        docs += [d for d in yaml.safe_load_all(path.read_text()) if d]
+    return docs
+
+
+def deployments(deploy_dir: Path = DEPLOY_DIR) -> list[tuple[str, str]]:
+    """(namespace, name) of every Deployment in ``deploy/``."""
+    return [
+        (d["metadata"].get("namespace", "default"), d["metadata"]["name"])
+        for d in deploy_documents(deploy_dir)
+        if d["kind"] == "Deployment"
+    ]
+
+
+@dataclass
+class Product:
+    """``crds/`` and ``deploy/`` applied to one cluster."""
+
+    cluster: Cluster
+    kubectl: Kubectl
+    installed_in: float = 0.0
+
+    @classmethod
+    def on(cls, cluster: Cluster) -> Product:
+        return cls(cluster, Kubectl.for_cluster(cluster))
+
+    @property
+    def kube(self) -> Kube:
+        return self.cluster.kube()
+
+    def install(self, timeout: float = 180) -> Product:
+        t0 = time.monotonic()
+        self.apply_crds()
+        self.kubectl("apply", "-f", str(DEPLOY_DIR))
+        for ns, name in deployments():
+            self.kubectl(
+                "-n", ns, "wait", "--for=condition=Available", f"deployment/{name}",
+                f"--timeout={int(timeout)}s", timeout=timeout + 10,
+            )  # fmt: skip
+        wait_until(self._webhook_refuses_probe, "the webhook to answer through its Service", 60)
+        self.installed_in = time.monotonic() - t0
+        return self
+
+    def apply_crds(self) -> None:
+        self.kubectl("apply", "-f", str(CRD_DIR))
+        self.kubectl(
+            "wait", "--for=condition=Established", "--timeout=60s", "-f", str(CRD_DIR), timeout=70
+        )
+
+    def _webhook_refuses_probe(self) -> bool:
+        """A server-side dry run goes through admission: our webhook, reached by the API server
+        through the Service's ClusterIP with the CA bundle our webhook patched in."""
+        try:
+            self.kubectl(
+                "create", "--dry-run=server", "-f", "-", stdin=yaml.safe_dump(WEBHOOK_PROBE)
+            )
+        except KubectlFailed as e:
+            return WEBHOOK_PROBE_MESSAGE in str(e)
+        raise AssertionError("a DataVolume with two sources was admitted: webhook not called")
+
+    # -- the controller's replicas ----------------------------------------------------------
+    def pods(self, app: str) -> list[JSON]:
+        listing = self.kube.get(f"/api/v1/namespaces/{NAMESPACE}/pods", labelSelector=f"app={app}")
+        return [p for p in listing["items"] if not p["metadata"].get("deletionTimestamp")]
+
+    def lease(self) -> JSON:
+        return self.kube.get(f"/apis/coordination.k8s.io/v1/namespaces/{NAMESPACE}/leases/{LEASE}")
+
+    def leader(self) -> str:
+        """The controller pod holding the Lease (identity ``<hostname>_<id>``, and a pod's
+        hostname is its name)."""
+        holder = self.lease()["spec"].get("holderIdentity") or ""
+        return str(holder).rsplit("_", 1)[0]
+
+    def kill(self, pod: str) -> None:
+        """SIGKILL every container of a pod: a crash, no graceful shutdown, no lease release.
+        The node restarts them under the pod's restartPolicy, as a kubelet would."""
+        obj = self.kube.get(f"/api/v1/namespaces/{NAMESPACE}/pods/{pod}")
+        for status in obj["status"].get("containerStatuses") or []:
+            cid = str(status.get("containerID", ""))
+            if cid.startswith("testkit://"):
+                os.killpg(int(cid.removeprefix("testkit://")), signal.SIGKILL)
+
+    def log(self, app: str = CONTROLLER) -> str:
+        """Every container log of every pod the app ever had on the node, oldest first."""
+        root = self.cluster.state / "node" / "pods"
+        dirs = sorted(root.glob(f"{NAMESPACE}_{app}-*"), key=lambda d: d.stat().st_mtime)
+        out = []
+        for d in dirs:
+            for f in sorted((d / "logs").glob("*/*.log"), key=lambda p: (p.parent, int(p.stem))):
+                out.append(
+                    f"--- {d.name}/{f.parent.name}/{f.name}\n{f.read_text(errors='replace')}"
+                )
+        return "".join(out)
