@@ -125,7 +125,8 @@ def _interrupt(signum: int, frame: FrameType | None) -> None:
 
 
 def run(state: Path, image_port: int) -> int:
-    for sig in (signal.SIGTERM, signal.SIGHUP):
+    # SIGINT too: a shell starts background jobs with it ignored, and Python then leaves it so.
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _interrupt)
     cluster = Cluster(ClusterConfig(state_dir=state))
     server: ImageServer | None = None
