@@ -265,8 +265,10 @@ def test_leader_killed_mid_import_the_standby_takes_over_within_the_lease_withou
 
     successor = wait_until(new_leader, "another replica to take the Lease", 3 * lease_seconds)
     took = time.monotonic() - killed_at
-    # The standby retries every 2 s (--retry-period): it takes over once the lease expired.
-    assert took <= lease_seconds + 3, f"{successor} took over after {took:.1f} s"
+    print(f"takeover: {successor} leads {took:.1f} s after {old} was SIGKILLed")
+    # The Lease expires at most 15 s after the kill (the last renewal came before it); the
+    # standby looks every 2 s (--retry-period); 3 s more for a loaded 2-core machine.
+    assert took <= lease_seconds + 5, f"{successor} took over after {took:.1f} s"
 
     def done() -> dict | None:
         note_pods()

@@ -6,6 +6,7 @@ Succeeded and ``kubectl get dv`` / ``kubectl describe dv`` show what CDI's users
 from __future__ import annotations
 
 import re
+import time
 
 import pytest
 import yaml
@@ -75,3 +76,28 @@ def test_the_readme_example_applied_with_kubectl_succeeds_and_kubectl_shows_cdi_
     described = wait_until(described_with_success_event, "kubectl describe to show the event", 10)
     assert f"Name:         {name}" in described
     assert product.kube.get(dv_path(namespace, name))["spec"]["contentType"] == "kubevirt"
+
+
+def test_a_leader_deleted_gracefully_releases_the_lease_and_the_deployment_heals(
+    product: Product,
+) -> None:
+    old = product.leader()
+    lease_seconds = product.lease()["spec"]["leaseDurationSeconds"]
+    t0 = time.monotonic()
+    product.kubectl("-n", NAMESPACE, "delete", "pod", old, "--wait=false")
+
+    def successor() -> str | None:
+        holder = product.leader()
+        return holder if holder and holder != old else None
+
+    new = wait_until(successor, "the standby to take the released Lease", lease_seconds)
+    took = time.monotonic() - t0
+    print(f"graceful hand-over: {new} leads {took:.1f} s after {old} was deleted")
+    # SIGTERM makes the leader release the Lease: no waiting out its 15 s.
+    assert took < lease_seconds / 2, f"{new} took over after {took:.1f} s"
+    assert new in {p["metadata"]["name"] for p in product.pods(CONTROLLER)}
+    product.kubectl(
+        "-n", NAMESPACE, "wait", "--for=condition=Available", f"deployment/{CONTROLLER}",
+        "--timeout=60s", timeout=70,
+    )  # fmt: skip
+    wait_until(lambda: len(product.pods(CONTROLLER)) == 2, "a replacement replica", 60)
