@@ -1,6 +1,7 @@
 """deploy/ against the real API server: every manifest passes a server-side dry run, and each
 component's service account may do what its component does and nothing broad (checked with
-SubjectAccessReview after applying the RBAC objects for real)."""
+SubjectAccessReview after applying the RBAC objects for real). That deploy/ also runs, applied
+with kubectl as it is, is test_product.py's part."""
 
 from __future__ import annotations
 
