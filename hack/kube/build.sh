@@ -7,7 +7,8 @@
 # kubectl} (git-ignored). Cached: a stamp records the hash of every input (go.mod, go.sum,
 # sources, this script, the Go version); when it matches and the binaries exist, the script
 # exits at once. Each build is also kept under ~/.cache/cdi-py/kube/<hash>/ (XDG_CACHE_HOME is
-# honoured), so a fresh clone or another worktree with the same inputs copies it in seconds.
+# honoured; the three newest are kept), so a fresh clone or another worktree with the same
+# inputs copies it in seconds.
 #   hack/kube/build.sh           build if inputs changed
 #   hack/kube/build.sh --force   rebuild regardless of the stamp
 set -euo pipefail
@@ -93,5 +94,7 @@ done
 mkdir -p "$cached"
 for b in "${binaries[@]}"; do cp -f "$bin/$b" "$cached/$b"; done
 touch "$cached/complete"
+# Keep the three newest builds there (each ~350 MB): enough for a few branches in flight.
+ls -1dt "$cache_root"/*/ | tail -n +4 | xargs -r rm -rf
 echo "$want" > "$stamp"
 echo "hack/kube: built in $((SECONDS - start)) s into $bin"
