@@ -48,6 +48,11 @@ class KubectlFailed(RuntimeError):
     """kubectl exited non-zero; the message holds its stderr."""
 
 
+class ProductNotReady(RuntimeError):
+    """A Deployment of deploy/ did not become Available, or the webhook did not answer; the
+    message ends with the tails of the product's pod logs."""
+
+
 @dataclass(frozen=True)
 class Kubectl:
     """The real kubectl against one cluster, with the admin kubeconfig."""
@@ -112,14 +117,22 @@ class Product:
         t0 = time.monotonic()
         self.apply_crds()
         self.kubectl("apply", "-f", str(DEPLOY_DIR))
-        for ns, name in deployments():
-            self.kubectl(
-                "-n", ns, "wait", "--for=condition=Available", f"deployment/{name}",
-                f"--timeout={int(timeout)}s", timeout=timeout + 10,
-            )  # fmt: skip
-        wait_until(self._webhook_refuses_probe, "the webhook to answer through its Service", 60)
+        try:
+            for ns, name in deployments():
+                self.kubectl(
+                    "-n", ns, "wait", "--for=condition=Available", f"deployment/{name}",
+                    f"--timeout={int(timeout)}s", timeout=timeout + 10,
+                )  # fmt: skip
+            wait_until(self._webhook_refuses_probe, "the webhook to answer through its Service", 60)
+        except (KubectlFailed, TimeoutError, subprocess.TimeoutExpired) as e:
+            raise ProductNotReady(f"{e}\n{self._pod_log_tails()}") from e
         self.installed_in = time.monotonic() - t0
         return self
+
+    def _pod_log_tails(self, chars: int = 2000) -> str:
+        """What the product's pods said, for a start-up that went wrong."""
+        apps = {d["metadata"]["name"] for d in deploy_documents() if d["kind"] == "Deployment"}
+        return "\n".join(f"=== {app}\n{self.log(app)[-chars:]}" for app in sorted(apps))
 
     def apply_crds(self) -> None:
         self.kubectl("apply", "-f", str(CRD_DIR))

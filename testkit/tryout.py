@@ -25,8 +25,9 @@ from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import FrameType
 
-from testkit.cluster import REPO_ROOT, Cluster, ClusterConfig
-from testkit.product import Product
+from testkit.cluster import REPO_ROOT, Cluster, ClusterConfig, ClusterStartFailed
+from testkit.procs import ComponentDied
+from testkit.product import Product, ProductNotReady
 
 IMAGE_NAME = "tryout-disk.qcow2"
 DEFAULT_IMAGE_PORT = 8088
@@ -130,6 +131,7 @@ def run(state: Path, image_port: int) -> int:
         signal.signal(sig, _interrupt)
     cluster = Cluster(ClusterConfig(state_dir=state))
     server: ImageServer | None = None
+    status = 0
     try:
         print("cdi-py try-out: building the example image", flush=True)
         image = build_example_image(state / "tryout")
@@ -145,6 +147,9 @@ def run(state: Path, image_port: int) -> int:
             time.sleep(1.0)
     except KeyboardInterrupt:
         print("\ncdi-py try-out: stopping and cleaning up", flush=True)
+    except (ComponentDied, ClusterStartFailed, ProductNotReady) as e:
+        print(f"\ncdi-py try-out: {e}\ncdi-py try-out: stopping and cleaning up", flush=True)
+        status = 1
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             signal.signal(sig, signal.SIG_IGN)  # a second Ctrl-C must not cut the clean-up short
@@ -152,7 +157,7 @@ def run(state: Path, image_port: int) -> int:
             server.stop()
         cluster.stop()
     print("cdi-py try-out: stopped", flush=True)
-    return 0
+    return status
 
 
 def main(argv: list[str] | None = None) -> int:
