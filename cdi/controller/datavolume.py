@@ -89,7 +89,7 @@ class Store(Protocol):
 
 @dataclass(frozen=True)
 class Caches:
-    pods: Store  # importer pods (label cdi.kubevirt.io=importer)
+    pods: Store  # worker pods (today the importer's: label cdi.kubevirt.io=importer)
     storage_classes: Store
     storage_profiles: Store
     cdi_configs: Store
