@@ -21,7 +21,6 @@ import asyncio
 import contextlib
 import logging
 import signal
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -119,7 +118,6 @@ class Manager:
             Sources(self.informers["dv"], self.informers["sc"], self.informers["profile"])
         )
         self.loops = self._loops(identity)
-        self.queue = self.loops["datavolume"].queue
         self.elector = LeaderElector(self.kube, config.leader) if config.leader else None
         self._metrics_runner: web.AppRunner | None = None
         self._stop = asyncio.Event()
@@ -140,7 +138,7 @@ class Manager:
         )
         profiles = StorageProfileReconciler(self.kube, utc_now)
         cdi_config = CDIConfigReconciler(self.kube, i["sc"], cfg.namespace, cfg.config_recheck)
-        reconcilers: list[tuple[str, Callable[[str], Any], int]] = [
+        reconcilers: list[tuple[str, Reconcile, int]] = [
             ("datavolume", datavolumes.reconcile, cfg.workers),
             ("storageprofile", profiles.reconcile, 1),
             ("cdiconfig", cdi_config.reconcile, 1),
