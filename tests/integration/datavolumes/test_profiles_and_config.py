@@ -223,3 +223,29 @@ def test_config_status_is_filled_and_overhead_changes_the_next_claim(
         "before": required_space(0.06, 64 * MiB),
         "after": required_space(0.5, 64 * MiB),
     }
+
+
+def test_without_a_default_class_a_classless_claim_waits_with_cdis_error(
+    kube: Kube, namespace: str, controller: ControllerProcess
+) -> None:
+    sc_path = "/apis/storage.k8s.io/v1/storageclasses/testkit-fs"
+    default = "storageclass.kubernetes.io/is-default-class"
+    kube.patch(sc_path, {"metadata": {"annotations": {default: "false"}}})
+    try:
+        kube.create(dv_path(namespace), storage_dv("classless", {"blank": {}}, "16Mi"))
+
+        def refused() -> dict[str, Any] | None:
+            dv = kube.get(dv_path(namespace, "classless"))
+            bound = condition(dv, "Bound") if dv.get("status") else {}
+            return dv if bound.get("reason") == "ErrClaimNotValid" else None
+
+        dv = wait_until(refused, "ErrClaimNotValid without a default class", 60)
+        assert condition(dv, "Bound")["message"] == (
+            "PVC spec is missing accessMode and no storageClass to choose profile"
+        )
+        assert dv["status"]["phase"] == "Pending"
+    finally:
+        kube.patch(sc_path, {"metadata": {"annotations": {default: "true"}}})
+    dv = wait_phase(kube, namespace, "classless", ("Succeeded", "Failed"), 120)
+    assert dv["status"]["phase"] == "Succeeded", dv["status"]
+    assert pvc_of(kube, namespace, "classless")["spec"]["storageClassName"] == "testkit-fs"
