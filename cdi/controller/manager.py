@@ -173,6 +173,19 @@ class Manager:
         self._stop.set()
 
     async def run(self) -> None:
+        """Serve metrics from the start (a standby too, as controller-runtime does: its cache
+        metrics are simply empty), lead, then reconcile until stopped."""
+        if self.config.metrics_port is not None:
+            self._metrics_runner = await serve_metrics(
+                self.metrics, self.config.metrics_host, self.config.metrics_port
+            )
+        try:
+            await self._lead_and_run()
+        finally:
+            if self._metrics_runner is not None:
+                await self._metrics_runner.cleanup()
+
+    async def _lead_and_run(self) -> None:
         if self.elector is not None:
             acquiring: asyncio.Task[Any] = asyncio.create_task(self.elector.acquire())
             stopping: asyncio.Task[Any] = asyncio.create_task(self._stop.wait())
@@ -193,10 +206,6 @@ class Manager:
             await self._shutdown()
 
     async def _run_until_stopped(self) -> None:
-        if self.config.metrics_port is not None:
-            self._metrics_runner = await serve_metrics(
-                self.metrics, self.config.metrics_host, self.config.metrics_port
-            )
         workers = asyncio.create_task(self._run_loops())
         watchers: list[asyncio.Task[Any]] = [asyncio.create_task(self._stop.wait())]
         if self.elector is not None:
@@ -226,8 +235,6 @@ class Manager:
     async def _shutdown(self) -> None:
         for informer in self.informers.values():
             informer.stop()
-        if self._metrics_runner is not None:
-            await self._metrics_runner.cleanup()
         if self.elector is not None:
             await self.elector.release()
         await self.scraper.close()

@@ -4,6 +4,8 @@ reconcilers need (SubjectAccessReview against deploy/'s roles)."""
 from __future__ import annotations
 
 import asyncio
+import urllib.request
+from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -12,7 +14,7 @@ from cdi.controller.metrics import ControllerMetrics, Sources
 from cdi.kube.client import DATAVOLUMES, STORAGE_CLASSES, STORAGE_PROFILES, load_api_client
 from cdi.kube.client import Kube as ProductKube
 from cdi.kube.informer import Informer, wait_all_synced
-from testkit.cluster import Cluster
+from testkit.cluster import Cluster, free_port
 from testkit.kubeclient import Kube
 from testkit.waiting import wait_until
 from tests.integration.datavolumes.cdi_env import ControllerProcess, dv_path
@@ -78,6 +80,32 @@ async def test_storage_profile_info_and_datavolume_phases_from_the_cluster(
     finally:
         for informer in informers:
             informer.stop()
+
+
+def test_a_standby_controller_process_serves_metrics_and_stops_cleanly(
+    cluster: Cluster, controller: ControllerProcess, tmp_path: Path
+) -> None:
+    """``cdi controller --metrics-port``: the session controller leads, so this one waits for
+    the Lease; it still answers /metrics (with empty cache-derived families)."""
+    port = free_port()
+    standby = ControllerProcess(cluster, tmp_path, args=(f"--metrics-port={port}",)).start()
+    try:
+        url = f"http://127.0.0.1:{port}/metrics"
+        body = wait_until(lambda: _get(url), "the standby's /metrics", 30, interval=0.5)
+        assert "# TYPE controller_runtime_reconcile_time_seconds histogram" in body
+        assert "# TYPE kubevirt_cdi_storageprofile_info gauge" in body
+        assert "kubevirt_cdi_storageprofile_info{" not in body  # standby: no cache yet
+    finally:
+        code = standby.stop()
+    assert code == 0, standby.log()[-3000:]
+
+
+def _get(url: str) -> str | None:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            return resp.read().decode() if resp.status == 200 else None
+    except OSError:
+        return None
 
 
 NEW_RULES_MAY = [
