@@ -22,7 +22,9 @@ from typing import Any
 import yaml
 
 from testkit.cluster import DEFAULT_BIN_DIR, REPO_ROOT, Cluster
+from testkit.images import ImageMap
 from testkit.kubeclient import Kube
+from testkit.podenv import expand
 from testkit.waiting import wait_until
 
 JSON = dict[str, Any]
@@ -95,6 +97,23 @@ def deployments(deploy_dir: Path = DEPLOY_DIR) -> list[tuple[str, str]]:
         for d in deploy_documents(deploy_dir)
         if d["kind"] == "Deployment"
     ]
+
+
+def container_argv(
+    deployment: str, env: dict[str, str], images: ImageMap | None = None
+) -> list[str]:
+    """The command line the node runs for a ``deploy/`` Deployment's first container (its
+    image's entry point, its ``command``/``args``, ``$(VAR)`` expanded from ``env``): how a
+    test starts a component by hand that must match the deployed one."""
+    doc = next(
+        d
+        for d in deploy_documents()
+        if d["kind"] == "Deployment" and d["metadata"]["name"] == deployment
+    )
+    container = doc["spec"]["template"]["spec"]["containers"][0]
+    image = (images or ImageMap.load()).resolve(container["image"])
+    argv = image.argv(container.get("command"), container.get("args"))
+    return [expand(a, env) for a in argv]
 
 
 @dataclass

@@ -12,6 +12,7 @@ from cdi.render import RenderError
 from cdi.render.importer_pod import ImporterPodConfig, render_importer_pod
 from cdi.render.naming import fnv32a, get_name, importer_pod_name, scratch_pvc_name
 from cdi.render.pvc import render_pvc, required_space
+from cdi.render.worker_pod import Metrics
 
 GI = 1 << 30
 
@@ -158,8 +159,8 @@ def test_archive_forces_filesystem() -> None:
             profile(BLOCK_RWX),
             "DataVolume with ContentType Archive cannot have block volumeMode",
         ),
-        (storage(), None, "no accessMode defined on DV, no StorageProfile"),
-        (storage(), profile(), "no accessMode defined on StorageProfile for local StorageClass"),
+        (storage(), None, "PVC spec is missing accessMode and no storageClass to choose profile"),
+        (storage(), profile(), "no accessMode specified in StorageProfile local"),
         (
             storage(volumeMode="Block"),
             profile(FS_RWO),
@@ -382,3 +383,30 @@ def test_sources_without_an_importer_are_refused() -> None:
     pvc = render_pvc(dv, profile(FS_RWO), CDIConfig())
     with pytest.raises(RenderError):
         render_importer_pod(dv, pvc, ImporterPodConfig(image="importer:dev"))
+
+
+def test_attempt_labels_and_metrics_are_inputs_of_the_final_pod() -> None:
+    config = ImporterPodConfig(
+        image="importer:dev",
+        command=(),
+        attempt=3,
+        labels={"team": "b", "cdi.kubevirt.io": "not-importer"},
+        metrics=Metrics(port=9443, on_pod_ip=True),
+    )
+    pod = pod_for(storage(), config=config)
+    meta = pod["metadata"]
+    assert meta["name"] == "importer-disk-retry-3"
+    assert meta["labels"]["cdi.kubevirt.io/importAttempt"] == "3"
+    assert meta["labels"]["team"] == "b"  # the extra label wins over the claim's
+    assert meta["labels"]["cdi.kubevirt.io"] == "importer"  # CDI's win over extra ones
+    container = pod["spec"]["containers"][0]
+    assert "command" not in container  # the image's ENTRYPOINT
+    assert container["ports"] == [{"name": "metrics", "containerPort": 9443, "protocol": "TCP"}]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["IMPORTER_METRICS_PORT"]["value"] == "9443"
+    assert env["IMPORTER_METRICS_ADDR"]["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+
+
+def test_default_metrics_add_no_environment() -> None:
+    env = env_of(pod_for(storage()))
+    assert "IMPORTER_METRICS_ADDR" not in env and "IMPORTER_METRICS_PORT" not in env

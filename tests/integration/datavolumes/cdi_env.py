@@ -4,14 +4,18 @@ qemu-img, a loopback image server, and the product deployed from ``deploy/``.
 The product is what a user installs: ``kubectl apply`` of ``crds/`` and ``deploy/`` unchanged
 (``testkit.product``), so the controller runs as its Deployment's 2 replicas with Lease leader
 election and the webhook is reached through its Service. Tests that crash a component SIGKILL
-a replica's container (``Product.kill``) and the node restarts it, as a kubelet would. Images
-are served from 127.0.0.1, which pods on the local node (127.N.x.y) reach directly.
+a replica's container (``Product.kill``) and the node restarts it, as a kubelet would; a test
+that needs a controller process of its own starts one from the Deployment's own command and
+flags (``ControllerProcess``). Images are served from 127.0.0.1, which pods on the local node
+(127.N.x.y) reach directly.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import random
+import signal
 import subprocess
 import threading
 import time
@@ -26,7 +30,7 @@ from aiohttp import web
 
 from testkit.cluster import Cluster
 from testkit.kubeclient import ApiError, Kube
-from testkit.product import Product
+from testkit.product import Product, container_argv
 from testkit.waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[3]
@@ -217,8 +221,59 @@ def controller(product: Product) -> Product:
     return product
 
 
-# Tests written when the controller was a loose process annotate the fixture with this name.
-ControllerProcess = Product
+# -- a controller process started by hand -----------------------------------------------------
+
+
+@dataclass
+class ControllerProcess:
+    """One more controller, next to the deployed replicas, for a test that needs a process of
+    its own (e.g. a standby it stops). Started from the Deployment's own command and flags
+    (``container_argv``), plus a kubeconfig (it runs outside a pod) and the test's ``args``,
+    which win over the Deployment's (argparse keeps the last)."""
+
+    cluster: Cluster
+    log_dir: Path
+    args: tuple[str, ...] = ()
+    proc: subprocess.Popen[bytes] | None = None
+    starts: int = 0
+
+    def start(self) -> ControllerProcess:
+        self.starts += 1
+        argv = container_argv("cdi-controller", {"POD_IP": "127.0.0.1"})
+        argv += [f"--kubeconfig={self.cluster.kubeconfig}", *self.args]
+        with open(self.log_dir / f"controller-{self.starts}.log", "wb") as log:
+            self.proc = subprocess.Popen(
+                argv,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=dict(os.environ, PYTHONPATH=str(REPO)),
+                cwd=REPO,
+                start_new_session=True,
+            )
+        return self
+
+    def kill(self) -> None:
+        """SIGKILL: no graceful shutdown, no lease release (a crash)."""
+        if self.proc is not None:
+            os.kill(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stop(self) -> int | None:
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.kill(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+        return self.proc.returncode
+
+    def log(self) -> str:
+        return "".join(
+            p.read_text(errors="replace") for p in sorted(self.log_dir.glob("controller-*.log"))
+        )
 
 
 @pytest.fixture(scope="session")
