@@ -24,7 +24,6 @@ from cdi.api.errors import (
     WorkerError,
 )
 from datapath.decode.qcow2 import Qcow2StreamDecoder, SpillLimitExceeded, parse_header
-from datapath.decode.qcow2.spill import SpillStore
 from datapath.decode.qcow2.tables import _bit_ranges, compressed_extent
 from datapath.decode.rawpieces import WriteCoalescer, nonzero_pieces
 from tests.unit.qcow2_builder import Spec, build
@@ -259,7 +258,7 @@ def test_spill_limit_exceeded_is_its_own_error() -> None:
     image = build(sample_spec(layout="l1-last"))
     with pytest.raises(SpillLimitExceeded) as info:
         decode(image, 512, spill_limit=1024)
-    assert info.value.reason == "Qcow2LayoutUnordered" and not info.value.transient
+    assert info.value.reason == "ImageLayoutUnordered" and not info.value.transient
     assert isinstance(info.value, WorkerError)
 
 
@@ -334,7 +333,7 @@ def test_too_many_pending_extents_is_refused() -> None:
         decode(build(spec), max_pending_runs=10)
 
 
-# -- helpers: zero detection, coalescing, spill store ------------------------------------------
+# -- helpers: zero detection, coalescing ------------------------------------------
 
 
 def test_zero_pages_are_cut_out_at_4k_alignment() -> None:
@@ -356,18 +355,6 @@ def test_coalescer_joins_neighbours_and_splits_gaps() -> None:
     assert out.drain(final=True) == [(8192, b"c")]
     out.add((1 << 20) - 1, b"xyz")
     assert out.drain(final=True) == [((1 << 20) - 1, b"x")]
-
-
-def test_spill_store_keeps_takes_and_trims() -> None:
-    store = SpillStore()
-    store.add(0, b"abc")
-    store.add(3, b"def")
-    store.add(10, b"XYZ")
-    store.add(1, b"???????????")  # covers 1..12: only the hole 6..10 is new
-    assert store.read(0, 13) == [(0, b"abcdef??????Z"[:6]), (6, b"????"), (10, b"XYZ")]
-    store.discard(2, 11)
-    assert store.read(0, 20) == [(0, b"ab"), (11, b"YZ")]
-    assert store.size == 4
 
 
 # -- fuzz --------------------------------------------------------------------------------------

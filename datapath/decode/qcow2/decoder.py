@@ -10,14 +10,16 @@ whole, then parsed or decompressed. Snapshot tables and refcount structures are 
 for, so they simply flow past.
 
 Why a spill area: while some active table has not arrived yet, any byte we could not place
-might still be mapped by it, so such bytes are kept (``SpillStore``) up to ``spill_limit``;
-when the last pending table arrives the spill is dropped. Too much disorder raises
-``SpillLimitExceeded`` so the pipeline can fall back to scratch space + qemu-img.
+might still be mapped by it, so such bytes are kept (``datapath.decode.spill.Spill``, injected
+as ``spill=``; by default one in memory only, bounded by ``spill_limit``); when the last
+pending table arrives the spill is dropped. A spill with a scratch directory takes any amount
+of disorder in one pass; a memory-only one raises ``SpillLimitExceeded`` past its bound so the
+pipeline can fall back to scratch space + qemu-img.
 
 Memory: the header cluster, the active L1 table (capped at qemu's 32 MiB), the runs of L2
 tables whose data is still ahead (capped by ``max_pending_runs``), whole tables or compressed
-clusters in assembly (one cluster each), the spill (capped), and at most ``FLUSH_AT`` bytes of
-coalesced output. Nothing grows with the image size beyond those caps.
+clusters in assembly (one cluster each), the spill's memory (capped), and at most
+``FLUSH_AT`` bytes of coalesced output. Nothing grows with the image size beyond those caps.
 """
 
 from __future__ import annotations
@@ -27,23 +29,18 @@ import itertools
 from dataclasses import dataclass, field
 
 from cdi.api.errors import InvalidImage, UnsafeImage
-from datapath.decode.rawpieces import LayoutNotStreamable, Write, WriteCoalescer
+from datapath.decode.rawpieces import Write, WriteCoalescer
+from datapath.decode.spill import Spill, SpillLimitExceeded
 
 from .clusters import inflate_cluster, zstd_cluster
 from .header import COMPRESSION_ZSTD, Qcow2Header, parse_header, peek_cluster_size
-from .spill import SpillStore
 from .tables import COMPRESSED_RUN, MetadataMap, Run, parse_l1, parse_l2
 
 DEFAULT_SPILL_LIMIT = 64 * 1024 * 1024
 DEFAULT_MAX_PENDING_RUNS = 2_000_000
 MAX_L2_TABLES = 1 << 18  # 512 GiB at 4 KiB clusters, 128 TiB at 64 KiB
 
-
-class SpillLimitExceeded(LayoutNotStreamable):
-    """The layout is too out of order to stream within the spill limit (use scratch space)."""
-
-    reason = "Qcow2LayoutUnordered"
-    transient = False
+__all__ = ["Qcow2StreamDecoder", "SpillLimitExceeded"]
 
 
 @dataclass(slots=True)
@@ -90,6 +87,8 @@ class Qcow2StreamDecoder:
     Writes never overlap, skip zero pages, and assume the target reads as zeros where nothing
     is written. ``file_size`` (e.g. from Content-Length) is optional; when given, tables that
     point past it are rejected as soon as they are read and a short stream is reported.
+    ``spill`` holds data that comes before its table (``spill_limit`` only sizes the default,
+    memory-only one); the caller owns it and closes it.
     """
 
     def __init__(
@@ -99,10 +98,10 @@ class Qcow2StreamDecoder:
         spill_limit: int = DEFAULT_SPILL_LIMIT,
         file_size: int | None = None,
         max_pending_runs: int = DEFAULT_MAX_PENDING_RUNS,
+        spill: Spill | None = None,
     ) -> None:
         self.virtual_size: int | None = None
         self._max_virtual_size = max_virtual_size
-        self._spill_limit = spill_limit
         self._file_size = file_size
         self._max_pending_runs = max_pending_runs
         self._header: Qcow2Header | None = None
@@ -113,8 +112,7 @@ class Qcow2StreamDecoder:
         self._pending_tables = 0
         self._pending_runs = 0
         self._meta: MetadataMap | None = None
-        self._spill = SpillStore()
-        self._spill_peak = 0
+        self._spill = spill if spill is not None else Spill(memory_limit=spill_limit)
         self._out = WriteCoalescer(0)
         self._finished = False
 
@@ -124,7 +122,8 @@ class Qcow2StreamDecoder:
 
     @property
     def spill_bytes_peak(self) -> int:
-        return self._spill_peak
+        """The most bytes the spill held in memory at once."""
+        return self._spill.memory_peak
 
     @property
     def position(self) -> int:
@@ -219,7 +218,7 @@ class Qcow2StreamDecoder:
                 self._serve_compressed(item, chunk, c0, c1, served)
         self._pos = c1
         if served is not None and self._pending_tables:
-            self._spill_gaps(chunk, c0, c1, served)
+            self._spill.add_gaps(chunk, c0, served)
         elif self._spill.size:
             # Every table has arrived and all that it mapped was served: nothing else can
             # ever claim the kept bytes.
@@ -228,36 +227,15 @@ class Qcow2StreamDecoder:
     def _push(self, start: int, item: _Item) -> None:
         heapq.heappush(self._heap, (start, next(self._seq), item))
 
-    def _spill_gaps(self, chunk: bytes, c0: int, c1: int, served: list[tuple[int, int]]) -> None:
-        """Keep the bytes of this chunk that nothing claimed: a pending table may map them."""
-        pos = c0
-        for lo, hi in sorted(served):
-            if lo > pos:
-                self._spill.add(pos, chunk[pos - c0 : lo - c0])
-            pos = max(pos, hi)
-        if pos < c1:
-            self._spill.add(pos, chunk[pos - c0 :])
-        self._spill_peak = max(self._spill_peak, self._spill.size)
-        if self._spill.size > self._spill_limit:
-            raise SpillLimitExceeded(
-                f"qcow2 layout needs more than {self._spill_limit} bytes of spill "
-                f"(at file offset {c1}); convert it via scratch space instead"
-            )
-
     def _past(self, start: int, end: int) -> bytes:
         """Bytes ``[start, end)`` that went by before being claimed; they must be contiguous."""
-        pieces = self._spill.read(start, end)
-        pos = start
-        for off, piece in pieces:
-            if off != pos:
-                break
-            pos += len(piece)
-        if pos != end:
+        data = self._spill.prefix(start, end)
+        if len(data) != end - start:
             raise InvalidImage(
-                f"qcow2 bytes at {pos:#x} were claimed by a table that came later than them "
-                "and were not kept (overlapping structures)"
+                f"qcow2 bytes at {start + len(data):#x} were claimed by a table that came later "
+                "than them and were not kept (overlapping structures)"
             )
-        return pieces[0][1] if len(pieces) == 1 else b"".join(p for _, p in pieces)
+        return data
 
     # -- data runs -----------------------------------------------------------------------
 
@@ -303,23 +281,12 @@ class Qcow2StreamDecoder:
     ) -> None:
         if item.start < c0:
             past_end = min(item.end, c0)
-            item.acc += self._past_prefix(item.start, past_end)
+            item.acc += self._spill.prefix(item.start, past_end)
             if len(item.acc) < past_end - item.start:
                 # A gap in what was kept: the real stream must end before it (as at EOF).
                 self._finish_compressed(item, b"", c0, None)
                 return
         self._serve_compressed(item, chunk, c0, c1, served)
-
-    def _past_prefix(self, start: int, end: int) -> bytes:
-        """The contiguous held bytes from ``start`` (compressed data may overrun into gaps)."""
-        parts: list[bytes] = []
-        pos = start
-        for off, piece in self._spill.read(start, end):
-            if off != pos:
-                break
-            parts.append(piece)
-            pos += len(piece)
-        return b"".join(parts)
 
     def _serve_compressed(
         self,
