@@ -19,6 +19,12 @@ passing the bound raises ``SpillLimitExceeded`` (a ``LayoutNotStreamable``: the 
 fallback). The file is created on first use (``O_EXCL|O_NOFOLLOW``, mode 0600, so a planted
 symlink is never followed), emptied by ``clear`` and deleted by ``close``.
 
+Data runs that a late table maps can be as large as the image (an L1 table or a VDI block map
+at the end maps everything before it), so they are not read back at once: the decoder checks
+they are held and ``owe``s them; ``repaid_writes`` then reads them back ``REPAY_SLICE`` bytes
+at a time, lazily, as the caller iterates the writes a ``feed`` returned. Memory stays bounded
+whatever the disorder; the decoder settles anything the caller left unread before it goes on.
+
 The decoders stay sans-I/O apart from this one injected object; the file I/O is plain
 ``pread``/``pwrite`` on the decoder's thread, like the target writer's.
 """
@@ -29,12 +35,16 @@ import errno
 import os
 import secrets
 from bisect import bisect_right
+from collections import deque
+from collections.abc import Iterable, Iterator
+from itertools import chain
 from types import TracebackType
 
-from cdi.api.errors import InsufficientSpace, TargetError, UnsafeImage
-from datapath.decode.rawpieces import LayoutNotStreamable
+from cdi.api.errors import InsufficientSpace, InvalidImage, TargetError, UnsafeImage
+from datapath.decode.rawpieces import LayoutNotStreamable, Write, WriteCoalescer
 
 DEFAULT_MEMORY_LIMIT = 64 * 1024 * 1024
+REPAY_SLICE = 4 * 1024 * 1024  # bytes read back at a time for data owed to the output
 SPILL_PREFIX = "cdi-spill-"
 _OPEN_FLAGS = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -77,6 +87,8 @@ class Spill:
         self.path: str | None = None
         self._fd = -1
         self._file_used = False
+        self.owed: deque[tuple[int, int, int]] = deque()  # (start, end, virtual offset)
+        self._clear_when_repaid = False
 
     def __len__(self) -> int:
         return len(self._starts)
@@ -201,6 +213,44 @@ class Spill:
             raise TargetError(f"scratch spill file is short at {lo:#x} (changed under us?)")
         return out
 
+    def held(self, start: int, end: int) -> int:
+        """How many bytes from ``start`` towards ``end`` are held without a gap."""
+        pos = start
+        i = self._first_overlapping(start)
+        while pos < end and i < len(self._starts) and self._starts[i] <= pos:
+            pos = min(end, self._ends[i])
+            i += 1
+        return pos - start
+
+    def owe(self, start: int, end: int, virt: int) -> int:
+        """Promise the held bytes ``[start, end)`` to the output at virtual offset ``virt``
+        (read back later by ``repay``). Returns how many were held; only a whole range is owed."""
+        held = self.held(start, end)
+        if held == end - start:
+            self.owed.append((start, end, virt))
+        return held
+
+    def repay(self) -> Iterator[tuple[int, bytes]]:
+        """``(virtual offset, bytes)`` slices of what is owed, read and forgotten one at a time."""
+        owed = self.owed
+        while owed:
+            start, end, virt = owed[0]
+            hi = min(end, start + REPAY_SLICE)
+            data = self.prefix(start, hi)
+            if len(data) != hi - start:
+                raise InvalidImage(
+                    f"image bytes at {start + len(data):#x} are mapped as data but another "
+                    "structure took them (overlapping structures)"
+                )
+            self.discard(start, hi)
+            if hi == end:
+                owed.popleft()
+            else:
+                owed[0] = (hi, end, virt + hi - start)
+            yield virt, data
+        if self._clear_when_repaid:
+            self.clear()
+
     def discard(self, start: int, end: int) -> None:
         """Forget ``[start, end)``. Trimming the front of a segment is cheap (bytearray
         deletes from the front in O(1)), which is the usual case: runs are taken in order."""
@@ -233,7 +283,12 @@ class Spill:
             i += 1
 
     def clear(self) -> None:
-        """Nothing held can be mapped any more: forget it all, and free the file's blocks."""
+        """Nothing held can be mapped any more: forget it all (once what is owed is repaid),
+        and free the file's blocks."""
+        if self.owed:
+            self._clear_when_repaid = True
+            return
+        self._clear_when_repaid = False
         self._starts.clear()
         self._ends.clear()
         self._data.clear()
@@ -250,6 +305,7 @@ class Spill:
         self._starts.clear()
         self._ends.clear()
         self._data.clear()
+        self.owed.clear()
         self.size = self.memory = 0
         if self._fd >= 0:
             os.close(self._fd)
@@ -266,6 +322,33 @@ class Spill:
         if i >= 0 and self._ends[i] > offset:
             return i
         return i + 1
+
+
+def repaid_writes(spill: Spill, virtual_size: int) -> Iterator[Write]:
+    """The writes of everything ``spill`` owes, produced lazily slice by slice (zero pages
+    left out, bytes past the disk end cut, like every other write)."""
+    out = WriteCoalescer(virtual_size)
+    for virt, data in spill.repay():
+        out.add(virt, data)
+        yield from out.drain()
+    yield from out.drain(final=True)
+
+
+def settle(spill: Spill | None, virtual_size: int | None) -> list[Write]:
+    """What a caller left unread of an earlier ``feed``: repaid now, before the spill moves
+    on (memory then holds it at once; callers that iterate each result never get here)."""
+    if spill is None or not spill.owed:
+        return []
+    return list(repaid_writes(spill, virtual_size or 0))
+
+
+def with_repaid(
+    writes: list[Write], spill: Spill | None, virtual_size: int | None
+) -> Iterable[Write]:
+    """``writes``, followed (lazily) by what ``spill`` owes, if anything."""
+    if spill is None or not spill.owed:
+        return writes
+    return chain(writes, repaid_writes(spill, virtual_size or 0))
 
 
 def _scratch_error(exc: OSError) -> Exception:

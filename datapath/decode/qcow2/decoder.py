@@ -26,11 +26,13 @@ from __future__ import annotations
 
 import heapq
 import itertools
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import NoReturn
 
 from cdi.api.errors import InvalidImage, UnsafeImage
 from datapath.decode.rawpieces import Write, WriteCoalescer
-from datapath.decode.spill import Spill, SpillLimitExceeded
+from datapath.decode.spill import Spill, SpillLimitExceeded, settle, with_repaid
 
 from .clusters import inflate_cluster, zstd_cluster
 from .header import COMPRESSION_ZSTD, Qcow2Header, parse_header, peek_cluster_size
@@ -130,24 +132,28 @@ class Qcow2StreamDecoder:
         """File offset of the next byte to feed."""
         return self._pos
 
-    def feed(self, data: bytes | memoryview | bytearray) -> list[Write]:
-        """Consume the next bytes of the file; return the raw writes that are ready."""
+    def feed(self, data: bytes | memoryview | bytearray) -> Iterable[Write]:
+        """Consume the next bytes of the file; return the raw writes that are ready (data
+        read back from a spill comes lazily, as the result is iterated)."""
         if self._finished:
             raise RuntimeError("feed() after finish()")
+        early = settle(self._spill, self.virtual_size)
         chunk = data if isinstance(data, bytes) else bytes(data)
         if self._header is None:
             chunk = self._feed_head(chunk)
         if chunk:
             self._process(chunk)
-        return self._out.drain()
+        writes = self._out.drain()
+        return with_repaid(early + writes if early else writes, self._spill, self.virtual_size)
 
     def flush(self) -> list[Write]:
         """Return all buffered writes now, without ending the stream."""
-        return self._out.drain(final=True)
+        return settle(self._spill, self.virtual_size) + self._out.drain(final=True)
 
     def finish(self) -> list[Write]:
         """End of stream: return the last writes, or raise if anything mapped never came."""
         self._finished = True
+        early = settle(self._spill, self.virtual_size)
         if self._header is None:
             raise InvalidImage(f"qcow2 stream ended after {self._pos} bytes, inside the header")
         if self._file_size is not None and self._pos != self._file_size:
@@ -165,7 +171,7 @@ class Qcow2StreamDecoder:
                 f"qcow2 stream ended at {self._pos} but {what} at {start:#x} never arrived "
                 f"({len(missing)} item(s) missing: truncated, or a table points past the end)"
             )
-        return self._out.drain(final=True)
+        return early + self._out.drain(final=True)
 
     # -- header --------------------------------------------------------------------------
 
@@ -231,11 +237,13 @@ class Qcow2StreamDecoder:
         """Bytes ``[start, end)`` that went by before being claimed; they must be contiguous."""
         data = self._spill.prefix(start, end)
         if len(data) != end - start:
-            raise InvalidImage(
-                f"qcow2 bytes at {start + len(data):#x} were claimed by a table that came later "
-                "than them and were not kept (overlapping structures)"
-            )
+            _not_kept(start + len(data))
         return data
+
+    def _owe(self, start: int, end: int, virt: int) -> None:
+        held = self._spill.owe(start, end, virt)
+        if held != end - start:
+            _not_kept(start + held)
 
     # -- data runs -----------------------------------------------------------------------
 
@@ -255,10 +263,8 @@ class Qcow2StreamDecoder:
                     _Compressed(start, end, virt, bytearray()), chunk, c0, c1, served
                 )
                 continue
-            if start < c0:
-                past_end = min(end, c0)
-                self._out.add(virt, self._past(start, past_end))
-                self._spill.discard(start, past_end)
+            if start < c0:  # went by before its table: owed, read back lazily
+                self._owe(start, min(end, c0), virt)
             lo, hi = max(start, c0), min(end, c1)
             if lo < hi:
                 self._out.add(virt + lo - start, chunk, lo - c0, hi - c0)
@@ -384,6 +390,13 @@ class Qcow2StreamDecoder:
             raise UnsafeImage(
                 f"qcow2 {what} at {start:#x} points outside the file ({self._file_size} bytes)"
             )
+
+
+def _not_kept(offset: int) -> NoReturn:
+    raise InvalidImage(
+        f"qcow2 bytes at {offset:#x} were claimed by a table that came later than them and "
+        "were not kept (overlapping structures)"
+    )
 
 
 def _describe(item: _Item) -> str:
