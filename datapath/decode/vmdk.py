@@ -62,6 +62,7 @@ GT_BATCH = 256  # grain tables that lie back to back are read as one table of up
 MARKER = struct.Struct("<QI")  # LBA, compressed size
 _HEADER = struct.Struct("<IIQQQQIQQQ")  # version ... grain_offset, after the magic
 _GD_TAG = -1
+_HEX = re.compile(rb"[ \t\n\v\f\r]*[+-]?[0-9a-fA-F]")
 
 
 @dataclass(frozen=True)
@@ -142,6 +143,10 @@ def _check_parent(head: bytes) -> None:
     text = head[HEADER_BYTES:HEAD_BYTES].split(b"\0", 1)[0]
     if b"parentFileNameHint" in text:
         raise UnsafeImage("vmdk names a parent image (parentFileNameHint): a backing file")
+    for key in (b"CID", b"parentCID"):  # qemu's vmdk_read_cid: strstr, then sscanf("%x")
+        at = text.find(key)
+        if at < 0 or not _HEX.match(text, at + len(key) + 1):
+            raise InvalidImage(f"vmdk descriptor has no valid {key.decode()} (qemu refuses it)")
 
 
 def _check_geometry(header: VmdkHeader, max_virtual_size: int | None) -> None:
