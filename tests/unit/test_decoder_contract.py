@@ -7,7 +7,8 @@ and a disordered tiny image, and where its first table lies). The contract, each
 - a stream truncated in the header, a table, the data or at the very end is ``InvalidImage``;
 - corrupted tables or headers give only typed ``WorkerError``s, and a mutated image that does
   decode gives exactly what qemu-img gives for it (never other bytes where qemu-img refuses);
-- data that comes before its table decodes in one pass through a ``Spill``: in memory while
+- data that comes before its table (even a directory only named by a footer) decodes in one
+  pass through a ``Spill``: in memory while
   it fits, in the scratch file only past the memory bound; without a scratch directory past
   the bound, or without a spill where the decoder needs one, it is ``LayoutNotStreamable``.
 
@@ -62,10 +63,11 @@ def _vdi(map_after_data: bool) -> bytes:
     return build_vdi(spec)
 
 
-def _vmdk(grains_first: bool, compressed: bool = False) -> bytes:
+def _vmdk(grains_first: bool, compressed: bool = False, footer: bool = False) -> bytes:
     grains = {i: _data(i, 4096) for i in (0, 3, 7, 12)}
     spec = VmdkSpec(capacity=128, grains=grains, order=[7, 0, 12, 3], compressed=compressed)
     spec.grains_first = grains_first
+    spec.gd_at_end = footer
     return build_vmdk(spec)
 
 
@@ -103,9 +105,16 @@ FORMATS: dict[str, Format] = {
         "vmdk", VmdkStreamDecoder, _vmdk(False, True), _vmdk(True, True), 512, _vmdk_table
     ),
 }
-EXTRA_DISORDERED = {"qcow2-data-first": ("qcow2", _qcow2("data-first"))}
+EXTRA_DISORDERED = {
+    "qcow2-data-first": ("qcow2", _qcow2("data-first")),
+    "vmdk-footer-directory": ("vmdk-compressed", _vmdk(True, True, footer=True)),
+    "vmdk-footer-tables-first": ("vmdk", _vmdk(False, False, footer=True)),
+}
 NAMES = sorted(FORMATS)
 LAYOUTS = ["ordered", "disordered"]
+CASES = [(name, layout) for name in NAMES for layout in LAYOUTS] + [
+    (name, "extra") for name in sorted(EXTRA_DISORDERED)
+]
 MAX_SIZE = 1 << 30
 
 
@@ -131,8 +140,15 @@ def qemu_raw(fmt: str, image: bytes) -> bytes | None:
 
 
 def image_of(name: str, layout: str) -> bytes:
+    if layout == "extra":
+        return EXTRA_DISORDERED[name][1]
     form = FORMATS[name]
     return form.ordered if layout == "ordered" else form.disordered
+
+
+def format_of(name: str, layout: str) -> str:
+    """The ``FORMATS`` entry whose decoder reads this case's image."""
+    return EXTRA_DISORDERED[name][0] if layout == "extra" else name
 
 
 def decode(
@@ -164,20 +180,19 @@ def test_output_matches_qemu_img_convert(name: str, layout: str, scratch: str) -
 def test_other_disordered_layouts_match_qemu_img_convert(name: str, scratch: str) -> None:
     fmt, image = EXTRA_DISORDERED[name]
     with Spill(memory_limit=8192, scratch_dir=scratch) as spill:
-        assert decode(fmt, image, 3000, spill) == qemu_raw(fmt, image)
+        assert decode(fmt, image, 3000, spill) == qemu_raw(FORMATS[fmt].qemu_name, image)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
-    name=st.sampled_from(NAMES),
-    layout=st.sampled_from(LAYOUTS),
+    case=st.sampled_from(CASES),
     sizes=st.lists(st.integers(1, 70_000), min_size=1, max_size=40),
     memory=st.sampled_from([0, 4096, 1 << 30]),
 )
 def test_any_chunking_gives_qemu_img_bytes(
-    name: str, layout: str, sizes: list[int], memory: int
+    case: tuple[str, str], sizes: list[int], memory: int
 ) -> None:
-    image = image_of(name, layout)
+    image, name = image_of(*case), format_of(*case)
     with tempfile.TemporaryDirectory() as tmp, Spill(memory_limit=memory, scratch_dir=tmp) as s:
         out = decode(name, image, sizes, s)
     assert out == qemu_raw(FORMATS[name].qemu_name, image)
@@ -230,17 +245,17 @@ def test_a_short_stream_against_a_known_size_is_invalid(name: str) -> None:
 
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
-    name=st.sampled_from(NAMES),
-    layout=st.sampled_from(LAYOUTS),
+    case=st.sampled_from(CASES),
     flips=st.lists(st.tuples(st.integers(0, 1 << 20), st.integers(0, 255)), min_size=1, max_size=6),
     chunk=st.integers(1, 70_000),
 )
 def test_corrupted_images_fail_typed_or_decode_like_qemu_img(
-    name: str, layout: str, flips: list[tuple[int, int]], chunk: int
+    case: tuple[str, str], flips: list[tuple[int, int]], chunk: int
 ) -> None:
+    name = format_of(*case)
     form = FORMATS[name]
-    image = bytearray(image_of(name, layout))
-    table = form.first_table(form.ordered if layout == "ordered" else bytes(image))
+    image = bytearray(image_of(*case))
+    table = form.first_table(bytes(image)) % len(image)
     for position, value in flips:
         # Half the flips land in the header, half in and around the tables.
         at = position % form.header_bytes if position & 1 else table + position % 4096
@@ -290,6 +305,13 @@ def test_disorder_past_a_memory_only_bound_is_not_streamable(name: str) -> None:
 def test_without_a_spill_disorder_is_not_streamable(name: str) -> None:
     with pytest.raises(LayoutNotStreamable):
         decode(name, FORMATS[name].disordered)
+
+
+@pytest.mark.parametrize("name", sorted(EXTRA_DISORDERED))
+def test_without_a_spill_other_disorder_is_not_streamable(name: str) -> None:
+    fmt, image = EXTRA_DISORDERED[name]
+    with pytest.raises(LayoutNotStreamable):
+        decode(fmt, image, 4096, Spill(memory_limit=4096) if fmt == "qcow2" else None)
 
 
 @pytest.mark.parametrize("name", NAMES)
