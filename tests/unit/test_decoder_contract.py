@@ -22,7 +22,8 @@ import hashlib
 import random
 import subprocess
 import tempfile
-from collections.abc import Callable
+import tracemalloc
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -71,6 +72,31 @@ def _vmdk(grains_first: bool, compressed: bool = False, footer: bool = False) ->
     return build_vmdk(spec)
 
 
+BIG = 32 * MiB  # the data of the big disordered images: far more than the memory bound
+
+
+def _big_qcow2() -> bytes:
+    spec = qcow2_builder.Spec(cluster_bits=16, virtual_size=BIG, layout="l1-last")
+    spec.data = {i: _data(i, 65536) for i in range(BIG // 65536)}
+    spec.compressed = set(range(0, BIG // 65536, 8))
+    return qcow2_builder.build(spec)
+
+
+def _big_vdi() -> bytes:
+    blocks = {i: _data(i, MiB) for i in range(BIG // MiB)}
+    return build_vdi(VdiSpec(disk_size=BIG, blocks=blocks, map_after_data=True))
+
+
+def _big_vmdk(compressed: bool) -> Callable[[], bytes]:
+    def build() -> bytes:
+        grains = {i: _data(i, 65536) for i in range(BIG // 65536)}
+        spec = VmdkSpec(capacity=BIG // 512, granularity=128, gtes=512, grains=grains)
+        spec.compressed, spec.grains_first = compressed, True
+        return build_vmdk(spec)
+
+    return build
+
+
 def _qcow2_table(image: bytes) -> int:
     return int.from_bytes(image[40:48], "big")  # the L1 table
 
@@ -93,18 +119,23 @@ class Format:
     disordered: bytes  # data before its tables
     header_bytes: int  # the fixed-size header the decoder collects first
     first_table: Callable[[bytes], int]  # file offset of the first table in an image
+    big_disordered: Callable[[], bytes]  # ``BIG`` bytes of data before their tables
 
 
 FORMATS: dict[str, Format] = {
     "qcow2": Format(
-        "qcow2", Qcow2StreamDecoder, _qcow2("ordered"), _qcow2("l1-last"), 4096, _qcow2_table
+        "qcow2", Qcow2StreamDecoder, _qcow2("ordered"), _qcow2("l1-last"), 4096, _qcow2_table,
+        _big_qcow2,
     ),
-    "vdi": Format("vdi", VdiStreamDecoder, _vdi(False), _vdi(True), 512, _vdi_table),
-    "vmdk": Format("vmdk", VmdkStreamDecoder, _vmdk(False), _vmdk(True), 512, _vmdk_table),
+    "vdi": Format("vdi", VdiStreamDecoder, _vdi(False), _vdi(True), 512, _vdi_table, _big_vdi),
+    "vmdk": Format(
+        "vmdk", VmdkStreamDecoder, _vmdk(False), _vmdk(True), 512, _vmdk_table, _big_vmdk(False)
+    ),
     "vmdk-compressed": Format(
-        "vmdk", VmdkStreamDecoder, _vmdk(False, True), _vmdk(True, True), 512, _vmdk_table
+        "vmdk", VmdkStreamDecoder, _vmdk(False, True), _vmdk(True, True), 512, _vmdk_table,
+        _big_vmdk(True),
     ),
-}
+}  # fmt: skip
 EXTRA_DISORDERED = {
     "qcow2-data-first": ("qcow2", _qcow2("data-first")),
     "vmdk-footer-directory": ("vmdk-compressed", _vmdk(True, True, footer=True)),
@@ -293,6 +324,34 @@ def test_disordered_images_use_the_scratch_file_only_past_the_memory_bound(
         assert tight.memory_peak <= 4096 and tight.scratch_bytes > 0
         assert tight.scratch_bytes < len(image)  # only the part that came too early
     assert list(Path(scratch).iterdir()) == []  # closing deleted the file
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_memory_stays_bounded_when_a_late_table_maps_everything(name: str, scratch: str) -> None:
+    """All data comes before the table that maps it: the writes of the feed that brings the
+    table are read back from scratch slice by slice as they are taken, never all at once."""
+    image = FORMATS[name].big_disordered()
+    oracle = qemu_raw(FORMATS[name].qemu_name, image)
+    assert oracle is not None
+    disk = bytearray(len(oracle))
+    with Spill(memory_limit=MiB, scratch_dir=scratch) as spill:
+        decoder = FORMATS[name].factory(spill=spill)
+        tracemalloc.start()
+        try:
+            for pos in range(0, len(image), MiB):
+                _place(disk, decoder.feed(memoryview(image)[pos : pos + MiB]))
+            _place(disk, decoder.finish())
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert spill.scratch_bytes > len(image) // 2
+    assert disk == oracle
+    assert peak < BIG // 2, f"{peak} bytes held at once"
+
+
+def _place(disk: bytearray, writes: Iterable[tuple[int, bytes | memoryview]]) -> None:
+    for offset, data in writes:  # taken one by one, as a writer takes them
+        disk[offset : offset + len(data)] = data
 
 
 @pytest.mark.parametrize("name", NAMES)
