@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from cdi.api.errors import InvalidImage, WorkerError
@@ -274,7 +274,13 @@ def test_a_short_stream_against_a_known_size_is_invalid(name: str) -> None:
 # -- corruption: typed errors, or exactly qemu-img's bytes ---------------------------------------
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# Derandomized: the space is vast and each new seed can find a new corner where qemu-img is
+# stricter, which would make CI flaky; exploring is the fuzzers' job (tests/fuzz), and each
+# corner they or this test found is kept as an explicit example.
+@settings(
+    max_examples=120, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow]
+)
+@example(case=("qcow2", "ordered"), flips=[(95, 2)], chunk=1)  # data-file-raw without a data file
 @given(
     case=st.sampled_from(CASES),
     flips=st.lists(st.tuples(st.integers(0, 1 << 20), st.integers(0, 255)), min_size=1, max_size=6),

@@ -36,6 +36,7 @@ INCOMPAT_CORRUPT = 1 << 1
 INCOMPAT_DATA_FILE = 1 << 2
 INCOMPAT_COMPRESSION = 1 << 3
 INCOMPAT_EXTL2 = 1 << 4
+AUTOCLEAR_DATA_FILE_RAW = 1 << 1  # "the external data file is raw": meaningless without one
 KNOWN_INCOMPAT = (
     INCOMPAT_DIRTY | INCOMPAT_CORRUPT | INCOMPAT_DATA_FILE | INCOMPAT_COMPRESSION | INCOMPAT_EXTL2
 )
@@ -171,6 +172,8 @@ def parse_header(cluster: bytes, *, max_virtual_size: int | None = None) -> Qcow
         raise InvalidImage(f"qcow2 backing file offset {backing_off:#x} is invalid")  # as qemu
     if refcount_order > 6:
         raise InvalidImage(f"qcow2 refcount_order {refcount_order} > 6")
+    if autoclear & AUTOCLEAR_DATA_FILE_RAW and not incompat & INCOMPAT_DATA_FILE:
+        raise InvalidImage("qcow2 data-file-raw requires a data file")  # qemu's refusal
     if incompat & INCOMPAT_EXTL2 and cluster_bits < 14:
         raise InvalidImage("qcow2 extended L2 entries need clusters of at least 16 KiB")
     ext_end = backing_off if 0 < backing_off < cluster_size else cluster_size
