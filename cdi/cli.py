@@ -14,9 +14,9 @@ import stat
 import sys
 from urllib.parse import urlsplit
 
+from cdi.api.constants import ContentType
 from cdi.api.errors import WorkerError
 from cdi.api.termination import TerminationMessage
-from datapath.decode import ContentType
 from datapath.taps import Progress, parse_checksum
 from datapath.target import TargetSpec
 from importer.config import (

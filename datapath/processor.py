@@ -19,11 +19,12 @@ import os
 import time
 from collections.abc import Awaitable, Callable, Iterator
 
+from cdi.api.constants import ContentType
 from cdi.api.errors import InvalidConfig, WorkerError
 from cdi.api.termination import REASON_COMPLETED, TerminationMessage
 from datapath import checkpoint, qemu
 from datapath.checkpoint import Checkpoint, Checkpointer
-from datapath.decode import SCRATCH_NAME, ContentType, DecodePlan, DecodeResult, decode_into
+from datapath.decode import SCRATCH_NAME, DecodePlan, DecodeResult, decode_into
 from datapath.decode.rawpieces import LayoutNotStreamable
 from datapath.formats import ImageFormat
 from datapath.sources import Source, SourceInfo

@@ -13,11 +13,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from cdi.api.checksum import Checksum
-from cdi.api.constants import EXTRA_HEADERS_DIR, IMPORTER_EXTRA_HEADER_PREFIX, ImporterEnv
+from cdi.api.constants import (
+    EXTRA_HEADERS_DIR,
+    IMPORTER_EXTRA_HEADER_PREFIX,
+    ContentType,
+    ImporterEnv,
+)
 from cdi.api.errors import InvalidConfig
 from cdi.api.quantity import Quantity, QuantityError
 from datapath.checkpoint import INTERVAL as CHECKPOINT_INTERVAL
-from datapath.decode import ContentType
 from datapath.taps import parse_checksum
 from datapath.target import TargetSpec
 from importer.sources.http import HttpOptions, ProxyConfig

@@ -15,12 +15,12 @@ place, on several threads, instead of being decoded in order (``_write_xz_blocks
 
 from __future__ import annotations
 
-import enum
 import os
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
+from cdi.api.constants import ContentType
 from cdi.api.errors import UnsupportedFormat
 from datapath.decode.qcow2 import Qcow2StreamDecoder
 from datapath.decode.qcow2.header import parse_header, peek_cluster_size
@@ -38,11 +38,6 @@ if TYPE_CHECKING:
 
 SCRATCH_NAME = "cdi-scratch.img"
 MAX_LAYERS = 4  # gz inside xz inside zst... more than this is an attack, not an image
-
-
-class ContentType(enum.Enum):
-    KUBEVIRT = "kubevirt"
-    ARCHIVE = "archive"
 
 
 @dataclass

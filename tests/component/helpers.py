@@ -6,8 +6,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from cdi.api.constants import ContentType
 from cdi.api.termination import TerminationMessage
-from datapath.decode import ContentType
 from datapath.taps import parse_checksum
 from datapath.target import TargetSpec
 from importer.config import ImportConfig
