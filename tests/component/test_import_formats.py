@@ -101,7 +101,6 @@ async def test_disordered_qcow2_falls_back_to_scratch_and_says_so(
 ) -> None:
     """L1 moved after all the data (a resize): beyond a small spill bound the importer
     downloads again through scratch + qemu-img, and reports scratch_used."""
-    from dataclasses import replace
 
     from importer.runner import run_import
     from tests.component.conftest import run
@@ -115,7 +114,7 @@ async def test_disordered_qcow2_falls_back_to_scratch_and_says_so(
     reference = tmp_path / "ref.raw"
     run("qemu-img", "convert", "-f", "qcow2", "-O", "raw", image, reference)
     target = tmp_path / "disk.img"
-    config = replace(http_config(server.link("ok", image), target), qcow2_spill_limit=64 * 1024)
+    config = http_config(server.link("ok", image), target, spill_limit=64 * 1024)
     result = await run_import(config)
     assert result.succeeded, result
     assert result.scratch_used
