@@ -22,10 +22,13 @@ from __future__ import annotations
 
 import heapq
 import itertools
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import NoReturn
 
 from cdi.api.errors import InvalidImage, UnsafeImage
 from datapath.decode.rawpieces import LayoutNotStreamable, Write, WriteCoalescer
+from datapath.decode.spill import Spill, settle, with_repaid
 
 PLAIN = 0  # raw bytes of the disk, placed as they pass
 FRAME = 1  # a self-describing extent: read whole, then handed to ``_on_frame``
@@ -48,8 +51,11 @@ class MappedImageDecoder:
 
     format_name = "image"
 
-    def __init__(self, head_size: int, *, file_size: int | None) -> None:
+    def __init__(
+        self, head_size: int, *, file_size: int | None, spill: Spill | None = None
+    ) -> None:
         self.virtual_size: int | None = None
+        self._spill = spill
         self._head_size = head_size
         self._file_size = file_size
         self._head = bytearray()
@@ -71,10 +77,12 @@ class MappedImageDecoder:
         """File offset of the next byte to feed."""
         return self._pos
 
-    def feed(self, data: bytes | bytearray | memoryview) -> list[Write]:
-        """Consume the next bytes of the file; return the raw writes that are ready."""
+    def feed(self, data: bytes | bytearray | memoryview) -> Iterable[Write]:
+        """Consume the next bytes of the file; return the raw writes that are ready (data
+        read back from a spill comes lazily, as the result is iterated)."""
         if self._finished:
             raise RuntimeError("feed() after finish()")
+        early = settle(self._spill, self.virtual_size)
         chunk = data if isinstance(data, bytes) else bytes(data)
         if self.virtual_size is None:
             chunk = self._feed_head(chunk)
@@ -82,11 +90,13 @@ class MappedImageDecoder:
                 return []
         if chunk:
             self._process(chunk, self._pos)
-        return self._out.drain()
+        writes = self._out.drain()
+        return with_repaid(early + writes if early else writes, self._spill, self.virtual_size)
 
     def finish(self) -> list[Write]:
         """End of stream: the last writes, or a typed error if anything mapped never came."""
         self._finished = True
+        early = settle(self._spill, self.virtual_size)
         name = self.format_name
         if self.virtual_size is None:
             if len(self._head) < self._head_size and self._head:
@@ -107,7 +117,7 @@ class MappedImageDecoder:
                 f"{name} stream ended at {self._pos} but data for virtual offset {virt:#x} at "
                 f"{start:#x} never arrived completely (truncated)"
             )
-        return self._out.drain(final=True)
+        return early + self._out.drain(final=True)
 
     # -- for the formats ---------------------------------------------------------------------
 
@@ -129,7 +139,7 @@ class MappedImageDecoder:
 
     def _want_table(self, start: int, end: int, tag: int) -> None:
         """Ask for the bytes ``[start, end)``; ``_on_table(tag, bytes)`` gets them."""
-        if start < self._named_at:
+        if start < self._named_at and self._spill is None:
             raise LayoutNotStreamable(
                 f"{self.format_name} table at {start:#x} lies before the structure naming it "
                 f"(which ends at {self._named_at:#x}); converting via scratch space instead"
@@ -180,35 +190,90 @@ class MappedImageDecoder:
 
     def _process(self, chunk: bytes, c0: int) -> None:
         c1 = c0 + len(chunk)
+        spill = self._spill
+        claimed: list[tuple[int, int]] | None = (
+            [] if spill is not None and not self._data_ready else None
+        )
         tables = self._tables
         while tables and tables[0][0] < c1:
             _, _, table = heapq.heappop(tables)
-            self._serve_table(table, chunk, c0, c1)
+            self._serve_table(table, chunk, c0, c1, claimed)
         if not tables and not self._data_ready:
             self._start_data()
         if self._data_ready:
             self._serve_extents(chunk, c0, c1)
+            if spill is not None and spill.size:
+                spill.clear()  # every table is in and all it mapped in the past is served
+        elif spill is not None and claimed is not None:
+            spill.add_gaps(chunk, c0, claimed)
         self._pos = c1
 
-    def _serve_table(self, table: _Table, chunk: bytes, c0: int, c1: int) -> None:
+    def _serve_table(
+        self, table: _Table, chunk: bytes, c0: int, c1: int, claimed: list[tuple[int, int]] | None
+    ) -> None:
         lo = table.start + len(table.acc)
         if lo < c0:
-            raise LayoutNotStreamable(
-                f"{self.format_name} table at {table.start:#x} went by before it was known; "
-                "converting via scratch space instead"
-            )
-        table.acc += chunk[lo - c0 : min(table.end, c1) - c0]
+            if self._spill is None:
+                raise LayoutNotStreamable(
+                    f"{self.format_name} table at {table.start:#x} went by before it was known; "
+                    "converting via scratch space instead"
+                )
+            past = min(table.end, c0)
+            table.acc += self._past(lo, past)
+            self._spill.discard(lo, past)
+            lo = past
+        hi = min(table.end, c1)
+        if lo < hi:
+            table.acc += chunk[lo - c0 : hi - c0]
+            if claimed is not None:
+                claimed.append((lo, hi))
         if table.end > c1:
             heapq.heappush(self._tables, (c1, next(self._seq), table))
             return
-        self._named_at = table.end
+        self._named_at = max(self._named_at, table.end)
         self._on_table(table.tag, bytes(table.acc))
+
+    def _past(self, start: int, end: int) -> bytes:
+        """Bytes ``[start, end)`` that went by before being mapped: they must all be held."""
+        assert self._spill is not None
+        data = self._spill.prefix(start, end)
+        if len(data) != end - start:
+            self._not_kept(start + len(data))
+        return data
+
+    def _owe(self, start: int, end: int, virt: int) -> None:
+        if self._spill is None:
+            raise LayoutNotStreamable(
+                f"{self.format_name} data at {start:#x} went by before its table; converting "
+                "via scratch space instead"
+            )
+        held = self._spill.owe(start, end, virt)
+        if held != end - start:
+            self._not_kept(start + held)
+
+    def _not_kept(self, offset: int) -> NoReturn:
+        raise InvalidImage(
+            f"{self.format_name} bytes at {offset:#x} are mapped by a table that came after "
+            "them but were taken by another structure (overlapping structures)"
+        )
+
+    def _take(self, lo: int, hi: int, chunk: bytes, c0: int) -> bytes:
+        """File bytes ``[lo, hi)``: the part before this chunk from the spill, then the chunk."""
+        if lo >= c0:
+            return chunk[lo - c0 : hi - c0]
+        if self._spill is None:
+            raise LayoutNotStreamable(
+                f"{self.format_name} data at {lo:#x} went by before its table; converting via "
+                "scratch space instead"
+            )
+        past = self._past(lo, min(hi, c0))
+        return past + chunk[: hi - c0] if hi > c0 else past
 
     def _start_data(self) -> None:
         """All tables are in: from here on every byte is data or ignorable."""
         self._extents.sort()
         self._data_ready = True
-        if self._extents and self._extents[0][0] < self._named_at:
+        if self._spill is None and self._extents and self._extents[0][0] < self._named_at:
             start, _, virt, _ = self._extents[0]
             raise LayoutNotStreamable(
                 f"{self.format_name} data for virtual offset {virt:#x} at {start:#x} lies before "
@@ -230,11 +295,18 @@ class MappedImageDecoder:
             if kind == FRAME:
                 if not self._serve_frame(start, end, virt, chunk, c0, c1):
                     break
+            elif start >= c0 and end <= c1:  # the common case: wholly in this chunk
+                self._out.add(virt, chunk, start - c0, end - c0)
+                self._last_end = end
             else:
-                lo, hi = max(start, c0), min(end, c1)
+                hi = min(end, c1)
+                if start < c0:  # went by before its table: owed, read back lazily
+                    self._owe(start, min(hi, c0), virt)
+                lo = max(start, c0)
                 if lo < hi:
                     self._out.add(virt + lo - start, chunk, lo - c0, hi - c0)
-                if end > c1:
+                if end > c1:  # the rest comes with the next chunks
+                    extents[i] = (c1, end, virt + c1 - start, PLAIN)
                     break
                 self._last_end = end
             i += 1
@@ -250,7 +322,7 @@ class MappedImageDecoder:
             lo = start + len(frame)
             hi = min(start + want, c1)
             if lo < hi:
-                frame += chunk[lo - c0 : hi - c0]
+                frame += self._take(lo, hi, chunk, c0)
             if len(frame) < want:
                 return False
             if self._frame_len:

@@ -10,9 +10,9 @@ In ``streamOptimized`` images every grain is deflate-compressed behind a 12-byte
 LBA and compressed size); it is decompressed with its output bounded by the grain size. The
 tables come before the grains, so ``datapath.decode.mapped`` places each grain as it streams past.
 
-Not streamed, but converted through scratch space (``LayoutNotStreamable``): a GD only in the
-footer (``streamOptimized`` files written by VMware tools), compressed grains without markers,
-tables that come after the data they map.
+Tables that come after the data they map stream with a ``spill`` (the grains wait there for
+their tables); without one they are ``LayoutNotStreamable``, like a GD only in the footer
+(``streamOptimized`` files written by VMware tools) and compressed grains without markers.
 
 Refused: descriptor files (``monolithicFlat``, ``twoGbMaxExtent*``, ``vmfs``...) and KDMV
 headers that defer to a descriptor (capacity 0): their extents are paths on the importer's file
@@ -34,6 +34,7 @@ from isal import isal_zlib
 from cdi.api.errors import InsufficientSpace, InvalidImage, UnsafeImage, UnsupportedFormat
 from datapath.decode.mapped import FRAME, PLAIN, MappedImageDecoder
 from datapath.decode.rawpieces import LayoutNotStreamable, Write
+from datapath.decode.spill import Spill
 
 MAGIC = b"KDMV"
 DESCRIPTOR_MAGIC = b"# Disk DescriptorFile"
@@ -210,9 +211,13 @@ class VmdkStreamDecoder(MappedImageDecoder):
     format_name = "vmdk"
 
     def __init__(
-        self, *, max_virtual_size: int | None = None, file_size: int | None = None
+        self,
+        *,
+        max_virtual_size: int | None = None,
+        file_size: int | None = None,
+        spill: Spill | None = None,
     ) -> None:
-        super().__init__(HEAD_BYTES, file_size=file_size)
+        super().__init__(HEAD_BYTES, file_size=file_size, spill=spill)
         self._max_virtual_size = max_virtual_size
         self.header: VmdkHeader | None = None
 

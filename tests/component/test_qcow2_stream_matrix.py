@@ -333,7 +333,7 @@ def test_unordered_layout_beyond_the_spill_limit_asks_for_scratch(tmp_path: Path
     image = l1_moved_to_end(tmp_path)
     with pytest.raises(SpillLimitExceeded) as info:
         decode_to_file(image, tmp_path / "out.raw", 65536, spill_limit=256 * 1024)
-    assert info.value.reason == "Qcow2LayoutUnordered"
+    assert info.value.reason == "ImageLayoutUnordered"
     assert info.value.transient is False
 
 

@@ -156,6 +156,8 @@ def parse_header(cluster: bytes, *, max_virtual_size: int | None = None) -> Qcow
         raise UnsafeImage(f"qcow2 image is encrypted (crypt_method {crypt})")
     if backing_off and backing_size:
         raise UnsafeImage("qcow2 image has a backing file")
+    if backing_off > cluster_size:
+        raise InvalidImage(f"qcow2 backing file offset {backing_off:#x} is invalid")  # as qemu
     if refcount_order > 6:
         raise InvalidImage(f"qcow2 refcount_order {refcount_order} > 6")
     if incompat & INCOMPAT_EXTL2 and cluster_bits < 14:
