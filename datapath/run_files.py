@@ -9,6 +9,7 @@ and the prefix reader, which run on the decode and hash threads.
 from __future__ import annotations
 
 import contextlib
+import glob
 import os
 from collections.abc import Iterator
 
@@ -17,6 +18,7 @@ from cdi.api.errors import InvalidConfig
 from datapath import checkpoint
 from datapath.checkpoint import Checkpoint, Checkpointer
 from datapath.decode import SCRATCH_NAME
+from datapath.decode.spill import SPILL_PREFIX
 from datapath.plan import ProcessPlan
 from datapath.sources import SourceInfo
 from datapath.streams import CHUNK_SIZE
@@ -120,8 +122,12 @@ class RunFiles:
         self.cleanup_scratch()
 
     def cleanup_scratch(self) -> None:
+        """The qemu-img input and any spill file a killed decoder could not delete."""
         with contextlib.suppress(OSError):
             os.unlink(os.path.join(self.scratch_dir, SCRATCH_NAME))
+        for leftover in glob.glob(os.path.join(glob.escape(self.scratch_dir), SPILL_PREFIX + "*")):
+            with contextlib.suppress(OSError):
+                os.unlink(leftover)
         if self.scratch_dir != self.plan.scratch_dir:  # the folder we made beside the target
             with contextlib.suppress(OSError):
                 os.rmdir(self.scratch_dir)

@@ -31,6 +31,7 @@ from cdi.api.errors import UnsupportedFormat
 from datapath.decode.qcow2 import Qcow2StreamDecoder
 from datapath.decode.qcow2.header import parse_header, peek_cluster_size
 from datapath.decode.rawpieces import Write
+from datapath.decode.spill import Spill, scratch_ceiling
 from datapath.formats import SNIFF_BYTES, ImageFormat, sniff
 from datapath.streams import Peekable
 from datapath.target import RawWriter
@@ -64,7 +65,8 @@ class DecodePlan:
     archive_dir: str | None  # the target, for archive content
     scratch_dir: str  # where images that need qemu-img are staged
     stream_images: bool = True  # decode qcow2/vdi/vmdk in one pass; False after a fallback
-    spill_limit: int = 64 * 1024 * 1024
+    spill_limit: int = 64 * 1024 * 1024  # out-of-order image data held in memory, then...
+    spill_to_scratch: bool = True  # ...in a sparse file in scratch_dir (False: memory only)
     source_size: int | None = None  # bytes on the wire, when known (Content-Length)
     before_random_writes: Callable[[], None] | None = None  # e.g. zero a block device first
     resume_offset: int = 0  # continue a raw image at this offset (datapath.checkpoint)
@@ -169,12 +171,29 @@ def _text(chunks: Iterator[bytes], plan: DecodePlan, result: DecodeResult) -> De
 
 
 def _image(stream: Iterator[bytes], plan: DecodePlan, result: DecodeResult) -> DecodeResult:
-    """qcow2, vdi, vmdk: streamed into the target when the plan allows, else via scratch."""
+    """qcow2, vdi, vmdk: streamed into the target when the plan allows, else via scratch. Data
+    that comes before its table waits in the spill (memory, then a scratch file), so even a
+    disordered image takes one pass; only what was out of order touches scratch."""
     assert isinstance(stream, Peekable)
-    decoder = _streaming_decoder(result.image_format, stream, plan, result)
-    if decoder is not None and plan.stream_images and plan.writer is not None:
-        return _stream_image(decoder, stream, plan, plan.writer, result)
+    with _spill_for(plan) as spill:
+        decoder = _streaming_decoder(result.image_format, stream, plan, result, spill)
+        if decoder is not None and plan.stream_images and plan.writer is not None:
+            try:
+                return _stream_image(decoder, stream, plan, plan.writer, result)
+            finally:
+                result.scratch_bytes += spill.scratch_bytes
     return _to_scratch(stream, plan, result)
+
+
+def _spill_for(plan: DecodePlan) -> Spill:
+    if not plan.spill_to_scratch:
+        return Spill(memory_limit=plan.spill_limit)
+    os.makedirs(plan.scratch_dir, exist_ok=True)
+    return Spill(
+        memory_limit=plan.spill_limit,
+        scratch_dir=plan.scratch_dir,
+        file_limit=None if plan.capacity is None else scratch_ceiling(plan.capacity),
+    )
 
 
 def _write_raw(
@@ -247,7 +266,7 @@ class StreamDecoder(Protocol):
 
 
 def _streaming_decoder(
-    fmt: ImageFormat, stream: Peekable, plan: DecodePlan, result: DecodeResult
+    fmt: ImageFormat, stream: Peekable, plan: DecodePlan, result: DecodeResult, spill: Spill
 ) -> StreamDecoder | None:
     """Vet the header (on every path: qemu-img checks again on the scratch path) and return
     the stream decoder for ``fmt``, or None for formats only qemu-img converts."""
@@ -256,28 +275,28 @@ def _streaming_decoder(
         return None
     # Content-Length is the image's size only when nothing was peeled off it.
     file_size = plan.source_size if len(result.format_chain) == 1 else None
-    return make(stream, plan, file_size)
+    return make(stream, plan, file_size, spill)
 
 
-def _qcow2(stream: Peekable, plan: DecodePlan, file_size: int | None) -> StreamDecoder:
+def _qcow2(
+    stream: Peekable, plan: DecodePlan, file_size: int | None, spill: Spill
+) -> StreamDecoder:
     _vet_qcow2_header(stream, plan.capacity)
-    return Qcow2StreamDecoder(
-        max_virtual_size=plan.capacity, spill_limit=plan.spill_limit, file_size=file_size
-    )
+    return Qcow2StreamDecoder(max_virtual_size=plan.capacity, file_size=file_size, spill=spill)
 
 
-def _vdi(stream: Peekable, plan: DecodePlan, file_size: int | None) -> StreamDecoder:
+def _vdi(stream: Peekable, plan: DecodePlan, file_size: int | None, spill: Spill) -> StreamDecoder:
     from datapath.decode import vdi
 
     vdi.parse_header(stream.peek(SNIFF_BYTES), max_virtual_size=plan.capacity)
-    return vdi.VdiStreamDecoder(max_virtual_size=plan.capacity, file_size=file_size)
+    return vdi.VdiStreamDecoder(max_virtual_size=plan.capacity, file_size=file_size, spill=spill)
 
 
-def _vmdk(stream: Peekable, plan: DecodePlan, file_size: int | None) -> StreamDecoder:
+def _vmdk(stream: Peekable, plan: DecodePlan, file_size: int | None, spill: Spill) -> StreamDecoder:
     from datapath.decode import vmdk
 
     vmdk.parse_header(stream.peek(vmdk.HEAD_BYTES), max_virtual_size=plan.capacity)
-    return vmdk.VmdkStreamDecoder(max_virtual_size=plan.capacity, file_size=file_size)
+    return vmdk.VmdkStreamDecoder(max_virtual_size=plan.capacity, file_size=file_size, spill=spill)
 
 
 def _stream_image(
@@ -309,7 +328,7 @@ def _to_scratch(stream: Iterator[bytes], plan: DecodePlan, result: DecodeResult)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
     result.scratch_path = path
     # An image file is at most its virtual size plus metadata; more is a decompression bomb.
-    limit = None if plan.capacity is None else plan.capacity + plan.capacity // 8 + (64 << 20)
+    limit = None if plan.capacity is None else scratch_ceiling(plan.capacity)
     try:
         # Buffered on purpose: qemu-img reads the scratch file right after, from page cache.
         # No zero scan: these formats are already sparse inside (grains, blocks).
@@ -345,7 +364,7 @@ _FORMATS: dict[ImageFormat, Handler] = {  # anything else (raw, tar in kubevirt 
     ImageFormat.VHD: _to_scratch,
     ImageFormat.VHDX: _to_scratch,
 }
-_DECODERS: dict[ImageFormat, Callable[[Peekable, DecodePlan, int | None], StreamDecoder]] = {
+_DECODERS: dict[ImageFormat, Callable[[Peekable, DecodePlan, int | None, Spill], StreamDecoder]] = {
     ImageFormat.QCOW2: _qcow2,
     ImageFormat.VDI: _vdi,
     ImageFormat.VMDK: _vmdk,

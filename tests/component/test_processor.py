@@ -8,7 +8,15 @@ from pathlib import Path
 import pytest
 
 from cdi.api.errors import InvalidConfig
-from datapath import Phase, Processor, ProcessPlan, SourceConsumed, StreamSource, TargetSpec
+from datapath import (
+    FileSource,
+    Phase,
+    Processor,
+    ProcessPlan,
+    SourceConsumed,
+    StreamSource,
+    TargetSpec,
+)
 from tests.component.conftest import (
     COMPRESSORS,
     CONVERSIONS,
@@ -18,6 +26,7 @@ from tests.component.conftest import (
     same_content,
 )
 from tests.component.onesource import OneShotBody, process_body
+from tests.unit.disk_builders import VdiSpec, VmdkSpec, build_vdi, build_vmdk
 
 MiB = 1024 * 1024
 MATRIX = [(kind, None) for kind in CONVERSIONS] + [
@@ -57,28 +66,75 @@ async def test_one_shot_source_is_identical_to_qemu_img(
     assert not list(target.parent.glob(".cdi-scratch/*")), "scratch left behind"
 
 
-async def test_disordered_qcow2_within_the_memory_bound_streams_in_one_pass(
-    tmp_path: Path,
+def vdi_map_after_data(d: Path) -> Path:
+    image = d / "moved.vdi"
+    blocks = {virt: bytes([virt + 1]) * MiB for virt in (0, 2, 5, 9)}
+    image.write_bytes(build_vdi(VdiSpec(disk_size=12 * MiB, blocks=blocks, map_after_data=True)))
+    return image
+
+
+def vmdk_grains_first(d: Path) -> Path:
+    image = d / "grains-first.vmdk"
+    grains = {g: bytes([g % 250 + 1]) * 4096 for g in range(0, 3000, 3)}
+    spec = VmdkSpec(capacity=3000 * 8, gtes=512, grains=grains, grains_first=True)
+    image.write_bytes(build_vmdk(spec))
+    return image
+
+
+DISORDERED = {
+    "qcow2": l1_after_12_mib_of_data,
+    "vdi": vdi_map_after_data,
+    "vmdk": vmdk_grains_first,
+}
+
+
+@pytest.mark.parametrize("fmt", sorted(DISORDERED))
+@pytest.mark.parametrize("memory", [64 * MiB, 4096])
+async def test_disordered_image_from_a_one_shot_source_converts_in_one_pass(
+    fmt: str, memory: int, tmp_path: Path
 ) -> None:
-    image = l1_after_12_mib_of_data(tmp_path)
+    """Data before its table waits in memory, past the bound in a sparse scratch file that
+    holds only the out-of-order part; the body is read once either way."""
+    image = DISORDERED[fmt](tmp_path)
     reference = tmp_path / "ref.raw"
-    run("qemu-img", "convert", "-f", "qcow2", "-O", "raw", image, reference)
+    run("qemu-img", "convert", "-f", fmt, "-O", "raw", image, reference)
     body = OneShotBody.of(image)
-    result = await process_body(body, tmp_path / "disk.img")
+    target = tmp_path / "vol" / "disk.img"
+    target.parent.mkdir()
+    result = await process_body(body, target, spill_limit=memory)
     assert result.succeeded, result
-    assert body.iterations == 1 and not result.scratch_used
-    assert same_content(tmp_path / "disk.img", reference)
+    assert body.iterations == 1
+    assert same_content(target, reference)
+    assert list(result.format_chain) == [fmt]
+    spilled = memory < 64 * MiB
+    assert result.scratch_used == spilled
+    assert (0 < result.scratch_bytes < image.stat().st_size) == spilled
+    assert not list(target.parent.glob(".cdi-scratch/*")), "spill file left behind"
+
+
+def vmdk_directory_in_the_footer(d: Path) -> Path:
+    image = d / "footer.vmdk"
+    grains = {0: b"\x01" * 4096, 7: b"\x02" * 4096, 3: b"\x05" * 100}
+    spec = VmdkSpec(capacity=61, grains=grains, compressed=True, gd_at_end=True, order=[7, 0, 3])
+    image.write_bytes(build_vmdk(spec))
+    return image
 
 
 async def test_a_one_shot_source_is_never_streamed_again(tmp_path: Path) -> None:
-    """Beyond every bound the layout cannot be decoded in one pass: a replayable source would
-    be read again through scratch, a one-shot one fails with the typed reason instead."""
-    image = l1_after_12_mib_of_data(tmp_path)
+    """A layout no spill helps with (the grain directory only in the footer): a replayable
+    source is read again through scratch and handed to qemu-img (which refuses this hand-built
+    footer), a one-shot one fails with the typed reason instead of being read twice."""
+    image = vmdk_directory_in_the_footer(tmp_path)
     body = OneShotBody.of(image)
     target = tmp_path / "disk.img"
-    result = await process_body(body, target, spill_limit=4096)
-    assert result.reason == "Qcow2LayoutUnordered", result
+    result = await process_body(body, target)
+    assert result.reason == "ImageLayoutUnordered", result
     assert body.iterations == 1
+    assert not target.exists()
+    plan = ProcessPlan(target=TargetSpec(str(target), block=False))
+    result = await Processor(plan, FileSource(str(image))).run()
+    assert result.reason == "InvalidImage" and "qemu-img" in result.message, result
+    assert result.scratch_used and result.scratch_bytes == image.stat().st_size
     assert not target.exists()
 
 
