@@ -13,7 +13,7 @@ convert such an image through scratch space, so the phase machine falls back to 
 a format supplies ``_on_head`` (parse the head, name the first tables), ``_on_table`` (parse
 one table, name more tables or add extents) and, for extents whose length is only known from
 their first bytes (VMDK's compressed grains behind a marker), ``_frame_length`` and
-``_on_frame``. Memory is the head, one table in assembly at a time (plus any queued behind it),
+``_frame_data``. Memory is the head, one table in assembly at a time (plus any queued behind it),
 the extent list (capped at ``MAX_EXTENTS``; contiguous extents are merged as they are added),
 one frame in assembly and the coalescer's bounded output.
 """
@@ -28,10 +28,10 @@ from typing import NoReturn
 
 from cdi.api.errors import InvalidImage, UnsafeImage
 from datapath.decode.rawpieces import LayoutNotStreamable, Write, WriteCoalescer
-from datapath.decode.spill import Spill, settle, with_repaid
+from datapath.decode.spill import Expand, Spill, settle, with_repaid
 
 PLAIN = 0  # raw bytes of the disk, placed as they pass
-FRAME = 1  # a self-describing extent: read whole, then handed to ``_on_frame``
+FRAME = 1  # a self-describing extent: read whole, then expanded by ``_frame_data``
 FRAME_HEAD = 12  # bytes of a frame needed to learn its length
 MAX_EXTENTS = 2_000_000  # as many separate extents as the qcow2 decoder holds at most
 
@@ -130,7 +130,8 @@ class MappedImageDecoder:
     def _frame_length(self, head: bytes, bound: int) -> int:
         raise NotImplementedError
 
-    def _on_frame(self, virt: int, frame: bytes) -> None:
+    def _frame_data(self, virt: int, frame: bytes) -> bytes:
+        """The raw bytes at ``virt`` that a whole frame holds (e.g. an inflated grain)."""
         raise NotImplementedError
 
     def _set_virtual_size(self, size: int) -> None:
@@ -241,13 +242,13 @@ class MappedImageDecoder:
             self._not_kept(start + len(data))
         return data
 
-    def _owe(self, start: int, end: int, virt: int) -> None:
+    def _owe(self, start: int, end: int, virt: int, expand: Expand | None = None) -> None:
         if self._spill is None:
             raise LayoutNotStreamable(
                 f"{self.format_name} data at {start:#x} went by before its table; converting "
                 "via scratch space instead"
             )
-        held = self._spill.owe(start, end, virt)
+        held = self._spill.owe(start, end, virt, expand)
         if held != end - start:
             self._not_kept(start + held)
 
@@ -317,6 +318,8 @@ class MappedImageDecoder:
     ) -> bool:
         """Assemble one frame; True once it was whole and handed over."""
         frame = self._frame
+        if not frame and start + FRAME_HEAD <= c0 and self._owe_frame(start, bound, virt, c0):
+            return True
         while True:
             want = self._frame_len or FRAME_HEAD
             lo = start + len(frame)
@@ -327,13 +330,26 @@ class MappedImageDecoder:
                 return False
             if self._frame_len:
                 break
-            length = self._frame_length(bytes(frame), bound - start)
-            if not FRAME_HEAD < length <= bound - start:
-                raise InvalidImage(f"{self.format_name} frame at {start:#x} has a bad length")
-            self._frame_len = length
+            self._frame_len = self._checked_length(start, bytes(frame), bound)
         data = bytes(frame)
         self._frame = bytearray()
         self._frame_len = 0
         self._last_end = start + len(data)
-        self._on_frame(virt, data)
+        self._out.add(virt, self._frame_data(virt, data))
         return True
+
+    def _owe_frame(self, start: int, bound: int, virt: int, c0: int) -> bool:
+        """A frame whose head went by before its table: if it lies wholly in the past, owe it
+        (expanded lazily, as the writes are read) and say True; else it is assembled."""
+        length = self._checked_length(start, self._past(start, start + FRAME_HEAD), bound)
+        if start + length > c0:
+            return False
+        self._owe(start, start + length, virt, lambda data: (self._frame_data(virt, data), length))
+        self._last_end = start + length
+        return True
+
+    def _checked_length(self, start: int, head: bytes, bound: int) -> int:
+        length = self._frame_length(head, bound - start)
+        if not FRAME_HEAD < length <= bound - start:
+            raise InvalidImage(f"{self.format_name} frame at {start:#x} has a bad length")
+        return length

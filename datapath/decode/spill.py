@@ -22,7 +22,8 @@ symlink is never followed), emptied by ``clear`` and deleted by ``close``.
 Data runs that a late table maps can be as large as the image (an L1 table or a VDI block map
 at the end maps everything before it), so they are not read back at once: the decoder checks
 they are held and ``owe``s them; ``repaid_writes`` then reads them back ``REPAY_SLICE`` bytes
-at a time, lazily, as the caller iterates the writes a ``feed`` returned. Memory stays bounded
+at a time (compressed extents one by one, expanded then), lazily, as the caller iterates the
+writes a ``feed`` returned. Memory stays bounded
 whatever the disorder; the decoder settles anything the caller left unread before it goes on.
 
 The decoders stay sans-I/O apart from this one injected object; the file I/O is plain
@@ -36,7 +37,7 @@ import os
 import secrets
 from bisect import bisect_right
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from itertools import chain
 from types import TracebackType
 
@@ -45,6 +46,9 @@ from datapath.decode.rawpieces import LayoutNotStreamable, Write, WriteCoalescer
 
 DEFAULT_MEMORY_LIMIT = 64 * 1024 * 1024
 REPAY_SLICE = 4 * 1024 * 1024  # bytes read back at a time for data owed to the output
+
+Expand = Callable[[bytes], tuple[bytes, int]]
+"""A compressed extent's bytes -> (the raw data, how many input bytes its stream used)."""
 SPILL_PREFIX = "cdi-spill-"
 _OPEN_FLAGS = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -87,7 +91,7 @@ class Spill:
         self.path: str | None = None
         self._fd = -1
         self._file_used = False
-        self.owed: deque[tuple[int, int, int]] = deque()  # (start, end, virtual offset)
+        self.owed: deque[tuple[int, int, int, Expand | None]] = deque()  # start, end, virt
         self._clear_when_repaid = False
 
     def __len__(self) -> int:
@@ -222,31 +226,38 @@ class Spill:
             i += 1
         return pos - start
 
-    def owe(self, start: int, end: int, virt: int) -> int:
+    def owe(self, start: int, end: int, virt: int, expand: Expand | None = None) -> int:
         """Promise the held bytes ``[start, end)`` to the output at virtual offset ``virt``
-        (read back later by ``repay``). Returns how many were held; only a whole range is owed."""
+        (read back later by ``repay``), as they are or, for a compressed extent (at most a
+        few MiB), through ``expand``. Returns how many were held; only a whole range is owed."""
         held = self.held(start, end)
         if held == end - start:
-            self.owed.append((start, end, virt))
+            self.owed.append((start, end, virt, expand))
         return held
 
     def repay(self) -> Iterator[tuple[int, bytes]]:
         """``(virtual offset, bytes)`` slices of what is owed, read and forgotten one at a time."""
         owed = self.owed
         while owed:
-            start, end, virt = owed[0]
-            hi = min(end, start + REPAY_SLICE)
+            start, end, virt, expand = owed[0]
+            hi = end if expand is not None else min(end, start + REPAY_SLICE)
             data = self.prefix(start, hi)
-            if len(data) != hi - start:
+            if expand is not None:
+                # A compressed stream's range may overrun into the next extent, which may
+                # have been taken meanwhile: its stream must end before such a gap.
+                data, used = expand(data)
+                self.discard(start, start + used)  # the rest may begin another extent
+            elif len(data) != hi - start:
                 raise InvalidImage(
                     f"image bytes at {start + len(data):#x} are mapped as data but another "
                     "structure took them (overlapping structures)"
                 )
-            self.discard(start, hi)
+            else:
+                self.discard(start, hi)
             if hi == end:
                 owed.popleft()
             else:
-                owed[0] = (hi, end, virt + hi - start)
+                owed[0] = (hi, end, virt + hi - start, None)
             yield virt, data
         if self._clear_when_repaid:
             self.clear()
@@ -254,6 +265,8 @@ class Spill:
     def discard(self, start: int, end: int) -> None:
         """Forget ``[start, end)``. Trimming the front of a segment is cheap (bytearray
         deletes from the front in O(1)), which is the usual case: runs are taken in order."""
+        if end <= start or not self._starts:
+            return
         i = self._first_overlapping(start)
         while i < len(self._starts) and self._starts[i] < end:
             seg_start, seg_end, held = self._starts[i], self._ends[i], self._data[i]

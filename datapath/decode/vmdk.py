@@ -303,7 +303,7 @@ class VmdkStreamDecoder(MappedImageDecoder):
             raise InvalidImage("vmdk grain table points at a metadata marker, not a grain")
         return MARKER.size + size
 
-    def _on_frame(self, virt: int, frame: bytes) -> None:
+    def _frame_data(self, virt: int, frame: bytes) -> bytes:
         header = self.header
         assert header is not None
         lba, _ = MARKER.unpack_from(frame)
@@ -316,4 +316,4 @@ class VmdkStreamDecoder(MappedImageDecoder):
         needed = min(header.grain_size, header.virtual_size - virt)
         if len(data) < needed:
             raise InvalidImage(f"compressed vmdk grain at LBA {lba} holds only {len(data)} bytes")
-        self._out.add(virt, data)
+        return data

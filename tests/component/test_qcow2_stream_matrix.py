@@ -22,6 +22,7 @@ import pytest
 
 from cdi.api.errors import InvalidImage, UnsafeImage, WorkerError
 from datapath.decode.qcow2 import Qcow2StreamDecoder, SpillLimitExceeded
+from datapath.decode.spill import Spill
 from tests.unit.stream_decoding import Decoder
 
 MiB = 1024 * 1024
@@ -335,6 +336,24 @@ def test_unordered_layout_beyond_the_spill_limit_asks_for_scratch(tmp_path: Path
         decode_to_file(image, tmp_path / "out.raw", 65536, spill_limit=256 * 1024)
     assert info.value.reason == "ImageLayoutUnordered"
     assert info.value.transient is False
+
+
+def test_unordered_layout_past_the_memory_bound_spills_to_scratch_in_one_pass(
+    tmp_path: Path,
+) -> None:
+    """A real qemu image with its L1 table after all data: one pass, scratch holds the
+    out-of-order part only, memory stays at the bound, the file is gone afterwards."""
+    image = l1_moved_to_end(tmp_path)
+    oracle = tmp_path / "oracle.raw"
+    run("qemu-img", "convert", "-f", "qcow2", "-O", "raw", image, oracle)
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    with Spill(memory_limit=256 * 1024, scratch_dir=str(scratch)) as spill:
+        decode_to_file(image, tmp_path / "out.raw", 65536, Qcow2StreamDecoder(spill=spill))
+        assert spill.memory_peak <= 256 * 1024
+        assert 0 < spill.scratch_bytes < image.stat().st_size
+    assert _same_content(tmp_path / "out.raw", oracle)
+    assert list(scratch.iterdir()) == []
 
 
 def test_unordered_layout_within_the_spill_limit_reports_its_peak(tmp_path: Path) -> None:

@@ -33,7 +33,7 @@ class Spec:
     layout: str = "ordered"  # ordered | data-first | l1-last
     incompatible: int = 0
     header_length: int = 112
-    refcounts: bool = False  # append an (empty) refcount table: qemu-img refuses images without
+    refcounts: bool = True  # append an (empty) refcount table: qemu-img refuses images without
 
     @property
     def cluster_size(self) -> int:

@@ -49,7 +49,6 @@ def _data(seed: int, size: int) -> bytes:
 
 def _qcow2(layout: str) -> bytes:
     spec = qcow2_builder.Spec(cluster_bits=12, virtual_size=1 << 20, layout=layout)
-    spec.refcounts = True
     spec.data = {i: _data(i, 4096) for i in (0, 1, 2, 5, 100, 101, 255)}
     spec.compressed = {5, 100}
     spec.zero = {7}

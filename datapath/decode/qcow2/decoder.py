@@ -287,11 +287,13 @@ class Qcow2StreamDecoder:
     ) -> None:
         if item.start < c0:
             past_end = min(item.end, c0)
-            item.acc += self._spill.prefix(item.start, past_end)
-            if len(item.acc) < past_end - item.start:
-                # A gap in what was kept: the real stream must end before it (as at EOF).
-                self._finish_compressed(item, b"", c0, None)
+            held = self._spill.held(item.start, past_end)
+            if item.end <= c0 or held < past_end - item.start:
+                # Wholly in the past, or cut by a gap (the real stream must end before it, as
+                # at EOF): expanded lazily, as the writes are read (memory stays bounded).
+                self._spill.owe(item.start, item.start + held, item.virt, self._expand)
                 return
+            item.acc += self._spill.prefix(item.start, past_end)
         self._serve_compressed(item, chunk, c0, c1, served)
 
     def _serve_compressed(
@@ -315,18 +317,20 @@ class Qcow2StreamDecoder:
     ) -> None:
         """Decompress a whole compressed cluster (its overrun may be missing at EOF), then
         claim exactly the bytes its stream used: in this chunk, and in the spill."""
-        header = self._header
-        assert header is not None
-        data = bytes(item.acc) + piece if item.acc else piece
-        if header.compression_type == COMPRESSION_ZSTD:
-            out, used = zstd_cluster(data, header.cluster_size)
-        else:
-            out, used = inflate_cluster(data, header.cluster_size)
+        out, used = self._expand(bytes(item.acc) + piece if item.acc else piece)
         self._out.add(item.virt, out)
         real_end = item.start + used
         if served is not None and real_end > max(item.start, c0):
             served.append((max(item.start, c0), real_end))
         self._spill.discard(item.start, min(real_end, c0))
+
+    def _expand(self, data: bytes) -> tuple[bytes, int]:
+        """One compressed cluster: ``(cluster bytes, input bytes its stream used)``."""
+        header = self._header
+        assert header is not None
+        if header.compression_type == COMPRESSION_ZSTD:
+            return zstd_cluster(data, header.cluster_size)
+        return inflate_cluster(data, header.cluster_size)
 
     # -- tables --------------------------------------------------------------------------
 
