@@ -66,6 +66,7 @@ class MappedImageDecoder:
         self._extents: list[Extent] = []
         self._next = 0
         self._data_ready = False
+        self._tables_later = False  # tables are named only at the end of the stream (a footer)
         self._last_end = 0  # file end of the last extent served: the next may not start before
         self._frame = bytearray()
         self._frame_len = 0
@@ -93,7 +94,7 @@ class MappedImageDecoder:
         writes = self._out.drain()
         return with_repaid(early + writes if early else writes, self._spill, self.virtual_size)
 
-    def finish(self) -> list[Write]:
+    def finish(self) -> Iterable[Write]:
         """End of stream: the last writes, or a typed error if anything mapped never came."""
         self._finished = True
         early = settle(self._spill, self.virtual_size)
@@ -105,6 +106,10 @@ class MappedImageDecoder:
                 raise InvalidImage(f"{name} stream ended after {self._pos} bytes, in the header")
         if self._file_size is not None and self._pos != self._file_size:
             raise InvalidImage(f"{name} stream has {self._pos} bytes, expected {self._file_size}")
+        if self._tables_later:
+            self._at_end()
+            self._tables_later = False
+            self._process(b"", self._pos)  # the tables and the data are all in the spill
         if self._tables:
             start = self._tables[0][0]
             raise InvalidImage(
@@ -117,7 +122,8 @@ class MappedImageDecoder:
                 f"{name} stream ended at {self._pos} but data for virtual offset {virt:#x} at "
                 f"{start:#x} never arrived completely (truncated)"
             )
-        return early + self._out.drain(final=True)
+        writes = self._out.drain(final=True)
+        return with_repaid(early + writes if early else writes, self._spill, self.virtual_size)
 
     # -- for the formats ---------------------------------------------------------------------
 
@@ -125,6 +131,11 @@ class MappedImageDecoder:
         raise NotImplementedError
 
     def _on_table(self, tag: int, table: bytes) -> None:
+        raise NotImplementedError
+
+    def _at_end(self) -> None:
+        """With ``_tables_later`` set (by ``_on_head``): the whole stream is in the spill; name
+        the first tables now (e.g. from a footer)."""
         raise NotImplementedError
 
     def _frame_length(self, head: bytes, bound: int) -> int:
@@ -199,7 +210,7 @@ class MappedImageDecoder:
         while tables and tables[0][0] < c1:
             _, _, table = heapq.heappop(tables)
             self._serve_table(table, chunk, c0, c1, claimed)
-        if not tables and not self._data_ready:
+        if not tables and not self._data_ready and not self._tables_later:
             self._start_data()
         if self._data_ready:
             self._serve_extents(chunk, c0, c1)

@@ -236,7 +236,9 @@ class Spill:
         return held
 
     def repay(self) -> Iterator[tuple[int, bytes]]:
-        """``(virtual offset, bytes)`` slices of what is owed, read and forgotten one at a time."""
+        """``(virtual offset, bytes)`` slices of what is owed, read one at a time. A slice is
+        forgotten only when the next is asked for: a consumer that stops half-way (an error
+        while writing) leaves it owed, and it is written again (same bytes, same place)."""
         owed = self.owed
         while owed:
             start, end, virt, expand = owed[0]
@@ -246,19 +248,20 @@ class Spill:
                 # A compressed stream's range may overrun into the next extent, which may
                 # have been taken meanwhile: its stream must end before such a gap.
                 data, used = expand(data)
-                self.discard(start, start + used)  # the rest may begin another extent
+                taken = start + used  # the rest may begin another extent
             elif len(data) != hi - start:
                 raise InvalidImage(
                     f"image bytes at {start + len(data):#x} are mapped as data but another "
                     "structure took them (overlapping structures)"
                 )
             else:
-                self.discard(start, hi)
+                taken = hi
+            yield virt, data
+            self.discard(start, taken)
             if hi == end:
                 owed.popleft()
             else:
                 owed[0] = (hi, end, virt + hi - start, None)
-            yield virt, data
         if self._clear_when_repaid:
             self.clear()
 
@@ -340,11 +343,10 @@ class Spill:
 def repaid_writes(spill: Spill, virtual_size: int) -> Iterator[Write]:
     """The writes of everything ``spill`` owes, produced lazily slice by slice (zero pages
     left out, bytes past the disk end cut, like every other write)."""
-    out = WriteCoalescer(virtual_size)
     for virt, data in spill.repay():
+        out = WriteCoalescer(virtual_size)  # nothing carried over between slices
         out.add(virt, data)
-        yield from out.drain()
-    yield from out.drain(final=True)
+        yield from out.drain(final=True)
 
 
 def settle(spill: Spill | None, virtual_size: int | None) -> list[Write]:

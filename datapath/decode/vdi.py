@@ -35,7 +35,8 @@ SECTOR = 512
 BLOCK_SIZE = 1 << 20  # the only block size qemu supports (DEFAULT_CLUSTER_SIZE)
 ZERO_BLOCK = 0xFFFFFFFE  # VDI_DISCARDED: reads as zeros
 UNALLOCATED = 0xFFFFFFFF
-BLOCKS_IN_IMAGE_MAX = 0x3FFFFFFF  # qemu's VDI_BLOCKS_IN_IMAGE_MAX
+# qemu's VDI_BLOCKS_IN_IMAGE_MAX: the block map, rounded up to a sector, must fit an int.
+BLOCKS_IN_IMAGE_MAX = (2**31 - SECTOR) // 4
 MAP_PIECE = 256 * 1024  # block map entries read and parsed at a time (1 MiB)
 
 _PRE = struct.Struct("<II")  # signature, version at 0x40

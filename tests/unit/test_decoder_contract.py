@@ -7,7 +7,8 @@ and a disordered tiny image, and where its first table lies). The contract, each
 - a stream truncated in the header, a table, the data or at the very end is ``InvalidImage``;
 - corrupted tables or headers give only typed ``WorkerError``s, and a mutated image that does
   decode gives exactly what qemu-img gives for it (never other bytes where qemu-img refuses);
-- data that comes before its table decodes in one pass through a ``Spill``: in memory while
+- data that comes before its table (even a directory only named by a footer) decodes in one
+  pass through a ``Spill``: in memory while
   it fits, in the scratch file only past the memory bound; without a scratch directory past
   the bound, or without a spill where the decoder needs one, it is ``LayoutNotStreamable``.
 
@@ -21,7 +22,8 @@ import hashlib
 import random
 import subprocess
 import tempfile
-from collections.abc import Callable
+import tracemalloc
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -62,11 +64,37 @@ def _vdi(map_after_data: bool) -> bytes:
     return build_vdi(spec)
 
 
-def _vmdk(grains_first: bool, compressed: bool = False) -> bytes:
+def _vmdk(grains_first: bool, compressed: bool = False, footer: bool = False) -> bytes:
     grains = {i: _data(i, 4096) for i in (0, 3, 7, 12)}
     spec = VmdkSpec(capacity=128, grains=grains, order=[7, 0, 12, 3], compressed=compressed)
     spec.grains_first = grains_first
+    spec.gd_at_end = footer
     return build_vmdk(spec)
+
+
+BIG = 32 * MiB  # the data of the big disordered images: far more than the memory bound
+
+
+def _big_qcow2() -> bytes:
+    spec = qcow2_builder.Spec(cluster_bits=16, virtual_size=BIG, layout="l1-last")
+    spec.data = {i: _data(i, 65536) for i in range(BIG // 65536)}
+    spec.compressed = set(range(0, BIG // 65536, 8))
+    return qcow2_builder.build(spec)
+
+
+def _big_vdi() -> bytes:
+    blocks = {i: _data(i, MiB) for i in range(BIG // MiB)}
+    return build_vdi(VdiSpec(disk_size=BIG, blocks=blocks, map_after_data=True))
+
+
+def _big_vmdk(compressed: bool) -> Callable[[], bytes]:
+    def build() -> bytes:
+        grains = {i: _data(i, 65536) for i in range(BIG // 65536)}
+        spec = VmdkSpec(capacity=BIG // 512, granularity=128, gtes=512, grains=grains)
+        spec.compressed, spec.grains_first = compressed, True
+        return build_vmdk(spec)
+
+    return build
 
 
 def _qcow2_table(image: bytes) -> int:
@@ -91,21 +119,33 @@ class Format:
     disordered: bytes  # data before its tables
     header_bytes: int  # the fixed-size header the decoder collects first
     first_table: Callable[[bytes], int]  # file offset of the first table in an image
+    big_disordered: Callable[[], bytes]  # ``BIG`` bytes of data before their tables
 
 
 FORMATS: dict[str, Format] = {
     "qcow2": Format(
-        "qcow2", Qcow2StreamDecoder, _qcow2("ordered"), _qcow2("l1-last"), 4096, _qcow2_table
+        "qcow2", Qcow2StreamDecoder, _qcow2("ordered"), _qcow2("l1-last"), 4096, _qcow2_table,
+        _big_qcow2,
     ),
-    "vdi": Format("vdi", VdiStreamDecoder, _vdi(False), _vdi(True), 512, _vdi_table),
-    "vmdk": Format("vmdk", VmdkStreamDecoder, _vmdk(False), _vmdk(True), 512, _vmdk_table),
+    "vdi": Format("vdi", VdiStreamDecoder, _vdi(False), _vdi(True), 512, _vdi_table, _big_vdi),
+    "vmdk": Format(
+        "vmdk", VmdkStreamDecoder, _vmdk(False), _vmdk(True), 512, _vmdk_table, _big_vmdk(False)
+    ),
     "vmdk-compressed": Format(
-        "vmdk", VmdkStreamDecoder, _vmdk(False, True), _vmdk(True, True), 512, _vmdk_table
+        "vmdk", VmdkStreamDecoder, _vmdk(False, True), _vmdk(True, True), 512, _vmdk_table,
+        _big_vmdk(True),
     ),
+}  # fmt: skip
+EXTRA_DISORDERED = {
+    "qcow2-data-first": ("qcow2", _qcow2("data-first")),
+    "vmdk-footer-directory": ("vmdk-compressed", _vmdk(True, True, footer=True)),
+    "vmdk-footer-tables-first": ("vmdk", _vmdk(False, False, footer=True)),
 }
-EXTRA_DISORDERED = {"qcow2-data-first": ("qcow2", _qcow2("data-first"))}
 NAMES = sorted(FORMATS)
 LAYOUTS = ["ordered", "disordered"]
+CASES = [(name, layout) for name in NAMES for layout in LAYOUTS] + [
+    (name, "extra") for name in sorted(EXTRA_DISORDERED)
+]
 MAX_SIZE = 1 << 30
 
 
@@ -131,8 +171,15 @@ def qemu_raw(fmt: str, image: bytes) -> bytes | None:
 
 
 def image_of(name: str, layout: str) -> bytes:
+    if layout == "extra":
+        return EXTRA_DISORDERED[name][1]
     form = FORMATS[name]
     return form.ordered if layout == "ordered" else form.disordered
+
+
+def format_of(name: str, layout: str) -> str:
+    """The ``FORMATS`` entry whose decoder reads this case's image."""
+    return EXTRA_DISORDERED[name][0] if layout == "extra" else name
 
 
 def decode(
@@ -164,20 +211,19 @@ def test_output_matches_qemu_img_convert(name: str, layout: str, scratch: str) -
 def test_other_disordered_layouts_match_qemu_img_convert(name: str, scratch: str) -> None:
     fmt, image = EXTRA_DISORDERED[name]
     with Spill(memory_limit=8192, scratch_dir=scratch) as spill:
-        assert decode(fmt, image, 3000, spill) == qemu_raw(fmt, image)
+        assert decode(fmt, image, 3000, spill) == qemu_raw(FORMATS[fmt].qemu_name, image)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
-    name=st.sampled_from(NAMES),
-    layout=st.sampled_from(LAYOUTS),
+    case=st.sampled_from(CASES),
     sizes=st.lists(st.integers(1, 70_000), min_size=1, max_size=40),
     memory=st.sampled_from([0, 4096, 1 << 30]),
 )
 def test_any_chunking_gives_qemu_img_bytes(
-    name: str, layout: str, sizes: list[int], memory: int
+    case: tuple[str, str], sizes: list[int], memory: int
 ) -> None:
-    image = image_of(name, layout)
+    image, name = image_of(*case), format_of(*case)
     with tempfile.TemporaryDirectory() as tmp, Spill(memory_limit=memory, scratch_dir=tmp) as s:
         out = decode(name, image, sizes, s)
     assert out == qemu_raw(FORMATS[name].qemu_name, image)
@@ -230,17 +276,17 @@ def test_a_short_stream_against_a_known_size_is_invalid(name: str) -> None:
 
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
-    name=st.sampled_from(NAMES),
-    layout=st.sampled_from(LAYOUTS),
+    case=st.sampled_from(CASES),
     flips=st.lists(st.tuples(st.integers(0, 1 << 20), st.integers(0, 255)), min_size=1, max_size=6),
     chunk=st.integers(1, 70_000),
 )
 def test_corrupted_images_fail_typed_or_decode_like_qemu_img(
-    name: str, layout: str, flips: list[tuple[int, int]], chunk: int
+    case: tuple[str, str], flips: list[tuple[int, int]], chunk: int
 ) -> None:
+    name = format_of(*case)
     form = FORMATS[name]
-    image = bytearray(image_of(name, layout))
-    table = form.first_table(form.ordered if layout == "ordered" else bytes(image))
+    image = bytearray(image_of(*case))
+    table = form.first_table(bytes(image)) % len(image)
     for position, value in flips:
         # Half the flips land in the header, half in and around the tables.
         at = position % form.header_bytes if position & 1 else table + position % 4096
@@ -281,6 +327,34 @@ def test_disordered_images_use_the_scratch_file_only_past_the_memory_bound(
 
 
 @pytest.mark.parametrize("name", NAMES)
+def test_memory_stays_bounded_when_a_late_table_maps_everything(name: str, scratch: str) -> None:
+    """All data comes before the table that maps it: the writes of the feed that brings the
+    table are read back from scratch slice by slice as they are taken, never all at once."""
+    image = FORMATS[name].big_disordered()
+    oracle = qemu_raw(FORMATS[name].qemu_name, image)
+    assert oracle is not None
+    disk = bytearray(len(oracle))
+    with Spill(memory_limit=MiB, scratch_dir=scratch) as spill:
+        decoder = FORMATS[name].factory(spill=spill)
+        tracemalloc.start()
+        try:
+            for pos in range(0, len(image), MiB):
+                _place(disk, decoder.feed(memoryview(image)[pos : pos + MiB]))
+            _place(disk, decoder.finish())
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert spill.scratch_bytes > len(image) // 2
+    assert disk == oracle
+    assert peak < BIG // 2, f"{peak} bytes held at once"
+
+
+def _place(disk: bytearray, writes: Iterable[tuple[int, bytes | memoryview]]) -> None:
+    for offset, data in writes:  # taken one by one, as a writer takes them
+        disk[offset : offset + len(data)] = data
+
+
+@pytest.mark.parametrize("name", NAMES)
 def test_disorder_past_a_memory_only_bound_is_not_streamable(name: str) -> None:
     with pytest.raises(SpillLimitExceeded):
         decode(name, FORMATS[name].disordered, 4096, Spill(memory_limit=4096))
@@ -290,6 +364,13 @@ def test_disorder_past_a_memory_only_bound_is_not_streamable(name: str) -> None:
 def test_without_a_spill_disorder_is_not_streamable(name: str) -> None:
     with pytest.raises(LayoutNotStreamable):
         decode(name, FORMATS[name].disordered)
+
+
+@pytest.mark.parametrize("name", sorted(EXTRA_DISORDERED))
+def test_without_a_spill_other_disorder_is_not_streamable(name: str) -> None:
+    fmt, image = EXTRA_DISORDERED[name]
+    with pytest.raises(LayoutNotStreamable):
+        decode(fmt, image, 4096, Spill(memory_limit=4096) if fmt == "qcow2" else None)
 
 
 @pytest.mark.parametrize("name", NAMES)

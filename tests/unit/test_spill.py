@@ -14,7 +14,13 @@ import pytest
 
 from cdi.api.errors import TargetError, UnsafeImage
 from datapath.decode.rawpieces import LayoutNotStreamable
-from datapath.decode.spill import Spill, SpillLimitExceeded, scratch_ceiling
+from datapath.decode.spill import (
+    REPAY_SLICE,
+    Spill,
+    SpillLimitExceeded,
+    repaid_writes,
+    scratch_ceiling,
+)
 
 MiB = 1 << 20
 
@@ -105,3 +111,27 @@ def test_missing_scratch_dir_is_a_typed_error(tmp_path: Path) -> None:
     with pytest.raises(TargetError):
         spill.add(0, b"x")
     spill.close()
+
+
+def test_owed_data_comes_back_in_slices_and_survives_an_abandoned_reader(tmp_path: Path) -> None:
+    with Spill(memory_limit=0, scratch_dir=str(tmp_path)) as spill:
+        data = bytes(range(256)) * (12 * MiB // 256)
+        spill.add(4096, data)
+        assert spill.owe(4096, 4096 + len(data), 0) == len(data)
+        assert spill.owe(0, 10, 0) == 0 and len(spill.owed) == 1  # not held: not owed
+        reader = repaid_writes(spill, 64 * MiB)
+        first = next(reader)  # a slice is read...
+        del reader  # ...but its writer failed: the slice is still owed
+        writes = list(repaid_writes(spill, 64 * MiB))
+        assert first == writes[0] and max(len(w) for _, w in writes) <= REPAY_SLICE
+        assert b"".join(w for _, w in writes) == data and spill.size == 0
+
+
+def test_clear_waits_for_what_is_owed() -> None:
+    spill = Spill()
+    spill.add(0, b"abcdef")
+    spill.owe(2, 4, 100)
+    spill.clear()
+    assert spill.size == 6
+    assert list(spill.repay()) == [(100, b"cd")]
+    assert spill.size == 0 and len(spill) == 0

@@ -198,8 +198,8 @@ class Qcow2StreamDecoder:
 
     def _start(self, header: Qcow2Header) -> None:
         self._header = header
-        self.virtual_size = header.virtual_size
-        self._out = WriteCoalescer(header.virtual_size)
+        self.virtual_size = header.disk_size
+        self._out = WriteCoalescer(header.disk_size)
         needed = header.l1_entries_needed
         if needed:
             start = header.l1_table_offset

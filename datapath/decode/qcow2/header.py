@@ -97,6 +97,12 @@ class Qcow2Header:
         return self.l2_entries * self.cluster_size
 
     @property
+    def disk_size(self) -> int:
+        """The raw disk's size: qemu counts whole 512-byte sectors (``total_sectors``), so an
+        odd ``size`` field is rounded down."""
+        return self.virtual_size & ~511
+
+    @property
     def l1_entries_needed(self) -> int:
         """L1 entries that can map data inside the virtual size; later entries are ignored."""
         return -(-self.virtual_size // self.l2_coverage)
@@ -239,13 +245,15 @@ def _parse_extensions(cluster: bytes, start: int, end: int) -> tuple[int, ...]:
     """Walk header extensions; reject those that make the image depend on outside bytes."""
     seen: list[int] = []
     offset = start
-    while offset + 8 <= end:
+    while offset < end:
+        if offset + 8 > end:  # qemu checks the length before it looks at the type
+            raise InvalidImage("qcow2 header extension runs past the header area")
         ext_type, length = struct.unpack_from(">II", cluster, offset)
         offset += 8
-        if ext_type == EXT_END:
-            break
         if length > end - offset:
             raise InvalidImage(f"qcow2 header extension {ext_type:#x} runs past the cluster")
+        if ext_type == EXT_END:
+            break
         if ext_type == EXT_DATA_FILE:
             raise UnsafeImage("qcow2 image names an external data file")
         if ext_type == EXT_CRYPTO:
