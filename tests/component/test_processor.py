@@ -112,19 +112,22 @@ async def test_disordered_image_from_a_one_shot_source_converts_in_one_pass(
     assert not list(target.parent.glob(".cdi-scratch/*")), "spill file left behind"
 
 
-def vmdk_directory_in_the_footer(d: Path) -> Path:
-    image = d / "footer.vmdk"
+def vmdk_compressed_without_markers(d: Path) -> Path:
+    """Compressed grains without grain markers: their lengths are unknown until the grain
+    tables are read, so no spill helps; only qemu-img could try it (and refuses this one)."""
+    image = d / "no-markers.vmdk"
     grains = {0: b"\x01" * 4096, 7: b"\x02" * 4096, 3: b"\x05" * 100}
-    spec = VmdkSpec(capacity=61, grains=grains, compressed=True, gd_at_end=True, order=[7, 0, 3])
-    image.write_bytes(build_vmdk(spec))
+    data = bytearray(build_vmdk(VmdkSpec(capacity=61, grains=grains, compressed=True)))
+    data[10] &= ~0x02  # flags bit 17: "grains have markers"
+    image.write_bytes(data)
     return image
 
 
 async def test_a_one_shot_source_is_never_streamed_again(tmp_path: Path) -> None:
-    """A layout no spill helps with (the grain directory only in the footer): a replayable
-    source is read again through scratch and handed to qemu-img (which refuses this hand-built
-    footer), a one-shot one fails with the typed reason instead of being read twice."""
-    image = vmdk_directory_in_the_footer(tmp_path)
+    """A layout no spill helps with: a replayable source is read again through scratch and
+    handed to qemu-img, a one-shot one fails with the typed reason instead of being read
+    twice."""
+    image = vmdk_compressed_without_markers(tmp_path)
     body = OneShotBody.of(image)
     target = tmp_path / "disk.img"
     result = await process_body(body, target)
@@ -133,7 +136,7 @@ async def test_a_one_shot_source_is_never_streamed_again(tmp_path: Path) -> None
     assert not target.exists()
     plan = ProcessPlan(target=TargetSpec(str(target), block=False))
     result = await Processor(plan, FileSource(str(image))).run()
-    assert result.reason == "InvalidImage" and "qemu-img" in result.message, result
+    assert result.reason == "TargetError" and "qemu-img convert" in result.message, result
     assert result.scratch_used and result.scratch_bytes == image.stat().st_size
     assert not target.exists()
 
