@@ -116,10 +116,12 @@ async def test_vmdk_naming_a_parent_is_refused(server: Server, tmp_path: Path) -
     assert not target.exists()
 
 
-async def test_vdi_with_its_block_map_after_the_data_falls_back_to_scratch(
-    server: Server, tmp_path: Path
+@pytest.mark.parametrize("spill_limit", [64 * MiB, 4096])
+async def test_vdi_with_its_block_map_after_the_data_converts_in_one_pass(
+    spill_limit: int, server: Server, tmp_path: Path
 ) -> None:
-    """Valid for qemu, not streamable: the importer converts it through scratch and says so."""
+    """Data before its table waits in the spill: in memory within the bound, past it in a
+    scratch file holding only that data (and the importer says so); one GET either way."""
     image = converted("vdi", size=8 * MiB)(tmp_path)
     reference = tmp_path / "ref.raw"
     run("qemu-img", "convert", "-f", "vdi", "-O", "raw", image, reference)
@@ -130,7 +132,10 @@ async def test_vdi_with_its_block_map_after_the_data_falls_back_to_scratch(
     moved = tmp_path / "moved.vdi"
     moved.write_bytes(bytes(data) + map_bytes)
     target = tmp_path / "disk.img"
-    result = await import_url(server.link("ok", moved), target)
+    result = await import_url(server.link("ok", moved), target, spill_limit=spill_limit)
     assert result.succeeded, result
-    assert result.scratch_used
+    assert [r[0] for r in server.recorder.requests].count("GET") == 1
+    assert result.scratch_used == (spill_limit == 4096)
+    assert result.scratch_bytes < moved.stat().st_size
+    assert (result.scratch_bytes > 0) == result.scratch_used
     assert same_content(target, reference)
