@@ -1,8 +1,9 @@
 """The ``cdi`` command: ``cdi import SOURCE TARGET`` and ``cdi demo``.
 
 The command line is a process edge, like the pod's environment: it builds an ``ImportConfig``
-once and hands it to the same runner the import pod uses. Exit status is 0 only on success;
-failures print the typed reason and message and exit 1 (2 for bad usage).
+once (with ``importer.config``'s builders) and hands it to the same runner the import pod uses;
+it imports only the importer's public modules and ``datapath``'s public names. Exit status is
+0 only on success; failures print the typed reason and message and exit 1 (2 for bad usage).
 """
 
 from __future__ import annotations
@@ -16,19 +17,25 @@ from urllib.parse import urlsplit
 
 from cdi.api.errors import WorkerError
 from cdi.api.termination import TerminationMessage
-from datapath.decode import ContentType
-from datapath.taps import Progress, parse_checksum
-from datapath.target import TargetSpec
+from datapath import Progress, TargetSpec, parse_checksum
 from importer.config import (
     CHECKPOINT_SUFFIX,
+    BlankOptions,
+    FileOptions,
+    HttpOptions,
     ImportConfig,
+    ProxyConfig,
+    SourceOptions,
+    TargetExists,
+    WorkerEdges,
+    build_plan,
+    content_type,
     mounted_files,
     parse_size,
     read_file,
     split_header,
 )
 from importer.runner import run_import, tune_process_memory
-from importer.sources.http import HttpOptions, ProxyConfig
 
 
 def _tempdir() -> str:
@@ -86,9 +93,8 @@ def _add_import_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
-def config_from_args(a: argparse.Namespace) -> ImportConfig:
-    block = os.path.exists(a.target) and stat.S_ISBLK(os.stat(a.target).st_mode)
-    checkpoint = None if block else f"{a.target}{CHECKPOINT_SUFFIX}"
+def _refuse_overwrite(a: argparse.Namespace, block: bool, checkpoint: str | None) -> None:
+    """An existing disk file is replaced only with --overwrite (or when resuming it)."""
     if (
         not (checkpoint and os.path.exists(checkpoint))  # an interrupted import resumes
         and not block
@@ -97,7 +103,36 @@ def config_from_args(a: argparse.Namespace) -> ImportConfig:
         and os.path.getsize(a.target) > 0
         and not a.overwrite
     ):
-        raise SystemExit(f"cdi import: {a.target} exists; pass --overwrite to replace it")
+        raise TargetExists(f"{a.target} exists; pass --overwrite to replace it")
+
+
+def _source_from_args(a: argparse.Namespace) -> SourceOptions:
+    if a.source == "blank:":
+        return BlankOptions()
+    if urlsplit(a.source).scheme not in ("http", "https"):
+        return FileOptions(a.source)
+    cas: tuple[str, ...] = ()
+    for ca in a.ca:
+        cas += mounted_files(ca) if os.path.isdir(ca) else (ca,)
+    headers = [split_header(h) for h in a.header]
+    headers += [split_header(read_file(f) or "") for f in a.header_file]
+    return HttpOptions(
+        url=a.source,
+        headers=tuple(headers),
+        username=read_file(a.username_file),
+        password=read_file(a.password_file),
+        ca_files=cas,
+        insecure=a.insecure,
+        proxy=ProxyConfig(
+            http=a.proxy, https=a.proxy, no_proxy=tuple(filter(None, a.no_proxy.split(",")))
+        ),
+    )
+
+
+def config_from_args(a: argparse.Namespace) -> ImportConfig:
+    block = os.path.exists(a.target) and stat.S_ISBLK(os.stat(a.target).st_mode)
+    checkpoint = None if block else f"{a.target}{CHECKPOINT_SUFFIX}"
+    _refuse_overwrite(a, block, checkpoint)
     target = TargetSpec(
         path=a.target,
         block=block,
@@ -106,40 +141,22 @@ def config_from_args(a: argparse.Namespace) -> ImportConfig:
         preallocate=a.preallocate,
         zeroed=a.target_is_zero,
     )
-    cas: tuple[str, ...] = ()
-    for ca in a.ca:
-        cas += mounted_files(ca) if os.path.isdir(ca) else (ca,)
-    headers = [split_header(h) for h in a.header]
-    headers += [split_header(read_file(f) or "") for f in a.header_file]
-    scheme = urlsplit(a.source).scheme
-    http = None
-    if scheme in ("http", "https"):
-        http = HttpOptions(
-            url=a.source,
-            headers=tuple(headers),
-            username=read_file(a.username_file),
-            password=read_file(a.password_file),
-            ca_files=cas,
-            insecure=a.insecure,
-            proxy=ProxyConfig(
-                http=a.proxy, https=a.proxy, no_proxy=tuple(filter(None, a.no_proxy.split(",")))
-            ),
-        )
-    source = "http" if http else "blank" if a.source == "blank:" else "file"
-    return ImportConfig(
-        source=source,
-        target=target,
-        http=http,
-        file_path=a.source if source == "file" else None,
-        content_type=ContentType(a.content_type),
+    source = _source_from_args(a)
+    plan = build_plan(
+        source,
+        target,
+        content_type=content_type(a.content_type),
         checksum=parse_checksum(a.checksum) if a.checksum else None,
         scratch_dir=a.scratch_dir or (_tempdir() if block else None),
-        termination_path=a.termination_message,
         checkpoint_path=checkpoint,
+    )
+    edges = WorkerEdges(
+        termination_path=a.termination_message,
         metrics_port=a.metrics_port,
         metrics_addr="127.0.0.1",
         owner_uid=a.owner_uid,
     )
+    return ImportConfig(plan=plan, source=source, edges=edges)
 
 
 async def with_progress(config: ImportConfig, show: bool) -> TerminationMessage:

@@ -20,10 +20,8 @@ from pathlib import Path
 from aiohttp import web
 
 from cdi.cli import print_result, with_progress
-from datapath.taps import parse_checksum
-from datapath.target import TargetSpec
-from importer.config import ImportConfig, parse_size
-from importer.sources.http import HttpOptions
+from datapath import TargetSpec, parse_checksum
+from importer.config import HttpOptions, ImportConfig, build_plan, parse_size
 
 
 def _sha256(path: Path) -> str:
@@ -67,15 +65,14 @@ async def _serve_and_import(image: Path, image_bytes: int, target: Path) -> int:
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     url = f"http://127.0.0.1:{port}/{image.name}"
     print(f"serving {image.name} ({image_bytes:,} bytes) at {url}")
-    config = ImportConfig(
-        source="http",
-        target=TargetSpec(path=str(target), block=False),
-        http=HttpOptions(url=url),
+    source = HttpOptions(url=url)
+    plan = build_plan(
+        source,
+        TargetSpec(path=str(target), block=False),
         checksum=parse_checksum(f"sha256:{_sha256(image)}"),  # verified on the way in
         scratch_dir=None,
-        termination_path=None,
-        metrics_port=None,
     )
+    config = ImportConfig(plan=plan, source=source)
     try:
         message = await with_progress(config, show=sys.stderr.isatty())
     finally:

@@ -4,8 +4,9 @@ Resuming is sound only where a source offset maps one-to-one onto a target offse
 uncompressed raw image from a source with ranges (checkpoints are written only then). Every
 ``interval`` bytes the decode stage makes the target durable (fdatasync) and then records the
 offset, so the checkpoint never claims more than the disk holds. It also records what identifies
-the source (URL, size, ETag or Last-Modified): a changed source restarts from byte 0. A checksum
-can still be verified on resume, because the bytes already imported are re-read from the target.
+the source (an identity the worker chose, e.g. the URL; size; ETag or Last-Modified): a changed
+source restarts from byte 0. A checksum can still be verified on resume, because the bytes
+already imported are re-read from the target.
 """
 
 from __future__ import annotations
@@ -23,13 +24,13 @@ INTERVAL = 256 * 1024 * 1024
 
 @dataclass(frozen=True)
 class Checkpoint:
-    url: str
+    source_id: str  # opaque identity the worker chose (the importer: URL or file path)
     size: int
     validator: str  # ETag or Last-Modified of the source
     offset: int  # source bytes durably written to the target
 
-    def matches(self, url: str, size: int | None, validator: str | None) -> bool:
-        return (self.url, self.size, self.validator) == (url, size, validator)
+    def matches(self, source_id: str, size: int | None, validator: str | None) -> bool:
+        return (self.source_id, self.size, self.validator) == (source_id, size, validator)
 
 
 def load(path: str) -> Checkpoint | None:
@@ -76,5 +77,8 @@ class Checkpointer:
             os.ftruncate(self.fd, position)
         self.writer.flush()  # writes still in flight are not on disk yet
         os.fdatasync(self.fd)
-        save(self.path, Checkpoint(self.base.url, self.base.size, self.base.validator, position))
+        save(
+            self.path,
+            Checkpoint(self.base.source_id, self.base.size, self.base.validator, position),
+        )
         self.next_at = position + self.interval

@@ -4,13 +4,18 @@ Format probing is never used (a raw image whose first bytes look like qcow2 coul
 file on the host: CVE-2008-2004 and its descendants), so every call names the format our own
 sniffer found. ``info`` runs under a wall-clock timeout and CPU/address-space limits, the values
 OpenStack Nova uses, because a hostile header can make qemu-img allocate or loop without bound.
+
+Both run as asyncio subprocesses: an upload server hosting the data path keeps answering its
+probes while qemu-img works. A timeout or a cancellation kills the child and reaps it, so no
+qemu-img outlives the import that started it.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import os
-import subprocess
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +25,7 @@ from datapath.formats import ImageFormat
 INFO_TIMEOUT = 30.0
 INFO_MEMORY_LIMIT = 1024 * 1024 * 1024
 INFO_CPU_SECONDS = 30
+CONVERT_TIMEOUT = 6 * 3600.0  # a multi-TiB image on a slow volume; a hung qemu-img ends
 
 
 @dataclass(frozen=True)
@@ -29,7 +35,7 @@ class ImageInfo:
     raw: dict[str, Any]
 
 
-def info(path: str, fmt: ImageFormat) -> ImageInfo:
+async def info(path: str, fmt: ImageFormat, *, seconds: float = INFO_TIMEOUT) -> ImageInfo:
     # Limits set by util-linux prlimit rather than a preexec_fn: a preexec_fn forces a full
     # fork() of this process, where prlimit lets Python use vfork (measured ~0.1 s).
     cmd = [
@@ -45,19 +51,30 @@ def info(path: str, fmt: ImageFormat) -> ImageInfo:
         path,
     ]
     try:
-        proc = subprocess.run(
-            cmd,
-            capture_output=True,
-            text=True,
-            timeout=INFO_TIMEOUT,
-            check=False,
-        )
-    except subprocess.TimeoutExpired as exc:
-        raise UnsafeImage(f"qemu-img info took longer than {INFO_TIMEOUT:.0f} s") from exc
-    if proc.returncode != 0:
-        raise InvalidImage(f"qemu-img cannot read the {fmt.value} image: {proc.stderr.strip()}")
-    data = json.loads(proc.stdout)
+        code, out, err = await _run(cmd, seconds)
+    except TimeoutError as exc:
+        raise UnsafeImage(f"qemu-img info took longer than {seconds:.0f} s") from exc
+    if code != 0:
+        raise InvalidImage(f"qemu-img cannot read the {fmt.value} image: {err.strip()}")
+    data = json.loads(out)
     return ImageInfo(format=data["format"], virtual_size=int(data["virtual-size"]), raw=data)
+
+
+async def _run(cmd: list[str], seconds: float) -> tuple[int, str, str]:
+    """Run ``cmd``; (exit code, stdout, stderr). On timeout or cancellation the child is
+    killed and reaped before the exception goes on."""
+    proc = await asyncio.create_subprocess_exec(
+        *cmd, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), seconds)
+    except BaseException:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        await asyncio.shield(proc.wait())
+        raise
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(errors="replace"), err.decode(errors="replace")
 
 
 def check_safe(image: ImageInfo, path: str, capacity: int | None) -> None:
@@ -88,7 +105,15 @@ def supports_direct_io(device: str) -> bool:
     return True
 
 
-def convert(src: str, fmt: ImageFormat, dest: str, *, block: bool, zeroed: bool) -> None:
+async def convert(
+    src: str,
+    fmt: ImageFormat,
+    dest: str,
+    *,
+    block: bool,
+    zeroed: bool,
+    seconds: float = CONVERT_TIMEOUT,
+) -> None:
     """Convert ``src`` to raw at ``dest``: sparse for files; onto an existing device for block."""
     # Block devices: O_DIRECT and parallel out-of-order writes (buffered writes to a loop
     # device are 3.9x slower, perf-baselines T3b). Files: qemu-img's defaults, which measured
@@ -96,12 +121,16 @@ def convert(src: str, fmt: ImageFormat, dest: str, *, block: bool, zeroed: bool)
     # sys time on vdi).
     cmd = ["qemu-img", "convert", "-f", fmt.value, "-O", "raw"]
     if block:
-        cache = "none" if supports_direct_io(dest) else "writeback"
-        cmd += ["-t", cache, "-W", "-m", "16", "-n"] + (["--target-is-zero"] if zeroed else [])
+        direct = await asyncio.to_thread(supports_direct_io, dest)
+        cmd += ["-t", "none" if direct else "writeback", "-W", "-m", "16", "-n"]
+        cmd += ["--target-is-zero"] if zeroed else []
     cmd += [src, dest]
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    if proc.returncode != 0:
-        msg = proc.stderr.strip()
+    try:
+        code, _, err = await _run(cmd, seconds)
+    except TimeoutError as exc:
+        raise TargetError(f"qemu-img convert took longer than {seconds:.0f} s") from exc
+    if code != 0:
+        msg = err.strip()
         # qemu-img reports errors only as text; ENOSPC is the one we must tell apart.
         if "No space left" in msg:
             raise InsufficientSpace(f"qemu-img convert ran out of space: {msg}")

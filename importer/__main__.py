@@ -1,4 +1,8 @@
-"""Entry point of the import pod: ``python -m importer`` with CDI's environment variables."""
+"""Entry point of the import pod: ``python -m importer`` with CDI's environment variables.
+
+Whatever goes wrong, the pod ends with a typed termination message (``importer.failure``):
+a bad environment, a typed import failure, or a bug (``InternalError``, no exception text).
+"""
 
 from __future__ import annotations
 
@@ -7,24 +11,27 @@ import logging
 import os
 import sys
 
-from cdi.api.errors import WorkerError
 from cdi.api.termination import TerminationMessage
 from importer.config import TERMINATION_PATH, from_env
+from importer.failure import guarded
 from importer.runner import run_import, tune_process_memory
+
+log = logging.getLogger("importer")
+
+
+async def _import(env: dict[str, str]) -> TerminationMessage:
+    return await run_import(from_env(env))
 
 
 def main() -> int:
     tune_process_memory()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    try:
-        config = from_env(os.environ)
-    except WorkerError as exc:
-        path = os.environ.get("IMPORTER_TERMINATION_PATH", TERMINATION_PATH)
-        TerminationMessage(reason=exc.reason, message=exc.message).write(path)
-        print(f"{exc.reason}: {exc.message}", file=sys.stderr)
-        return 1
-    message = asyncio.run(run_import(config))
+    env = dict(os.environ)
+    path = env.get("IMPORTER_TERMINATION_PATH", TERMINATION_PATH)
+    message = asyncio.run(guarded(lambda: _import(env), path, log))
     print(message.to_json())
+    if not message.succeeded:
+        print(f"{message.reason}: {message.message}", file=sys.stderr)
     return 0 if message.succeeded else 1
 
 

@@ -1,8 +1,10 @@
 """Importer configuration, read once at the process edge into frozen dataclasses.
 
 Two edges build it: ``from_env`` for the import pod (CDI's environment variable names, so pods
-rendered the way CDI renders them work) and the ``cdi import`` command line. Nothing below this
-module reads the environment.
+rendered the way CDI renders them work) and the ``cdi import`` command line. Either way the
+result is three parts: the data path's frozen ``ProcessPlan`` (``build_plan``), the options of
+the one source to read (HTTP, a local file, or none for a blank disk) and the process edges
+(termination message, metrics). Nothing below this module reads the environment.
 """
 
 from __future__ import annotations
@@ -13,13 +15,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from cdi.api.checksum import Checksum
-from cdi.api.constants import EXTRA_HEADERS_DIR, IMPORTER_EXTRA_HEADER_PREFIX, ImporterEnv
+from cdi.api.constants import (
+    DATAVOLUME_CONTENT_TYPES,
+    EXTRA_HEADERS_DIR,
+    IMPORTER_EXTRA_HEADER_PREFIX,
+    ContentType,
+    ImporterEnv,
+)
 from cdi.api.errors import InvalidConfig
 from cdi.api.quantity import Quantity, QuantityError
+from datapath import CheckpointPlan, ProcessPlan, TargetSpec, parse_checksum
 from datapath.checkpoint import INTERVAL as CHECKPOINT_INTERVAL
-from datapath.decode import ContentType
-from datapath.taps import parse_checksum
-from datapath.target import TargetSpec
+from datapath.plan import SPILL_MEMORY_LIMIT
 from importer.sources.http import HttpOptions, ProxyConfig
 
 BLOCK_DEVICE_PATH = "/dev/cdi-block-volume"
@@ -31,22 +38,92 @@ CHECKPOINT_SUFFIX = ".cdi-checkpoint"  # the CLI's: <target>.cdi-checkpoint
 
 
 @dataclass(frozen=True)
-class ImportConfig:
-    source: str  # "http", "file", "blank"
-    target: TargetSpec
-    http: HttpOptions | None = None
-    file_path: str | None = None
-    content_type: ContentType = ContentType.KUBEVIRT
-    checksum: Checksum | None = None
-    scratch_dir: str | None = SCRATCH_DIR  # None: a folder beside a file target
+class FileOptions:
+    """A local file (the CLI's ``cdi import ./disk.qcow2``)."""
+
+    path: str
+
+
+@dataclass(frozen=True)
+class BlankOptions:
+    """No source: an empty disk of the requested size."""
+
+
+SourceOptions = HttpOptions | FileOptions | BlankOptions
+
+
+@dataclass(frozen=True)
+class WorkerEdges:
+    """What the import process does around the data path: where it reports, what it serves."""
+
     termination_path: str | None = None
-    checkpoint_path: str | None = None  # where progress is persisted for resume (raw only)
-    checkpoint_interval: int = CHECKPOINT_INTERVAL
-    qcow2_spill_limit: int = 64 * 1024 * 1024  # bytes held for data ahead of its table
     metrics_port: int | None = None
     metrics_addr: str = "0.0.0.0"
     owner_uid: str = ""
-    labels: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ImportConfig:
+    """The importer's whole configuration: the data path's plan, where the bytes come from,
+    and the process edges."""
+
+    plan: ProcessPlan
+    source: SourceOptions
+    edges: WorkerEdges = field(default_factory=WorkerEdges)
+
+
+class TargetExists(InvalidConfig):
+    """The CLI would overwrite a file the user did not ask it to replace."""
+
+
+def source_id(source: SourceOptions) -> str:
+    """The identity a checkpoint records for this source (a changed source restarts)."""
+    if isinstance(source, HttpOptions):
+        return source.url
+    if isinstance(source, FileOptions):
+        return source.path
+    return ""
+
+
+def build_plan(
+    source: SourceOptions,
+    target: TargetSpec,
+    *,
+    content_type: ContentType = ContentType.KUBEVIRT,
+    checksum: Checksum | None = None,
+    scratch_dir: str | None = SCRATCH_DIR,
+    checkpoint_path: str | None = None,
+    checkpoint_interval: int = CHECKPOINT_INTERVAL,
+    spill_limit: int = SPILL_MEMORY_LIMIT,
+    labels: Mapping[str, str] | None = None,
+) -> ProcessPlan:
+    """The data path's plan for an import from ``source`` into ``target``."""
+    if content_type not in DATAVOLUME_CONTENT_TYPES:
+        raise InvalidConfig(f"content type {content_type} is not one an import can take")
+    checkpoint = None
+    if checkpoint_path and not isinstance(source, BlankOptions):
+        checkpoint = CheckpointPlan(checkpoint_path, source_id(source), checkpoint_interval)
+    return ProcessPlan(
+        target=target,
+        content_type=content_type,
+        checksum=checksum,
+        blank=isinstance(source, BlankOptions),
+        scratch_dir=scratch_dir,
+        spill_limit=spill_limit,
+        checkpoint=checkpoint,
+        labels=dict(labels or {}),
+    )
+
+
+def content_type(text: str | None) -> ContentType:
+    """A DataVolume content type (kubevirt when unset); anything else is a typed error."""
+    try:
+        value = ContentType(text or ContentType.KUBEVIRT)
+    except ValueError as exc:
+        raise InvalidConfig(f"unknown content type {text!r}") from exc
+    if value not in DATAVOLUME_CONTENT_TYPES:
+        raise InvalidConfig(f"content type {text!r} is not one an import can take")
+    return value
 
 
 def parse_size(text: str) -> int:
@@ -100,61 +177,79 @@ def split_header(text: str) -> tuple[str, str]:
     return name.strip(), value.strip()
 
 
-def from_env(env: Mapping[str, str]) -> ImportConfig:
-    """Build the pod's configuration from CDI's environment variables."""
-    source = env.get(ImporterEnv.SOURCE, "http")
+def _target_from_env(env: Mapping[str, str], kind: ContentType) -> TargetSpec:
     block_path = env.get("IMPORTER_BLOCK_PATH", BLOCK_DEVICE_PATH)
     data_dir = env.get("IMPORTER_DATA_DIR", DATA_DIR)
     # A block target is a block device at the block path; anything else there (a leftover
     # placeholder on a node that shares /dev between pods) means a filesystem target.
     block = os.path.exists(block_path) and stat.S_ISBLK(os.stat(block_path).st_mode)
     size = env.get(ImporterEnv.IMAGE_SIZE)
-    content_type = ContentType(env.get(ImporterEnv.CONTENT_TYPE, "kubevirt") or "kubevirt")
-    fs_path = (
-        data_dir if content_type is ContentType.ARCHIVE else os.path.join(data_dir, "disk.img")
-    )
-    target = TargetSpec(
+    fs_path = data_dir if kind is ContentType.ARCHIVE else os.path.join(data_dir, "disk.img")
+    return TargetSpec(
         path=block_path if block else fs_path,
         block=block,
         size=parse_size(size) if size else None,
         filesystem_overhead=float(env.get(ImporterEnv.FILESYSTEM_OVERHEAD, "0") or 0),
         preallocate=env.get(ImporterEnv.PREALLOCATION, "false").lower() == "true",
     )
+
+
+def _http_from_env(env: Mapping[str, str]) -> HttpOptions:
     auth = _read_dir(env.get("IMPORTER_AUTH_DIR"))
     proxy = ProxyConfig(
         http=env.get("http_proxy") or env.get("HTTP_PROXY") or None,
         https=env.get("https_proxy") or env.get("HTTPS_PROXY") or None,
         no_proxy=tuple(filter(None, (env.get("no_proxy") or env.get("NO_PROXY") or "").split(","))),
     )
-    http = None
-    if source == "http":
-        http = HttpOptions(
-            url=env.get(ImporterEnv.ENDPOINT, ""),
-            headers=tuple(_headers(env)),
-            username=read_file(env.get(ImporterEnv.ACCESS_KEY_ID_FILE))
-            or env.get("IMPORTER_ACCESS_KEY_ID")
-            or auth.get("accessKeyId"),
-            password=read_file(env.get(ImporterEnv.SECRET_KEY_FILE))
-            or env.get("IMPORTER_SECRET_KEY")
-            or auth.get("secretKey"),
-            ca_files=mounted_files(env.get(ImporterEnv.CERT_DIR))
-            + mounted_files(env.get(ImporterEnv.PROXY_CERT_DIR)),
-            insecure=env.get(ImporterEnv.INSECURE_TLS, "false").lower() == "true",
-            proxy=proxy,
-        )
+    return HttpOptions(
+        url=env.get(ImporterEnv.ENDPOINT, ""),
+        headers=tuple(_headers(env)),
+        username=read_file(env.get(ImporterEnv.ACCESS_KEY_ID_FILE))
+        or env.get("IMPORTER_ACCESS_KEY_ID")
+        or auth.get("accessKeyId"),
+        password=read_file(env.get(ImporterEnv.SECRET_KEY_FILE))
+        or env.get("IMPORTER_SECRET_KEY")
+        or auth.get("secretKey"),
+        ca_files=mounted_files(env.get(ImporterEnv.CERT_DIR))
+        + mounted_files(env.get(ImporterEnv.PROXY_CERT_DIR)),
+        insecure=env.get(ImporterEnv.INSECURE_TLS, "false").lower() == "true",
+        proxy=proxy,
+    )
+
+
+def _source_from_env(env: Mapping[str, str]) -> SourceOptions:
+    kind = env.get(ImporterEnv.SOURCE, "http")
+    if kind == "http":
+        return _http_from_env(env)
+    if kind in ("none", "blank"):
+        return BlankOptions()
+    # S3, GCS, registry, imageio, vddk: rendered by the controller, not served by this importer.
+    raise InvalidConfig(f"unknown source {kind!r}")
+
+
+def from_env(env: Mapping[str, str]) -> ImportConfig:
+    """Build the pod's configuration from CDI's environment variables."""
+    kind = content_type(env.get(ImporterEnv.CONTENT_TYPE))
+    target = _target_from_env(env, kind)
+    source = _source_from_env(env)
     checksum = env.get(ImporterEnv.CHECKSUM)
-    return ImportConfig(
-        source="blank" if source in ("none", "blank") else source,
-        target=target,
-        http=http,
-        content_type=content_type,
+    data_dir = env.get("IMPORTER_DATA_DIR", DATA_DIR)
+    checkpoint = env.get("IMPORTER_CHECKPOINT_PATH") or (
+        None if target.block else os.path.join(data_dir, CHECKPOINT_NAME)
+    )
+    plan = build_plan(
+        source,
+        target,
+        content_type=kind,
         checksum=parse_checksum(checksum) if checksum else None,
         scratch_dir=env.get("IMPORTER_SCRATCH_DIR", SCRATCH_DIR),
-        termination_path=env.get("IMPORTER_TERMINATION_PATH", TERMINATION_PATH),
-        checkpoint_path=env.get("IMPORTER_CHECKPOINT_PATH")
-        or (None if block else os.path.join(data_dir, CHECKPOINT_NAME)),
+        checkpoint_path=checkpoint,
         checkpoint_interval=int(env.get("IMPORTER_CHECKPOINT_INTERVAL", CHECKPOINT_INTERVAL)),
+    )
+    edges = WorkerEdges(
+        termination_path=env.get("IMPORTER_TERMINATION_PATH", TERMINATION_PATH),
         metrics_port=int(env.get("IMPORTER_METRICS_PORT", "8443")),
         metrics_addr=env.get("IMPORTER_METRICS_ADDR", "0.0.0.0"),
         owner_uid=env.get(ImporterEnv.OWNER_UID, ""),
     )
+    return ImportConfig(plan=plan, source=source, edges=edges)

@@ -1,7 +1,9 @@
-"""Runs one import from a config: builds the source, serves metrics, writes the result.
+"""Runs one import from a config: builds the source and the plan's processor, serves metrics,
+writes the result.
 
 Shared by the pod entry point (``python -m importer``) and the ``cdi import`` command, so both
-take exactly the same path through the phase machine.
+take exactly the same path through the data path's phase machine. This is the importer's edge:
+the only place that turns source options into a ``Source`` (a table by options type).
 """
 
 from __future__ import annotations
@@ -9,11 +11,9 @@ from __future__ import annotations
 import ctypes
 
 from cdi.api.termination import TerminationMessage
-from datapath.processor import Importer
-from datapath.sources import Source
-from datapath.taps import Progress
-from importer.config import ImportConfig
-from importer.sources.http import HttpSource
+from datapath import FileSource, Processor, Progress, Source
+from importer.config import BlankOptions, FileOptions, ImportConfig, SourceOptions
+from importer.sources.http import HttpOptions, HttpSource
 
 _M_ARENA_MAX = -8  # glibc mallopt parameter
 
@@ -33,23 +33,25 @@ def tune_process_memory() -> None:
         mallopt(ctypes.c_int(_M_ARENA_MAX), ctypes.c_int(1))
 
 
-def make_source(config: ImportConfig) -> Source | None:
-    if config.source == "http" and config.http is not None:
-        return HttpSource(config.http)
-    if config.source == "file" and config.file_path is not None:
-        from datapath.sources.file import FileSource  # aiofiles: the CLI's local files only
-
-        return FileSource(config.file_path)
-    return None
+def make_source(options: SourceOptions) -> Source | None:
+    """The source the options name; None for a blank disk."""
+    match options:
+        case HttpOptions():
+            return HttpSource(options)
+        case FileOptions(path=path):
+            return FileSource(path)
+        case BlankOptions():
+            return None
 
 
 async def run_import(config: ImportConfig, progress: Progress | None = None) -> TerminationMessage:
     progress = progress or Progress()
-    if config.metrics_port is not None:
+    edges = config.edges
+    if edges.metrics_port is not None:
         from datapath.metrics import serve_metrics  # prometheus_client: 12 ms of start-up
 
-        serve_metrics(progress, config.owner_uid, config.metrics_port, config.metrics_addr)
-    message = await Importer(config, make_source(config), progress).run()
-    if config.termination_path:
-        message.write(config.termination_path)
+        serve_metrics(progress, edges.owner_uid, edges.metrics_port, edges.metrics_addr)
+    message = await Processor(config.plan, make_source(config.source), progress).run()
+    if edges.termination_path:
+        message.write(edges.termination_path)
     return message

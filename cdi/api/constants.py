@@ -103,8 +103,23 @@ PROGRESS_COMPLETE: Final = "100.0%"
 
 
 class ContentType(StrEnum):
+    """What the bytes a worker receives are, and so how the data path treats them.
+
+    The one definition for the control plane and the workers. A DataVolume may ask only for
+    ``kubevirt`` or ``archive`` (``DATAVOLUME_CONTENT_TYPES``); the clone envelopes are what a
+    clone source pod sends its target: ``blockdevice-clone`` is a block volume's bytes as they
+    are (never sniffed or decoded), ``filesystem-clone`` a tar of a filesystem volume.
+    """
+
     KUBEVIRT = "kubevirt"
     ARCHIVE = "archive"
+    BLOCKDEVICE_CLONE = "blockdevice-clone"
+    FILESYSTEM_CLONE = "filesystem-clone"
+
+
+# The content types a DataVolume's spec.contentType accepts (CDI's API); the others are the
+# workers' own.
+DATAVOLUME_CONTENT_TYPES: Final = (ContentType.KUBEVIRT, ContentType.ARCHIVE)
 
 
 class VolumeMode(StrEnum):

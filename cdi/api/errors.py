@@ -82,6 +82,13 @@ class TargetError(WorkerError):
     transient = True
 
 
+class InternalError(WorkerError):
+    """A bug: something failed that no typed error describes. The message is fixed and
+    generic (an exception's text may hold a URL's credentials); the details go to the log."""
+
+    reason = "InternalError"
+
+
 ALL_ERRORS: tuple[type[WorkerError], ...] = (
     WorkerError,
     SourceUnavailable,
@@ -94,4 +101,5 @@ ALL_ERRORS: tuple[type[WorkerError], ...] = (
     InsufficientSpace,
     InvalidConfig,
     TargetError,
+    InternalError,
 )

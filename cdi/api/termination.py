@@ -30,6 +30,7 @@ class TerminationMessage:
     checksum: str | None = None  # "<algo>:<hex>" of the source bytes, when computed
     duration_seconds: float = 0.0
     scratch_used: bool = False
+    scratch_bytes: int = 0  # bytes staged on scratch space (qemu-img input, out-of-order data)
     resumed_from: int = 0  # source offset an interrupted import continued from (0: fresh)
     preallocation_applied: bool = False
     labels: dict[str, str] = field(default_factory=dict)

@@ -56,6 +56,7 @@ from cdi.api.constants import (
     ANN_CONTENT_TYPE,
     ANN_CREATED_FOR_DATAVOLUME,
     ANN_POPULATED_FOR,
+    DATAVOLUME_CONTENT_TYPES,
     KIND_DATAVOLUME,
     MAX_NAME_LENGTH,
     MIN_VOLUME_SIZE,
@@ -384,7 +385,7 @@ def _check_source_count(spec: DataVolumeSpec) -> Causes:
 
 
 def _check_content_type(spec: DataVolumeSpec) -> Causes:
-    if spec.content_type not in (None, "", *tuple(ContentType)):
+    if spec.content_type not in (None, "", *DATAVOLUME_CONTENT_TYPES):
         return [Cause("ContentType not one of: kubevirt, archive", "spec.contentType")]
     return []
 

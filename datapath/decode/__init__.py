@@ -1,13 +1,19 @@
 """The decode stage: from source bytes to raw bytes in the target, in one synchronous pass.
 
 Runs on a worker thread (never on the event loop) and is a plain function of an iterator of
-chunks, so tests can drive it with a list. It peels compression layers by sniffing each layer's
-first bytes (``formats.sniff``), then hands the innermost stream to exactly one handler:
-raw bytes go to the sparse ``RawWriter``; qcow2, vdi and vmdk go through their streaming
-decoders straight into the target (their headers are vetted first, whichever path follows);
-tar goes to safe extraction when the content type is ``archive``; vhd/vhdx, and any image whose
-layout a decoder could not stream (the phase machine's fallback), go to a scratch file for
-qemu-img.
+chunks, so tests can drive it with a list. Two tables choose what runs, so a reader can see
+every path bytes can take:
+
+- ``_ENVELOPES``: what wraps the image, chosen by the plan (never sniffed): ``sniffed``
+  (kubevirt: peel compression layers by their first bytes, then decode by format),
+  ``passthrough`` (blockdevice-clone: verbatim and sparse, no sniffing), ``archive`` (archive
+  and filesystem-clone: a tar extracted with the archive rules) and ``tar_member`` (a registry
+  layer: the one file under ``disk/``, then sniffed again).
+- ``_FORMATS``: what the innermost sniffed format becomes: raw bytes go to the sparse
+  ``RawWriter``; qcow2, vdi and vmdk go through their streaming decoders (``_DECODERS``)
+  straight into the target (their headers are vetted first, whichever path follows); vhd/vhdx,
+  and any image whose layout a decoder could not stream (the processor's re-read fallback), go
+  to a scratch file for qemu-img.
 
 One shortcut comes first: a multi-block .xz holding a raw image is written block by block in
 place, on several threads, instead of being decoded in order (``_write_xz_blocks``).
@@ -15,16 +21,17 @@ place, on several threads, instead of being decoded in order (``_write_xz_blocks
 
 from __future__ import annotations
 
-import enum
 import os
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
+from cdi.api.constants import ContentType
 from cdi.api.errors import UnsupportedFormat
 from datapath.decode.qcow2 import Qcow2StreamDecoder
 from datapath.decode.qcow2.header import parse_header, peek_cluster_size
 from datapath.decode.rawpieces import Write
+from datapath.decode.spill import Spill, scratch_ceiling
 from datapath.formats import SNIFF_BYTES, ImageFormat, sniff
 from datapath.streams import Peekable
 from datapath.target import RawWriter
@@ -40,11 +47,6 @@ SCRATCH_NAME = "cdi-scratch.img"
 MAX_LAYERS = 4  # gz inside xz inside zst... more than this is an attack, not an image
 
 
-class ContentType(enum.Enum):
-    KUBEVIRT = "kubevirt"
-    ARCHIVE = "archive"
-
-
 @dataclass
 class DecodeResult:
     format_chain: list[str] = field(default_factory=list)
@@ -52,6 +54,7 @@ class DecodeResult:
     virtual_size: int = 0
     bytes_written: int = 0
     scratch_path: str | None = None
+    scratch_bytes: int = 0  # bytes staged on scratch (a qemu-img input or a decoder's spill)
 
 
 @dataclass(frozen=True)
@@ -62,11 +65,16 @@ class DecodePlan:
     archive_dir: str | None  # the target, for archive content
     scratch_dir: str  # where images that need qemu-img are staged
     stream_images: bool = True  # decode qcow2/vdi/vmdk in one pass; False after a fallback
-    spill_limit: int = 64 * 1024 * 1024
+    spill_limit: int = 64 * 1024 * 1024  # out-of-order image data held in memory, then...
+    spill_to_scratch: bool = True  # ...in a sparse file in scratch_dir (False: memory only)
     source_size: int | None = None  # bytes on the wire, when known (Content-Length)
     before_random_writes: Callable[[], None] | None = None  # e.g. zero a block device first
     resume_offset: int = 0  # continue a raw image at this offset (datapath.checkpoint)
     checkpointer: Callable[[int], None] | None = None  # told the position after raw writes
+    tar_member: str | None = None  # registry layer: decode the one file under this prefix
+
+
+Handler = Callable[[Iterator[bytes], DecodePlan, DecodeResult], DecodeResult]
 
 
 def peel(chunks: Iterator[bytes], chain: list[str]) -> tuple[ImageFormat, Peekable]:
@@ -91,31 +99,101 @@ def decode_into(chunks: Iterator[bytes], plan: DecodePlan, result: DecodeResult)
         result.format_chain.append(ImageFormat.RAW.value)
         plan.writer.position = plan.resume_offset
         return _write_raw(chunks, plan, plan.writer, result)
-    if plan.content_type is ContentType.KUBEVIRT and plan.writer is not None:
+    return _ENVELOPES[envelope_of(plan)](chunks, plan, result)
+
+
+def envelope_of(plan: DecodePlan) -> str:
+    """The name of the envelope handler the plan asks for."""
+    if plan.tar_member is not None:
+        return "tar_member"
+    return _ENVELOPE_OF[plan.content_type]
+
+
+def _sniffed(chunks: Iterator[bytes], plan: DecodePlan, result: DecodeResult) -> DecodeResult:
+    """kubevirt: whatever the first bytes say, peeled and decoded by ``_FORMATS``."""
+    if plan.writer is not None:
         xz, chunks = _raw_xz_blocks(chunks)
         if xz is not None:
             result.format_chain += [ImageFormat.XZ.value, ImageFormat.RAW.value]
             return _write_xz_blocks(xz, plan.writer, result)
     fmt, stream = peel(chunks, result.format_chain)
     result.image_format = fmt
-    if plan.content_type is ContentType.ARCHIVE:
-        if fmt is not ImageFormat.TAR or plan.archive_dir is None:
-            raise UnsupportedFormat(f"content type archive needs a tar archive, got {fmt.value}")
-        from datapath.decode.archive import extract_tar
+    return _FORMATS.get(fmt, _raw)(stream, plan, result)
 
-        result.bytes_written = extract_tar(stream, plan.archive_dir, plan.capacity)
-        return result
-    if fmt is ImageFormat.TEXT:
+
+def _passthrough(chunks: Iterator[bytes], plan: DecodePlan, result: DecodeResult) -> DecodeResult:
+    """blockdevice-clone: the bytes as they are, never sniffed; zero pages still become holes
+    (or are zeroed on a device not known to read zeros)."""
+    result.format_chain.append(ImageFormat.RAW.value)
+    return _raw(chunks, plan, result)
+
+
+def _archive(chunks: Iterator[bytes], plan: DecodePlan, result: DecodeResult) -> DecodeResult:
+    """archive and filesystem-clone: a tar (possibly compressed) extracted into the volume."""
+    fmt, stream = peel(chunks, result.format_chain)
+    result.image_format = fmt
+    if fmt is not ImageFormat.TAR or plan.archive_dir is None:
         raise UnsupportedFormat(
-            "the source is a text document (an HTML or error page?), not a disk image"
+            f"content type {plan.content_type} needs a tar archive, got {fmt.value}"
         )
-    if fmt.needs_conversion:
-        decoder = _streaming_decoder(fmt, stream, plan, result)
-        if decoder is not None and plan.stream_images and plan.writer is not None:
-            return _stream_image(decoder, stream, plan, plan.writer, result)
-        return _to_scratch(stream, plan, result)
+    from datapath.decode.archive import extract_tar
+
+    result.bytes_written = extract_tar(stream, plan.archive_dir, plan.capacity)
+    return result
+
+
+def _tar_member(chunks: Iterator[bytes], plan: DecodePlan, result: DecodeResult) -> DecodeResult:
+    """A registry layer: peel to the tar, take the one file under the prefix, sniff again. The
+    layer is read to its end afterwards, so a second disk in it is still found."""
+    from datapath.decode.envelopes import tar_member
+
+    assert plan.tar_member is not None
+    fmt, stream = peel(chunks, result.format_chain)
+    if fmt is not ImageFormat.TAR:
+        raise UnsupportedFormat(f"an image layer must be a tar archive, got {fmt.value}")
+    member = tar_member(stream, plan.tar_member)
+    _sniffed(member, plan, result)
+    for _ in member:  # what the decoder left unread, then the rest of the layer
+        pass
+    return result
+
+
+def _raw(chunks: Iterator[bytes], plan: DecodePlan, result: DecodeResult) -> DecodeResult:
+    """Raw, ISO and (CDI-compatible) a tar in kubevirt mode: written as they are."""
     assert plan.writer is not None
-    return _write_raw(stream, plan, plan.writer, result)  # raw, ISO, (CDI-compatible) tar
+    return _write_raw(chunks, plan, plan.writer, result)
+
+
+def _text(chunks: Iterator[bytes], plan: DecodePlan, result: DecodeResult) -> DecodeResult:
+    raise UnsupportedFormat(
+        "the source is a text document (an HTML or error page?), not a disk image"
+    )
+
+
+def _image(stream: Iterator[bytes], plan: DecodePlan, result: DecodeResult) -> DecodeResult:
+    """qcow2, vdi, vmdk: streamed into the target when the plan allows, else via scratch. Data
+    that comes before its table waits in the spill (memory, then a scratch file), so even a
+    disordered image takes one pass; only what was out of order touches scratch."""
+    assert isinstance(stream, Peekable)
+    with _spill_for(plan) as spill:
+        decoder = _streaming_decoder(result.image_format, stream, plan, result, spill)
+        if decoder is not None and plan.stream_images and plan.writer is not None:
+            try:
+                return _stream_image(decoder, stream, plan, plan.writer, result)
+            finally:
+                result.scratch_bytes += spill.scratch_bytes
+    return _to_scratch(stream, plan, result)
+
+
+def _spill_for(plan: DecodePlan) -> Spill:
+    if not plan.spill_to_scratch:
+        return Spill(memory_limit=plan.spill_limit)
+    os.makedirs(plan.scratch_dir, exist_ok=True)
+    return Spill(
+        memory_limit=plan.spill_limit,
+        scratch_dir=plan.scratch_dir,
+        file_limit=None if plan.capacity is None else scratch_ceiling(plan.capacity),
+    )
 
 
 def _write_raw(
@@ -188,28 +266,37 @@ class StreamDecoder(Protocol):
 
 
 def _streaming_decoder(
-    fmt: ImageFormat, stream: Peekable, plan: DecodePlan, result: DecodeResult
+    fmt: ImageFormat, stream: Peekable, plan: DecodePlan, result: DecodeResult, spill: Spill
 ) -> StreamDecoder | None:
     """Vet the header (on every path: qemu-img checks again on the scratch path) and return
     the stream decoder for ``fmt``, or None for formats only qemu-img converts."""
+    make = _DECODERS.get(fmt)
+    if make is None:
+        return None
     # Content-Length is the image's size only when nothing was peeled off it.
     file_size = plan.source_size if len(result.format_chain) == 1 else None
-    if fmt is ImageFormat.QCOW2:
-        _vet_qcow2_header(stream, plan.capacity)
-        return Qcow2StreamDecoder(
-            max_virtual_size=plan.capacity, spill_limit=plan.spill_limit, file_size=file_size
-        )
-    if fmt is ImageFormat.VDI:
-        from datapath.decode import vdi
+    return make(stream, plan, file_size, spill)
 
-        vdi.parse_header(stream.peek(SNIFF_BYTES), max_virtual_size=plan.capacity)
-        return vdi.VdiStreamDecoder(max_virtual_size=plan.capacity, file_size=file_size)
-    if fmt is ImageFormat.VMDK:
-        from datapath.decode import vmdk
 
-        vmdk.parse_header(stream.peek(vmdk.HEAD_BYTES), max_virtual_size=plan.capacity)
-        return vmdk.VmdkStreamDecoder(max_virtual_size=plan.capacity, file_size=file_size)
-    return None
+def _qcow2(
+    stream: Peekable, plan: DecodePlan, file_size: int | None, spill: Spill
+) -> StreamDecoder:
+    _vet_qcow2_header(stream, plan.capacity)
+    return Qcow2StreamDecoder(max_virtual_size=plan.capacity, file_size=file_size, spill=spill)
+
+
+def _vdi(stream: Peekable, plan: DecodePlan, file_size: int | None, spill: Spill) -> StreamDecoder:
+    from datapath.decode import vdi
+
+    vdi.parse_header(stream.peek(SNIFF_BYTES), max_virtual_size=plan.capacity)
+    return vdi.VdiStreamDecoder(max_virtual_size=plan.capacity, file_size=file_size, spill=spill)
+
+
+def _vmdk(stream: Peekable, plan: DecodePlan, file_size: int | None, spill: Spill) -> StreamDecoder:
+    from datapath.decode import vmdk
+
+    vmdk.parse_header(stream.peek(vmdk.HEAD_BYTES), max_virtual_size=plan.capacity)
+    return vmdk.VmdkStreamDecoder(max_virtual_size=plan.capacity, file_size=file_size, spill=spill)
 
 
 def _stream_image(
@@ -235,13 +322,13 @@ def _stream_image(
     return result
 
 
-def _to_scratch(stream: Peekable, plan: DecodePlan, result: DecodeResult) -> DecodeResult:
+def _to_scratch(stream: Iterator[bytes], plan: DecodePlan, result: DecodeResult) -> DecodeResult:
     os.makedirs(plan.scratch_dir, exist_ok=True)
     path = os.path.join(plan.scratch_dir, SCRATCH_NAME)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
     result.scratch_path = path
     # An image file is at most its virtual size plus metadata; more is a decompression bomb.
-    limit = None if plan.capacity is None else plan.capacity + plan.capacity // 8 + (64 << 20)
+    limit = None if plan.capacity is None else scratch_ceiling(plan.capacity)
     try:
         # Buffered on purpose: qemu-img reads the scratch file right after, from page cache.
         # No zero scan: these formats are already sparse inside (grains, blocks).
@@ -251,6 +338,34 @@ def _to_scratch(stream: Peekable, plan: DecodePlan, result: DecodeResult) -> Dec
             writer.position += len(piece)
         writer.finish(writer.position, preallocate=False, block=False)
         result.bytes_written = writer.bytes_written
+        result.scratch_bytes = writer.position
     finally:
         os.close(fd)
     return result
+
+
+_ENVELOPES: dict[str, Handler] = {
+    "sniffed": _sniffed,
+    "passthrough": _passthrough,
+    "archive": _archive,
+    "tar_member": _tar_member,
+}
+_ENVELOPE_OF: dict[ContentType, str] = {
+    ContentType.KUBEVIRT: "sniffed",
+    ContentType.ARCHIVE: "archive",
+    ContentType.BLOCKDEVICE_CLONE: "passthrough",
+    ContentType.FILESYSTEM_CLONE: "archive",
+}
+_FORMATS: dict[ImageFormat, Handler] = {  # anything else (raw, tar in kubevirt mode): _raw
+    ImageFormat.TEXT: _text,
+    ImageFormat.QCOW2: _image,
+    ImageFormat.VDI: _image,
+    ImageFormat.VMDK: _image,
+    ImageFormat.VHD: _to_scratch,
+    ImageFormat.VHDX: _to_scratch,
+}
+_DECODERS: dict[ImageFormat, Callable[[Peekable, DecodePlan, int | None, Spill], StreamDecoder]] = {
+    ImageFormat.QCOW2: _qcow2,
+    ImageFormat.VDI: _vdi,
+    ImageFormat.VMDK: _vmdk,
+}

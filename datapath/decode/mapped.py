@@ -13,7 +13,7 @@ convert such an image through scratch space, so the phase machine falls back to 
 a format supplies ``_on_head`` (parse the head, name the first tables), ``_on_table`` (parse
 one table, name more tables or add extents) and, for extents whose length is only known from
 their first bytes (VMDK's compressed grains behind a marker), ``_frame_length`` and
-``_on_frame``. Memory is the head, one table in assembly at a time (plus any queued behind it),
+``_frame_data``. Memory is the head, one table in assembly at a time (plus any queued behind it),
 the extent list (capped at ``MAX_EXTENTS``; contiguous extents are merged as they are added),
 one frame in assembly and the coalescer's bounded output.
 """
@@ -22,13 +22,16 @@ from __future__ import annotations
 
 import heapq
 import itertools
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import NoReturn
 
 from cdi.api.errors import InvalidImage, UnsafeImage
 from datapath.decode.rawpieces import LayoutNotStreamable, Write, WriteCoalescer
+from datapath.decode.spill import Expand, Spill, settle, with_repaid
 
 PLAIN = 0  # raw bytes of the disk, placed as they pass
-FRAME = 1  # a self-describing extent: read whole, then handed to ``_on_frame``
+FRAME = 1  # a self-describing extent: read whole, then expanded by ``_frame_data``
 FRAME_HEAD = 12  # bytes of a frame needed to learn its length
 MAX_EXTENTS = 2_000_000  # as many separate extents as the qcow2 decoder holds at most
 
@@ -48,8 +51,11 @@ class MappedImageDecoder:
 
     format_name = "image"
 
-    def __init__(self, head_size: int, *, file_size: int | None) -> None:
+    def __init__(
+        self, head_size: int, *, file_size: int | None, spill: Spill | None = None
+    ) -> None:
         self.virtual_size: int | None = None
+        self._spill = spill
         self._head_size = head_size
         self._file_size = file_size
         self._head = bytearray()
@@ -60,6 +66,7 @@ class MappedImageDecoder:
         self._extents: list[Extent] = []
         self._next = 0
         self._data_ready = False
+        self._tables_later = False  # tables are named only at the end of the stream (a footer)
         self._last_end = 0  # file end of the last extent served: the next may not start before
         self._frame = bytearray()
         self._frame_len = 0
@@ -71,10 +78,12 @@ class MappedImageDecoder:
         """File offset of the next byte to feed."""
         return self._pos
 
-    def feed(self, data: bytes | bytearray | memoryview) -> list[Write]:
-        """Consume the next bytes of the file; return the raw writes that are ready."""
+    def feed(self, data: bytes | bytearray | memoryview) -> Iterable[Write]:
+        """Consume the next bytes of the file; return the raw writes that are ready (data
+        read back from a spill comes lazily, as the result is iterated)."""
         if self._finished:
             raise RuntimeError("feed() after finish()")
+        early = settle(self._spill, self.virtual_size)
         chunk = data if isinstance(data, bytes) else bytes(data)
         if self.virtual_size is None:
             chunk = self._feed_head(chunk)
@@ -82,11 +91,13 @@ class MappedImageDecoder:
                 return []
         if chunk:
             self._process(chunk, self._pos)
-        return self._out.drain()
+        writes = self._out.drain()
+        return with_repaid(early + writes if early else writes, self._spill, self.virtual_size)
 
-    def finish(self) -> list[Write]:
+    def finish(self) -> Iterable[Write]:
         """End of stream: the last writes, or a typed error if anything mapped never came."""
         self._finished = True
+        early = settle(self._spill, self.virtual_size)
         name = self.format_name
         if self.virtual_size is None:
             if len(self._head) < self._head_size and self._head:
@@ -95,6 +106,10 @@ class MappedImageDecoder:
                 raise InvalidImage(f"{name} stream ended after {self._pos} bytes, in the header")
         if self._file_size is not None and self._pos != self._file_size:
             raise InvalidImage(f"{name} stream has {self._pos} bytes, expected {self._file_size}")
+        if self._tables_later:
+            self._at_end()
+            self._tables_later = False
+            self._process(b"", self._pos)  # the tables and the data are all in the spill
         if self._tables:
             start = self._tables[0][0]
             raise InvalidImage(
@@ -107,7 +122,8 @@ class MappedImageDecoder:
                 f"{name} stream ended at {self._pos} but data for virtual offset {virt:#x} at "
                 f"{start:#x} never arrived completely (truncated)"
             )
-        return self._out.drain(final=True)
+        writes = self._out.drain(final=True)
+        return with_repaid(early + writes if early else writes, self._spill, self.virtual_size)
 
     # -- for the formats ---------------------------------------------------------------------
 
@@ -117,10 +133,16 @@ class MappedImageDecoder:
     def _on_table(self, tag: int, table: bytes) -> None:
         raise NotImplementedError
 
+    def _at_end(self) -> None:
+        """With ``_tables_later`` set (by ``_on_head``): the whole stream is in the spill; name
+        the first tables now (e.g. from a footer)."""
+        raise NotImplementedError
+
     def _frame_length(self, head: bytes, bound: int) -> int:
         raise NotImplementedError
 
-    def _on_frame(self, virt: int, frame: bytes) -> None:
+    def _frame_data(self, virt: int, frame: bytes) -> bytes:
+        """The raw bytes at ``virt`` that a whole frame holds (e.g. an inflated grain)."""
         raise NotImplementedError
 
     def _set_virtual_size(self, size: int) -> None:
@@ -129,7 +151,7 @@ class MappedImageDecoder:
 
     def _want_table(self, start: int, end: int, tag: int) -> None:
         """Ask for the bytes ``[start, end)``; ``_on_table(tag, bytes)`` gets them."""
-        if start < self._named_at:
+        if start < self._named_at and self._spill is None:
             raise LayoutNotStreamable(
                 f"{self.format_name} table at {start:#x} lies before the structure naming it "
                 f"(which ends at {self._named_at:#x}); converting via scratch space instead"
@@ -180,35 +202,90 @@ class MappedImageDecoder:
 
     def _process(self, chunk: bytes, c0: int) -> None:
         c1 = c0 + len(chunk)
+        spill = self._spill
+        claimed: list[tuple[int, int]] | None = (
+            [] if spill is not None and not self._data_ready else None
+        )
         tables = self._tables
         while tables and tables[0][0] < c1:
             _, _, table = heapq.heappop(tables)
-            self._serve_table(table, chunk, c0, c1)
-        if not tables and not self._data_ready:
+            self._serve_table(table, chunk, c0, c1, claimed)
+        if not tables and not self._data_ready and not self._tables_later:
             self._start_data()
         if self._data_ready:
             self._serve_extents(chunk, c0, c1)
+            if spill is not None and spill.size:
+                spill.clear()  # every table is in and all it mapped in the past is served
+        elif spill is not None and claimed is not None:
+            spill.add_gaps(chunk, c0, claimed)
         self._pos = c1
 
-    def _serve_table(self, table: _Table, chunk: bytes, c0: int, c1: int) -> None:
+    def _serve_table(
+        self, table: _Table, chunk: bytes, c0: int, c1: int, claimed: list[tuple[int, int]] | None
+    ) -> None:
         lo = table.start + len(table.acc)
         if lo < c0:
-            raise LayoutNotStreamable(
-                f"{self.format_name} table at {table.start:#x} went by before it was known; "
-                "converting via scratch space instead"
-            )
-        table.acc += chunk[lo - c0 : min(table.end, c1) - c0]
+            if self._spill is None:
+                raise LayoutNotStreamable(
+                    f"{self.format_name} table at {table.start:#x} went by before it was known; "
+                    "converting via scratch space instead"
+                )
+            past = min(table.end, c0)
+            table.acc += self._past(lo, past)
+            self._spill.discard(lo, past)
+            lo = past
+        hi = min(table.end, c1)
+        if lo < hi:
+            table.acc += chunk[lo - c0 : hi - c0]
+            if claimed is not None:
+                claimed.append((lo, hi))
         if table.end > c1:
             heapq.heappush(self._tables, (c1, next(self._seq), table))
             return
-        self._named_at = table.end
+        self._named_at = max(self._named_at, table.end)
         self._on_table(table.tag, bytes(table.acc))
+
+    def _past(self, start: int, end: int) -> bytes:
+        """Bytes ``[start, end)`` that went by before being mapped: they must all be held."""
+        assert self._spill is not None
+        data = self._spill.prefix(start, end)
+        if len(data) != end - start:
+            self._not_kept(start + len(data))
+        return data
+
+    def _owe(self, start: int, end: int, virt: int, expand: Expand | None = None) -> None:
+        if self._spill is None:
+            raise LayoutNotStreamable(
+                f"{self.format_name} data at {start:#x} went by before its table; converting "
+                "via scratch space instead"
+            )
+        held = self._spill.owe(start, end, virt, expand)
+        if held != end - start:
+            self._not_kept(start + held)
+
+    def _not_kept(self, offset: int) -> NoReturn:
+        raise InvalidImage(
+            f"{self.format_name} bytes at {offset:#x} are mapped by a table that came after "
+            "them but were taken by another structure (overlapping structures)"
+        )
+
+    def _take(self, lo: int, hi: int, chunk: bytes, c0: int) -> bytes:
+        """File bytes ``[lo, hi)``: the part before this chunk from the spill, then the chunk."""
+        if lo >= c0:
+            return chunk[lo - c0 : hi - c0]
+        if self._spill is None:
+            raise LayoutNotStreamable(
+                f"{self.format_name} data at {lo:#x} went by before its table; converting via "
+                "scratch space instead"
+            )
+        past = self._past(lo, min(hi, c0))
+        return past + chunk[: hi - c0] if hi > c0 else past
 
     def _start_data(self) -> None:
         """All tables are in: from here on every byte is data or ignorable."""
         self._extents.sort()
         self._data_ready = True
-        if self._extents and self._extents[0][0] < self._named_at:
+        if self._spill is None and self._extents and self._extents[0][0] < self._named_at:
             start, _, virt, _ = self._extents[0]
             raise LayoutNotStreamable(
                 f"{self.format_name} data for virtual offset {virt:#x} at {start:#x} lies before "
@@ -230,11 +307,18 @@ class MappedImageDecoder:
             if kind == FRAME:
                 if not self._serve_frame(start, end, virt, chunk, c0, c1):
                     break
+            elif start >= c0 and end <= c1:  # the common case: wholly in this chunk
+                self._out.add(virt, chunk, start - c0, end - c0)
+                self._last_end = end
             else:
-                lo, hi = max(start, c0), min(end, c1)
+                hi = min(end, c1)
+                if start < c0:  # went by before its table: owed, read back lazily
+                    self._owe(start, min(hi, c0), virt)
+                lo = max(start, c0)
                 if lo < hi:
                     self._out.add(virt + lo - start, chunk, lo - c0, hi - c0)
-                if end > c1:
+                if end > c1:  # the rest comes with the next chunks
+                    extents[i] = (c1, end, virt + c1 - start, PLAIN)
                     break
                 self._last_end = end
             i += 1
@@ -245,23 +329,38 @@ class MappedImageDecoder:
     ) -> bool:
         """Assemble one frame; True once it was whole and handed over."""
         frame = self._frame
+        if not frame and start + FRAME_HEAD <= c0 and self._owe_frame(start, bound, virt, c0):
+            return True
         while True:
             want = self._frame_len or FRAME_HEAD
             lo = start + len(frame)
             hi = min(start + want, c1)
             if lo < hi:
-                frame += chunk[lo - c0 : hi - c0]
+                frame += self._take(lo, hi, chunk, c0)
             if len(frame) < want:
                 return False
             if self._frame_len:
                 break
-            length = self._frame_length(bytes(frame), bound - start)
-            if not FRAME_HEAD < length <= bound - start:
-                raise InvalidImage(f"{self.format_name} frame at {start:#x} has a bad length")
-            self._frame_len = length
+            self._frame_len = self._checked_length(start, bytes(frame), bound)
         data = bytes(frame)
         self._frame = bytearray()
         self._frame_len = 0
         self._last_end = start + len(data)
-        self._on_frame(virt, data)
+        self._out.add(virt, self._frame_data(virt, data))
         return True
+
+    def _owe_frame(self, start: int, bound: int, virt: int, c0: int) -> bool:
+        """A frame whose head went by before its table: if it lies wholly in the past, owe it
+        (expanded lazily, as the writes are read) and say True; else it is assembled."""
+        length = self._checked_length(start, self._past(start, start + FRAME_HEAD), bound)
+        if start + length > c0:
+            return False
+        self._owe(start, start + length, virt, lambda data: (self._frame_data(virt, data), length))
+        self._last_end = start + length
+        return True
+
+    def _checked_length(self, start: int, head: bytes, bound: int) -> int:
+        length = self._frame_length(head, bound - start)
+        if not FRAME_HEAD < length <= bound - start:
+            raise InvalidImage(f"{self.format_name} frame at {start:#x} has a bad length")
+        return length

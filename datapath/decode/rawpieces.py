@@ -20,7 +20,7 @@ writes of up to ``MAX_WRITE`` bytes so the page cache path sees few, larger writ
 from __future__ import annotations
 
 from cdi.api.errors import WorkerError
-from datapath.target import page_segments
+from datapath.target.zeros import page_segments
 
 PAGE = 4096
 FLUSH_AT = 4 * 1024 * 1024

@@ -7,7 +7,9 @@ unallocated, 0xFFFFFFFE for a block that reads as zeros) and the physical blocks
 the map is read as it streams past (in pieces of ``MAP_PIECE`` entries, so memory does not grow
 with the disk), inverted into file-ordered extents (physical block -> virtual offset), and each
 block lands in the target as it goes by (``datapath.decode.mapped``). Unallocated and zero
-blocks are simply never written: the target reads as zeros there.
+blocks are simply never written: the target reads as zeros there. A block map after the data
+(valid for qemu) needs a ``spill`` that holds the blocks until the map arrives; without one it
+is ``LayoutNotStreamable``.
 
 The header checks follow qemu's ``vdi_open`` (block/vdi.c) so that we accept what qemu-img
 accepts and refuse the rest with a typed error; a differencing image (parent or link UUID) is
@@ -24,6 +26,7 @@ from dataclasses import dataclass
 from cdi.api.errors import InsufficientSpace, InvalidImage, UnsafeImage, UnsupportedFormat
 from datapath.decode.mapped import MappedImageDecoder
 from datapath.decode.rawpieces import LayoutNotStreamable
+from datapath.decode.spill import Spill
 
 SIGNATURE = 0xBEDA107F
 VERSION_1_1 = 0x00010001
@@ -32,7 +35,8 @@ SECTOR = 512
 BLOCK_SIZE = 1 << 20  # the only block size qemu supports (DEFAULT_CLUSTER_SIZE)
 ZERO_BLOCK = 0xFFFFFFFE  # VDI_DISCARDED: reads as zeros
 UNALLOCATED = 0xFFFFFFFF
-BLOCKS_IN_IMAGE_MAX = 0x3FFFFFFF  # qemu's VDI_BLOCKS_IN_IMAGE_MAX
+# qemu's VDI_BLOCKS_IN_IMAGE_MAX: the block map, rounded up to a sector, must fit an int.
+BLOCKS_IN_IMAGE_MAX = (2**31 - SECTOR) // 4
 MAP_PIECE = 256 * 1024  # block map entries read and parsed at a time (1 MiB)
 
 _PRE = struct.Struct("<II")  # signature, version at 0x40
@@ -122,14 +126,19 @@ class VdiStreamDecoder(MappedImageDecoder):
 
     Writes never overlap, skip zero pages, and assume the target reads as zeros where nothing
     is written. ``file_size`` (e.g. Content-Length) lets blocks past the end be refused early.
+    With a ``spill``, blocks before the block map are kept there until the map arrives.
     """
 
     format_name = "vdi"
 
     def __init__(
-        self, *, max_virtual_size: int | None = None, file_size: int | None = None
+        self,
+        *,
+        max_virtual_size: int | None = None,
+        file_size: int | None = None,
+        spill: Spill | None = None,
     ) -> None:
-        super().__init__(HEADER_BYTES, file_size=file_size)
+        super().__init__(HEADER_BYTES, file_size=file_size, spill=spill)
         self._max_virtual_size = max_virtual_size
         self.header: VdiHeader | None = None
 
@@ -138,7 +147,7 @@ class VdiStreamDecoder(MappedImageDecoder):
         self.header = header
         self._set_virtual_size(header.virtual_size)
         needed = header.blocks_needed
-        if needed and header.offset_bmap >= header.offset_data:
+        if needed and header.offset_bmap >= header.offset_data and self._spill is None:
             raise LayoutNotStreamable(
                 "VDI block map lies after the data blocks; converting via scratch space instead"
             )

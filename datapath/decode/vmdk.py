@@ -10,9 +10,11 @@ In ``streamOptimized`` images every grain is deflate-compressed behind a 12-byte
 LBA and compressed size); it is decompressed with its output bounded by the grain size. The
 tables come before the grains, so ``datapath.decode.mapped`` places each grain as it streams past.
 
-Not streamed, but converted through scratch space (``LayoutNotStreamable``): a GD only in the
-footer (``streamOptimized`` files written by VMware tools), compressed grains without markers,
-tables that come after the data they map.
+Tables that come after the data they map stream with a ``spill`` (the grains wait there for
+their tables), and so does a GD named only by the footer (``streamOptimized`` files written by
+VMware tools: the whole stream waits in the spill, then the footer's header is read as qemu
+does and the tables and grains are taken back). Without a spill both are
+``LayoutNotStreamable``, like compressed grains without markers.
 
 Refused: descriptor files (``monolithicFlat``, ``twoGbMaxExtent*``, ``vmfs``...) and KDMV
 headers that defer to a descriptor (capacity 0): their extents are paths on the importer's file
@@ -26,6 +28,7 @@ import re
 import struct
 import sys
 from array import array
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import NoReturn
 
@@ -34,6 +37,7 @@ from isal import isal_zlib
 from cdi.api.errors import InsufficientSpace, InvalidImage, UnsafeImage, UnsupportedFormat
 from datapath.decode.mapped import FRAME, PLAIN, MappedImageDecoder
 from datapath.decode.rawpieces import LayoutNotStreamable, Write
+from datapath.decode.spill import Spill
 
 MAGIC = b"KDMV"
 DESCRIPTOR_MAGIC = b"# Disk DescriptorFile"
@@ -59,8 +63,12 @@ MAX_CAPACITY = 1 << 47  # sectors (64 PiB): beyond any real disk
 MAX_GRAIN_TABLES = 1 << 18  # 8 TiB with qemu's 64 KiB grains and 512-entry tables
 GT_BATCH = 256  # grain tables that lie back to back are read as one table of up to this many
 MARKER = struct.Struct("<QI")  # LBA, compressed size
+_MARKER_HEAD = struct.Struct("<QII")  # value, size, type of a metadata marker
+MARKER_FOOTER = 3
+FOOTER_BYTES = 3 * SECTOR  # footer marker, footer (a copy of the header), end-of-stream marker
 _HEADER = struct.Struct("<IIQQQQIQQQ")  # version ... grain_offset, after the magic
 _GD_TAG = -1
+_HEX = re.compile(rb"[ \t\n\v\f\r]*[+-]?[0-9a-fA-F]")
 
 
 @dataclass(frozen=True)
@@ -141,6 +149,10 @@ def _check_parent(head: bytes) -> None:
     text = head[HEADER_BYTES:HEAD_BYTES].split(b"\0", 1)[0]
     if b"parentFileNameHint" in text:
         raise UnsafeImage("vmdk names a parent image (parentFileNameHint): a backing file")
+    for key in (b"CID", b"parentCID"):  # qemu's vmdk_read_cid: strstr, then sscanf("%x")
+        at = text.find(key)
+        if at < 0 or not _HEX.match(text, at + len(key) + 1):
+            raise InvalidImage(f"vmdk descriptor has no valid {key.decode()} (qemu refuses it)")
 
 
 def _check_geometry(header: VmdkHeader, max_virtual_size: int | None) -> None:
@@ -210,13 +222,18 @@ class VmdkStreamDecoder(MappedImageDecoder):
     format_name = "vmdk"
 
     def __init__(
-        self, *, max_virtual_size: int | None = None, file_size: int | None = None
+        self,
+        *,
+        max_virtual_size: int | None = None,
+        file_size: int | None = None,
+        spill: Spill | None = None,
     ) -> None:
-        super().__init__(HEAD_BYTES, file_size=file_size)
+        super().__init__(HEAD_BYTES, file_size=file_size, spill=spill)
         self._max_virtual_size = max_virtual_size
         self.header: VmdkHeader | None = None
+        self._head_bytes = b""
 
-    def finish(self) -> list[Write]:
+    def finish(self) -> Iterable[Write]:
         writes = super().finish()
         header = self.header
         if header is not None and self.position < header.grain_offset * SECTOR:
@@ -228,19 +245,44 @@ class VmdkStreamDecoder(MappedImageDecoder):
 
     def _on_head(self, head: bytes) -> None:
         header = parse_header(head, max_virtual_size=self._max_virtual_size)
+        self._set_virtual_size(header.virtual_size)
         if header.gd_offset == GD_AT_END:
-            raise LayoutNotStreamable(
-                "vmdk grain directory is only in the footer; converting via scratch space"
-            )
+            if self._spill is None:
+                raise LayoutNotStreamable(
+                    "vmdk grain directory is only in the footer; converting via scratch space"
+                )
+            self._head_bytes = head
+            self._tables_later = True  # everything waits in the spill for the footer
+            return
+        self._use(header)
+
+    def _use(self, header: VmdkHeader) -> None:
         if header.compressed and not header.markers:
             raise LayoutNotStreamable(
                 "vmdk compressed grains without markers; converting via scratch space"
             )
         self.header = header
-        self._set_virtual_size(header.virtual_size)
         if header.gd_entries:
             start = header.gd_offset * SECTOR
             self._want_table(start, start + header.gd_entries * 4, _GD_TAG)
+
+    def _at_end(self) -> None:
+        """qemu's reading of a footer (vmdk_open_vmdk4): a footer marker, the header that takes
+        precedence over the first one, and an end-of-stream marker in the last 1536 bytes."""
+        assert self._spill is not None
+        end = self.position // SECTOR * SECTOR
+        footer = self._spill.prefix(end - FOOTER_BYTES, end) if end >= FOOTER_BYTES else b""
+        if len(footer) != FOOTER_BYTES:
+            raise InvalidImage("vmdk stream ended without the footer its header announces")
+        _, size, kind = _MARKER_HEAD.unpack_from(footer, 0)
+        eos = _MARKER_HEAD.unpack_from(footer, 2 * SECTOR)
+        if footer[SECTOR : SECTOR + 4] != MAGIC or (size, kind) != (0, MARKER_FOOTER) or any(eos):
+            raise InvalidImage("vmdk footer is invalid")
+        head = footer[SECTOR : 2 * SECTOR] + self._head_bytes[HEADER_BYTES:]
+        header = parse_header(head, max_virtual_size=self._max_virtual_size)
+        if header.gd_offset == GD_AT_END or header.virtual_size != self.virtual_size:
+            raise InvalidImage("vmdk footer disagrees with the header (capacity, directory)")
+        self._use(header)
 
     def _on_table(self, tag: int, table: bytes) -> None:
         if tag == _GD_TAG:
@@ -298,7 +340,7 @@ class VmdkStreamDecoder(MappedImageDecoder):
             raise InvalidImage("vmdk grain table points at a metadata marker, not a grain")
         return MARKER.size + size
 
-    def _on_frame(self, virt: int, frame: bytes) -> None:
+    def _frame_data(self, virt: int, frame: bytes) -> bytes:
         header = self.header
         assert header is not None
         lba, _ = MARKER.unpack_from(frame)
@@ -311,4 +353,4 @@ class VmdkStreamDecoder(MappedImageDecoder):
         needed = min(header.grain_size, header.virtual_size - virt)
         if len(data) < needed:
             raise InvalidImage(f"compressed vmdk grain at LBA {lba} holds only {len(data)} bytes")
-        self._out.add(virt, data)
+        return data

@@ -6,13 +6,18 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from cdi.api.constants import ContentType
 from cdi.api.termination import TerminationMessage
-from datapath.decode import ContentType
-from datapath.taps import parse_checksum
-from datapath.target import TargetSpec
-from importer.config import ImportConfig
+from datapath import TargetSpec, parse_checksum
+from importer.config import (
+    FileOptions,
+    HttpOptions,
+    ImportConfig,
+    SourceOptions,
+    WorkerEdges,
+    build_plan,
+)
 from importer.runner import run_import
-from importer.sources.http import HttpOptions
 
 
 def http_config(
@@ -25,20 +30,25 @@ def http_config(
     content_type: str = "kubevirt",
     termination: Path | None = None,
     scratch_dir: str | None = None,
+    spill_limit: int | None = None,
     **http: Any,
 ) -> ImportConfig:
-    options = HttpOptions(url=url, backoff_initial=0.01, backoff_max=0.05, **http)
-    return ImportConfig(
-        source="http" if url.startswith("http") else "file",
-        file_path=None if url.startswith("http") else url,
-        target=TargetSpec(path=str(target), block=block, size=size),
-        http=options if url.startswith("http") else None,
+    source: SourceOptions = (
+        HttpOptions(url=url, backoff_initial=0.01, backoff_max=0.05, **http)
+        if url.startswith("http")
+        else FileOptions(url)
+    )
+    plan = build_plan(
+        source,
+        TargetSpec(path=str(target), block=block, size=size),
         content_type=ContentType(content_type),
         checksum=parse_checksum(checksum) if checksum else None,
         scratch_dir=scratch_dir,
-        termination_path=str(termination) if termination else None,
-        metrics_port=None,
     )
+    if spill_limit is not None:
+        plan = replace(plan, spill_limit=spill_limit)
+    edges = WorkerEdges(termination_path=str(termination) if termination else None)
+    return ImportConfig(plan=plan, source=source, edges=edges)
 
 
 async def import_url(url: str, target: Path | str, **kw: Any) -> TerminationMessage:
@@ -46,4 +56,5 @@ async def import_url(url: str, target: Path | str, **kw: Any) -> TerminationMess
 
 
 def with_target(config: ImportConfig, **changes: Any) -> ImportConfig:
-    return replace(config, target=replace(config.target, **changes))
+    plan = config.plan
+    return replace(config, plan=replace(plan, target=replace(plan.target, **changes)))

@@ -96,12 +96,11 @@ async def test_qcow2_streams_without_scratch(
     assert same_content(target, image.reference)
 
 
-async def test_disordered_qcow2_falls_back_to_scratch_and_says_so(
+async def test_disordered_qcow2_spills_to_scratch_and_says_so(
     server: Server, tmp_path: Path
 ) -> None:
-    """L1 moved after all the data (a resize): beyond a small spill bound the importer
-    downloads again through scratch + qemu-img, and reports scratch_used."""
-    from dataclasses import replace
+    """L1 moved after all the data (a resize): beyond a small in-memory bound the data waits
+    in a scratch spill file, still in one download, and the result reports scratch_used."""
 
     from importer.runner import run_import
     from tests.component.conftest import run
@@ -115,8 +114,9 @@ async def test_disordered_qcow2_falls_back_to_scratch_and_says_so(
     reference = tmp_path / "ref.raw"
     run("qemu-img", "convert", "-f", "qcow2", "-O", "raw", image, reference)
     target = tmp_path / "disk.img"
-    config = replace(http_config(server.link("ok", image), target), qcow2_spill_limit=64 * 1024)
+    config = http_config(server.link("ok", image), target, spill_limit=64 * 1024)
     result = await run_import(config)
     assert result.succeeded, result
-    assert result.scratch_used
+    assert result.scratch_used and 0 < result.scratch_bytes < image.stat().st_size
+    assert [r[0] for r in server.recorder.requests].count("GET") == 1
     assert same_content(target, reference)

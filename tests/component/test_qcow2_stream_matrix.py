@@ -9,104 +9,31 @@ tables) and checks each is refused with the right typed error.
 
 from __future__ import annotations
 
-import itertools
-import os
 import random
 import shutil
 import struct
 import subprocess
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from cdi.api.errors import InvalidImage, UnsafeImage, WorkerError
 from datapath.decode.qcow2 import Qcow2StreamDecoder, SpillLimitExceeded
-from tests.unit.stream_decoding import Decoder
-
-MiB = 1024 * 1024
-CHUNKS = (65537, MiB, 4 * MiB)
-
-
-def run(*args: str | Path) -> None:
-    done = subprocess.run([str(a) for a in args], capture_output=True, text=True)
-    assert done.returncode == 0, f"{' '.join(map(str, args))} failed: {done.stderr}"
-
-
-def qemu_io(image: Path, *commands: str, fmt: str = "qcow2") -> None:
-    args: list[str | Path] = ["qemu-io", "-f", fmt]
-    for command in commands:
-        args += ["-c", command]
-    run(*args, image)
-
-
-def random_file(path: Path, size: int, seed: int) -> Path:
-    path.write_bytes(random.Random(seed).randbytes(size))
-    return path
-
-
-def source_raw(path: Path, size: int = 24 * MiB, seed: int = 1) -> Path:
-    """A raw disk with random data, constant patterns, zero pages inside data and holes."""
-    rng = random.Random(seed)
-    with open(path, "wb") as f:
-        f.truncate(size)
-        for off, length in ((0, 300_000), (3 * MiB + 512, 700_000), (9 * MiB, 64 * 1024)):
-            f.seek(off)
-            f.write(rng.randbytes(length))
-        f.seek(5 * MiB)
-        f.write(b"\xab" * (1 * MiB) + bytes(12288) + b"\x01" * 5000)
-        f.seek(size - 4096)
-        f.write(b"\x7f" * 4096)
-    return path
-
-
-# -- image recipes: each returns the qcow2 path ------------------------------------------------
-
-Recipe = Callable[[Path], Path]
-
-
-def converted(*opts: str, compress: bool = False) -> Recipe:
-    def build(d: Path) -> Path:
-        raw = source_raw(d / "src.raw")
-        out = d / "img.qcow2"
-        extra = ["-c"] if compress else []
-        run(
-            "qemu-img",
-            "convert",
-            "-f",
-            "raw",
-            "-O",
-            "qcow2",
-            *extra,
-            "-o",
-            ",".join(opts),
-            raw,
-            out,
-        )
-        return out
-
-    return build
-
-
-def written(create_opts: str, size: str = "32M", *, ops: tuple[str, ...] = ()) -> Recipe:
-    """qemu-img create, then qemu-io writes in the given (deliberately unordered) order."""
-
-    def build(d: Path) -> Path:
-        rnd = random_file(d / "rand.bin", 2 * MiB, seed=7)
-        out = d / "img.qcow2"
-        run("qemu-img", "create", "-f", "qcow2", "-o", create_opts, out, size)
-        commands = ops or (
-            f"write -s {rnd} 20M 1M",
-            "write -P 0x5a 2M 512k",
-            f"write -s {rnd} 12M 700k",
-            "write -P 0x11 100k 8k",
-            "write -z 12M 64k",
-            "write -P 0x22 31M 1M",
-        )
-        qemu_io(out, *[c.replace("{rnd}", str(rnd)) for c in commands])
-        return out
-
-    return build
+from datapath.decode.spill import Spill
+from tests.component.conftest import same_content
+from tests.component.image_matrix import (
+    CHUNKS,
+    MiB,
+    Recipe,
+    assert_decodes_like_qemu_img,
+    converted,
+    decode_to_file,
+    oracle_of,
+    qemu_io,
+    random_file,
+    run,
+    written,
+)
 
 
 def with_snapshots(d: Path) -> Path:
@@ -207,22 +134,27 @@ def compressed_in_place(compression: str) -> Recipe:
 
 
 MATRIX: dict[str, Recipe] = {
-    "cluster-512": converted("cluster_size=512"),
-    "cluster-4k": converted("cluster_size=4096"),
-    "cluster-64k": converted("cluster_size=65536"),
-    "cluster-2M": converted("cluster_size=2097152"),
-    "compat-0.10": converted("compat=0.10"),
-    "zlib-compressed": converted("compression_type=zlib", compress=True),
-    "zstd-compressed": converted("compression_type=zstd", compress=True),
-    "zlib-compressed-4k": converted("compression_type=zlib,cluster_size=4096", compress=True),
-    "zstd-compressed-2M": converted("compression_type=zstd,cluster_size=2097152", compress=True),
-    "extended-l2": converted("extended_l2=on"),
-    "prealloc-metadata": written("preallocation=metadata"),
-    "prealloc-falloc": written("preallocation=falloc"),
-    "prealloc-full": written("preallocation=full"),
-    "lazy-refcounts": written("lazy_refcounts=on,cluster_size=4096"),
-    "unordered-4k": written("cluster_size=4096"),
+    "cluster-512": converted("qcow2", "cluster_size=512"),
+    "cluster-4k": converted("qcow2", "cluster_size=4096"),
+    "cluster-64k": converted("qcow2", "cluster_size=65536"),
+    "cluster-2M": converted("qcow2", "cluster_size=2097152"),
+    "compat-0.10": converted("qcow2", "compat=0.10"),
+    "zlib-compressed": converted("qcow2", "compression_type=zlib", compress=True),
+    "zstd-compressed": converted("qcow2", "compression_type=zstd", compress=True),
+    "zlib-compressed-4k": converted(
+        "qcow2", "compression_type=zlib,cluster_size=4096", compress=True
+    ),
+    "zstd-compressed-2M": converted(
+        "qcow2", "compression_type=zstd,cluster_size=2097152", compress=True
+    ),
+    "extended-l2": converted("qcow2", "extended_l2=on"),
+    "prealloc-metadata": written("qcow2", "preallocation=metadata", zero=True),
+    "prealloc-falloc": written("qcow2", "preallocation=falloc", zero=True),
+    "prealloc-full": written("qcow2", "preallocation=full", zero=True),
+    "lazy-refcounts": written("qcow2", "lazy_refcounts=on,cluster_size=4096", zero=True),
+    "unordered-4k": written("qcow2", "cluster_size=4096", zero=True),
     "unordered-512": written(
+        "qcow2",
         "cluster_size=512",
         size="8M",
         ops=(
@@ -233,6 +165,7 @@ MATRIX: dict[str, Recipe] = {
         ),
     ),
     "extended-l2-subclusters": written(
+        "qcow2",
         "extended_l2=on,cluster_size=65536",
         ops=(
             "write -P 1 0 2k",
@@ -243,7 +176,7 @@ MATRIX: dict[str, Recipe] = {
             "write -P 5 1M 1k",
         ),
     ),
-    "compat-0.10-unordered": written("compat=0.10,cluster_size=4096"),
+    "compat-0.10-unordered": written("qcow2", "compat=0.10,cluster_size=4096", zero=True),
     "snapshots": with_snapshots,
     "l1-after-data": l1_moved_to_end,
     "compressed-in-place-zlib": compressed_in_place("zlib"),
@@ -263,67 +196,21 @@ TINY_CHUNK_CASES = {
 }
 
 
-def decode_to_file(
-    image: Path, out: Path, chunk: int, decoder: Decoder | None = None, **kwargs: int
-) -> Decoder:
-    """Decode ``image`` (qcow2 unless another decoder is given) into a sparse file."""
-    decoder = decoder or Qcow2StreamDecoder(**kwargs)
-    writes: list[tuple[int, bytes]] = []
-    with open(image, "rb") as f:
-        while data := f.read(chunk):
-            writes += decoder.feed(data)
-    writes += decoder.finish()
-    assert decoder.virtual_size is not None
-    writes.sort()
-    for (a, da), (b, _) in itertools.pairwise(writes):
-        assert a + len(da) <= b, "writes overlap"
-    fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.ftruncate(fd, decoder.virtual_size)
-        for offset, data in writes:
-            assert data, "empty write"
-            os.pwrite(fd, data, offset)
-        os.fsync(fd)  # settle ext4 delayed allocation before st_blocks is compared
-    finally:
-        os.close(fd)
-    return decoder
-
-
 @pytest.fixture(scope="module", params=sorted(MATRIX))
 def image_and_oracle(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
-    d = tmp_path_factory.mktemp(request.param)
-    image = MATRIX[request.param](d)
-    oracle = d / "oracle.raw"
-    run("qemu-img", "convert", "-f", "qcow2", "-O", "raw", image, oracle)
-    run("sync", oracle)
-    return request.param, image, oracle
+    image = MATRIX[request.param](tmp_path_factory.mktemp(request.param))
+    return request.param, image, oracle_of("qcow2", image)
 
 
 def test_decoded_image_matches_qemu_img_convert(image_and_oracle, tmp_path: Path) -> None:
     name, image, oracle = image_and_oracle
     chunks = (*CHUNKS, 7) if name in TINY_CHUNK_CASES else CHUNKS
-    for chunk in chunks:
-        out = tmp_path / f"out-{chunk}.raw"
-        decode_to_file(image, out, chunk)
-        assert out.stat().st_size == oracle.stat().st_size
-        assert _same_content(out, oracle), f"{name}: content differs with chunk {chunk}"
-        assert out.stat().st_blocks <= oracle.stat().st_blocks, f"{name}: less sparse ({chunk})"
-        out.unlink()
-
-
-def _same_content(a: Path, b: Path) -> bool:
-    with open(a, "rb") as fa, open(b, "rb") as fb:
-        while True:
-            x, y = fa.read(MiB), fb.read(MiB)
-            if x != y:
-                return False
-            if not x:
-                return True
+    assert_decodes_like_qemu_img(name, image, oracle, tmp_path, Qcow2StreamDecoder, chunks)
 
 
 def test_snapshot_image_imports_the_active_layer_only(tmp_path: Path) -> None:
     image = with_snapshots(tmp_path)
-    decode_to_file(image, tmp_path / "out.raw", MiB)
+    decode_to_file(image, tmp_path / "out.raw", MiB, Qcow2StreamDecoder())
     data = (tmp_path / "out.raw").read_bytes()
     assert data[MiB : MiB + 65536] == b"\x44" * 65536
     assert data[100 * 1024 : 104 * 1024] == b"\x55" * 4096
@@ -332,20 +219,40 @@ def test_snapshot_image_imports_the_active_layer_only(tmp_path: Path) -> None:
 def test_unordered_layout_beyond_the_spill_limit_asks_for_scratch(tmp_path: Path) -> None:
     image = l1_moved_to_end(tmp_path)
     with pytest.raises(SpillLimitExceeded) as info:
-        decode_to_file(image, tmp_path / "out.raw", 65536, spill_limit=256 * 1024)
-    assert info.value.reason == "Qcow2LayoutUnordered"
+        decode_to_file(
+            image, tmp_path / "out.raw", 65536, Qcow2StreamDecoder(spill_limit=256 << 10)
+        )
+    assert info.value.reason == "ImageLayoutUnordered"
     assert info.value.transient is False
+
+
+def test_unordered_layout_past_the_memory_bound_spills_to_scratch_in_one_pass(
+    tmp_path: Path,
+) -> None:
+    """A real qemu image with its L1 table after all data: one pass, scratch holds the
+    out-of-order part only, memory stays at the bound, the file is gone afterwards."""
+    image = l1_moved_to_end(tmp_path)
+    oracle = tmp_path / "oracle.raw"
+    run("qemu-img", "convert", "-f", "qcow2", "-O", "raw", image, oracle)
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    with Spill(memory_limit=256 * 1024, scratch_dir=str(scratch)) as spill:
+        decode_to_file(image, tmp_path / "out.raw", 65536, Qcow2StreamDecoder(spill=spill))
+        assert spill.memory_peak <= 256 * 1024
+        assert 0 < spill.scratch_bytes < image.stat().st_size
+    assert same_content(tmp_path / "out.raw", oracle)
+    assert list(scratch.iterdir()) == []
 
 
 def test_unordered_layout_within_the_spill_limit_reports_its_peak(tmp_path: Path) -> None:
     image = l1_moved_to_end(tmp_path)
-    decoder = decode_to_file(image, tmp_path / "out.raw", 65536)
+    decoder = decode_to_file(image, tmp_path / "out.raw", 65536, Qcow2StreamDecoder())
     assert 0 < decoder.spill_bytes_peak <= 64 * MiB
 
 
 def test_ordinary_converted_image_needs_no_spill(tmp_path: Path) -> None:
-    image = converted("cluster_size=65536")(tmp_path)
-    decoder = decode_to_file(image, tmp_path / "out.raw", 4 * MiB)
+    image = converted("qcow2", "cluster_size=65536")(tmp_path)
+    decoder = decode_to_file(image, tmp_path / "out.raw", 4 * MiB, Qcow2StreamDecoder())
     assert decoder.spill_bytes_peak == 0
 
 

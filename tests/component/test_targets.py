@@ -9,7 +9,7 @@ import pytest
 
 from cdi.api.termination import TerminationMessage
 from datapath.target import TargetSpec, usable_space
-from importer.config import ImportConfig
+from importer.config import BlankOptions, ImportConfig, WorkerEdges, build_plan
 from importer.runner import run_import
 from tests.component.conftest import VIRTUAL, ImageFactory, MiB, Server, allocated, same_content
 from tests.component.helpers import import_url
@@ -57,12 +57,11 @@ async def test_block_device_too_small_is_refused(
 
 async def test_blank_file_is_sparse_and_sized(tmp_path: Path) -> None:
     target = tmp_path / "disk.img"
+    source = BlankOptions()
     config = ImportConfig(
-        source="blank",
-        target=TargetSpec(str(target), False, size=256 * MiB),
-        scratch_dir=None,
-        termination_path=str(tmp_path / "term"),
-        metrics_port=None,
+        plan=build_plan(source, TargetSpec(str(target), False, size=256 * MiB), scratch_dir=None),
+        source=source,
+        edges=WorkerEdges(termination_path=str(tmp_path / "term")),
     )
     result = await run_import(config)
     assert result.succeeded

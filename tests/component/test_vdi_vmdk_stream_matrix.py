@@ -12,7 +12,6 @@ falls back to scratch + qemu-img and says so.
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -21,61 +20,15 @@ from datapath.decode.vdi import VdiStreamDecoder
 from datapath.decode.vmdk import VmdkStreamDecoder
 from tests.component.conftest import Server, allocated, same_content
 from tests.component.helpers import import_url
-from tests.component.test_qcow2_stream_matrix import (
+from tests.component.image_matrix import (
     MiB,
-    decode_to_file,
-    qemu_io,
-    random_file,
+    Recipe,
+    assert_decodes_like_qemu_img,
+    converted,
+    oracle_of,
     run,
-    source_raw,
+    written,
 )
-
-CHUNKS = (65537, MiB, 4 * MiB)
-Recipe = Callable[[Path], Path]
-
-
-def converted(fmt: str, *opts: str, size: int = 24 * MiB) -> Recipe:
-    def build(d: Path) -> Path:
-        raw = source_raw(d / "src.raw", size)
-        out = d / f"img.{fmt}"
-        run(
-            "qemu-img",
-            "convert",
-            "-f",
-            "raw",
-            "-O",
-            fmt,
-            *(["-o", *opts] if opts else []),
-            raw,
-            out,
-        )
-        return out
-
-    return build
-
-
-def written(fmt: str, opts: str = "", size: str = "32M", zero: bool = False) -> Recipe:
-    """qemu-img create, then qemu-io writes out of order: blocks/grains are allocated in
-    write order, so physical order differs from virtual order."""
-
-    def build(d: Path) -> Path:
-        rnd = random_file(d / "rand.bin", 2 * MiB, seed=7)
-        out = d / f"img.{fmt}"
-        run("qemu-img", "create", "-f", fmt, *(["-o", opts] if opts else []), out, size)
-        ops = [
-            f"write -s {rnd} 20M 1M",
-            "write -P 0x5a 2M 512k",
-            f"write -s {rnd} 12M 700k",
-            "write -P 0x11 100k 8k",
-            "write -P 0x22 31M 1M",
-        ]
-        if zero:
-            ops.append("write -z 12M 64k")  # a zeroed-grain GTE
-        qemu_io(out, *ops, fmt=fmt)
-        return out
-
-    return build
-
 
 MATRIX: dict[str, tuple[str, Recipe]] = {
     "vdi-dynamic": ("vdi", converted("vdi")),
@@ -91,31 +44,24 @@ MATRIX: dict[str, tuple[str, Recipe]] = {
         converted("vmdk", "subformat=streamOptimized", size=5 * MiB + 1000),
     ),
     "vmdk-written-unordered": ("vmdk", written("vmdk")),
-    "vmdk-zeroed-grains": ("vmdk", written("vmdk", "zeroed_grain=on", zero=True)),
+    "vmdk-zeroed-grains": ("vmdk", written("vmdk", "zeroed_grain=on", zero=True)),  # GTE 1
 }
 DECODERS = {"vdi": VdiStreamDecoder, "vmdk": VmdkStreamDecoder}
 
 
 @pytest.fixture(scope="module", params=sorted(MATRIX))
 def image_and_oracle(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
-    d = tmp_path_factory.mktemp(request.param)
     fmt, recipe = MATRIX[request.param]
-    image = recipe(d)
-    oracle = d / "oracle.raw"
-    run("qemu-img", "convert", "-f", fmt, "-O", "raw", image, oracle)
-    run("sync", oracle)
-    return request.param, fmt, image, oracle
+    image = recipe(tmp_path_factory.mktemp(request.param))
+    return request.param, fmt, image, oracle_of(fmt, image)
 
 
 def test_decoded_image_matches_qemu_img_convert(image_and_oracle, tmp_path: Path) -> None:
     name, fmt, image, oracle = image_and_oracle
-    for chunk in CHUNKS:
-        out = tmp_path / f"out-{chunk}.raw"
-        decode_to_file(image, out, chunk, DECODERS[fmt](file_size=image.stat().st_size))
-        assert out.stat().st_size == oracle.stat().st_size, name
-        assert same_content(out, oracle), f"{name}: content differs with chunk {chunk}"
-        assert out.stat().st_blocks <= oracle.stat().st_blocks, f"{name}: less sparse ({chunk})"
-        out.unlink()
+    size = image.stat().st_size
+    assert_decodes_like_qemu_img(
+        name, image, oracle, tmp_path, lambda: DECODERS[fmt](file_size=size)
+    )
 
 
 @pytest.mark.parametrize("name", ["vdi-written-unordered", "vmdk-stream-optimized", "vmdk-sparse"])
@@ -170,10 +116,12 @@ async def test_vmdk_naming_a_parent_is_refused(server: Server, tmp_path: Path) -
     assert not target.exists()
 
 
-async def test_vdi_with_its_block_map_after_the_data_falls_back_to_scratch(
-    server: Server, tmp_path: Path
+@pytest.mark.parametrize("spill_limit", [64 * MiB, 4096])
+async def test_vdi_with_its_block_map_after_the_data_converts_in_one_pass(
+    spill_limit: int, server: Server, tmp_path: Path
 ) -> None:
-    """Valid for qemu, not streamable: the importer converts it through scratch and says so."""
+    """Data before its table waits in the spill: in memory within the bound, past it in a
+    scratch file holding only that data (and the importer says so); one GET either way."""
     image = converted("vdi", size=8 * MiB)(tmp_path)
     reference = tmp_path / "ref.raw"
     run("qemu-img", "convert", "-f", "vdi", "-O", "raw", image, reference)
@@ -184,7 +132,10 @@ async def test_vdi_with_its_block_map_after_the_data_falls_back_to_scratch(
     moved = tmp_path / "moved.vdi"
     moved.write_bytes(bytes(data) + map_bytes)
     target = tmp_path / "disk.img"
-    result = await import_url(server.link("ok", moved), target)
+    result = await import_url(server.link("ok", moved), target, spill_limit=spill_limit)
     assert result.succeeded, result
-    assert result.scratch_used
+    assert [r[0] for r in server.recorder.requests].count("GET") == 1
+    assert result.scratch_used == (spill_limit == 4096)
+    assert result.scratch_bytes < moved.stat().st_size
+    assert (result.scratch_bytes > 0) == result.scratch_used
     assert same_content(target, reference)

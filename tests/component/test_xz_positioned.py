@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from cdi.api.constants import ContentType
 from cdi.api.errors import InsufficientSpace
-from datapath.decode import ContentType, DecodePlan, DecodeResult, decode_into
+from datapath.decode import DecodePlan, DecodeResult, decode_into
 from datapath.decode.xz_parallel import STREAM_HEADER, XzBlocks
 from datapath.streams import rechunk
 from datapath.target import RawWriter

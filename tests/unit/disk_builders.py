@@ -74,7 +74,7 @@ class VmdkSpec:
         b"# Disk DescriptorFile\nversion=1\nCID=12345678\nparentCID=ffffffff\n"
         b'createType="monolithicSparse"\n'
     )
-    gd_at_end: bool = False
+    gd_at_end: bool = False  # the header defers to a footer (VMware's streamOptimized)
     grains_first: bool = False  # put the grains before the tables (not streamable)
 
 
@@ -94,12 +94,18 @@ def build_vmdk(spec: VmdkSpec) -> bytes:
     for virt in spec.zeroed:
         gte[virt] = 1
     tables = _tables(spec, n_gts, gt_sectors, gd_sectors, gte)
-    image = bytearray(_vmdk_header(spec, rgd, rgd + meta, grain_start))
+    image = bytearray(_vmdk_header(spec, rgd, rgd + meta, grain_start, spec.gd_at_end))
     image += spec.descriptor[:SECTOR].ljust(SECTOR, b"\0")
     if spec.grains_first:
-        return bytes(image + payload + tables(rgd) + tables(rgd + meta))
-    image += tables(rgd) + tables(rgd + meta)
-    return bytes(image.ljust(grain_start * SECTOR, b"\0") + payload)
+        image += payload + tables(rgd) + tables(rgd + meta)
+    else:
+        image += tables(rgd) + tables(rgd + meta)
+        image = image.ljust(grain_start * SECTOR, b"\0") + payload
+    if spec.gd_at_end:  # a footer marker, the header with the real directory, end of stream
+        footer = struct.pack("<QII", 1, 0, 3).ljust(SECTOR, b"\0")
+        footer += _vmdk_header(spec, rgd, rgd + meta, grain_start, False) + bytes(SECTOR)
+        image += footer
+    return bytes(image)
 
 
 def _grains(spec: VmdkSpec, order: list[int], start: int) -> tuple[bytes, dict[int, int]]:
@@ -139,13 +145,13 @@ def _tables(
     return at
 
 
-def _vmdk_header(spec: VmdkSpec, rgd: int, gd: int, grain_area: int) -> bytes:
+def _vmdk_header(spec: VmdkSpec, rgd: int, gd: int, grain_area: int, gd_at_end: bool) -> bytes:
     flags = 0x3 | (0x4 if spec.zeroed else 0) | (0x30000 if spec.compressed else 0)
     header = bytearray(SECTOR)
     struct.pack_into(
         "<4sIIQQQQIQQQ", header, 0, b"KDMV", spec.version, flags, spec.capacity,
         spec.granularity, 1, 1, spec.gtes, rgd,
-        0xFFFFFFFFFFFFFFFF if spec.gd_at_end else gd, grain_area,
+        0xFFFFFFFFFFFFFFFF if gd_at_end else gd, grain_area,
     )  # fmt: skip
     header[73:77] = b"\n \r\n"
     struct.pack_into("<H", header, 77, 1 if spec.compressed else 0)

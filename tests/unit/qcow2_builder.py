@@ -33,6 +33,7 @@ class Spec:
     layout: str = "ordered"  # ordered | data-first | l1-last
     incompatible: int = 0
     header_length: int = 112
+    refcounts: bool = True  # append an (empty) refcount table: qemu-img refuses images without
 
     @property
     def cluster_size(self) -> int:
@@ -102,7 +103,12 @@ def build(spec: Spec) -> bytes:
     for t, off in l2_at.items():
         struct.pack_into(">Q", image, starts["l1"] + 8 * t, off | (1 << 63))
     _header(spec, image, n_l1, starts["l1"])
-    return bytes(image[: pos if blobs and spec.layout == "ordered" and pos > 0 else len(image)])
+    image = image[: pos if blobs and spec.layout == "ordered" and pos > 0 else len(image)]
+    if spec.refcounts:  # a refcount table of one cluster at the end, mapping nothing
+        image += bytes(-len(image) % cs)
+        struct.pack_into(">QI", image, 48, len(image), 1)
+        image += bytes(cs)
+    return bytes(image)
 
 
 def _plain_entry(spec: Spec, offset: int) -> tuple[int, int]:

@@ -286,6 +286,16 @@ REJECTED: list[tuple[str, list[Edit], str]] = [
         "ContentType not one of: kubevirt, archive",
     ),
     (
+        "clone envelopes are the workers' content types, not a DataVolume's",
+        [spec(contentType="blockdevice-clone")],
+        "ContentType not one of: kubevirt, archive",
+    ),
+    (
+        "filesystem-clone is not a DataVolume content type either",
+        [spec(contentType="filesystem-clone")],
+        "ContentType not one of: kubevirt, archive",
+    ),
+    (
         "dvBlankInvalidContentType",
         [source({"blank": {}}), spec(contentType="test")],
         "ContentType not one of: kubevirt, archive",

@@ -10,40 +10,39 @@ whole, then parsed or decompressed. Snapshot tables and refcount structures are 
 for, so they simply flow past.
 
 Why a spill area: while some active table has not arrived yet, any byte we could not place
-might still be mapped by it, so such bytes are kept (``SpillStore``) up to ``spill_limit``;
-when the last pending table arrives the spill is dropped. Too much disorder raises
-``SpillLimitExceeded`` so the pipeline can fall back to scratch space + qemu-img.
+might still be mapped by it, so such bytes are kept (``datapath.decode.spill.Spill``, injected
+as ``spill=``; by default one in memory only, bounded by ``spill_limit``); when the last
+pending table arrives the spill is dropped. A spill with a scratch directory takes any amount
+of disorder in one pass; a memory-only one raises ``SpillLimitExceeded`` past its bound so the
+pipeline can fall back to scratch space + qemu-img.
 
 Memory: the header cluster, the active L1 table (capped at qemu's 32 MiB), the runs of L2
 tables whose data is still ahead (capped by ``max_pending_runs``), whole tables or compressed
-clusters in assembly (one cluster each), the spill (capped), and at most ``FLUSH_AT`` bytes of
-coalesced output. Nothing grows with the image size beyond those caps.
+clusters in assembly (one cluster each), the spill's memory (capped), and at most
+``FLUSH_AT`` bytes of coalesced output. Nothing grows with the image size beyond those caps.
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import NoReturn
 
 from cdi.api.errors import InvalidImage, UnsafeImage
-from datapath.decode.rawpieces import LayoutNotStreamable, Write, WriteCoalescer
+from datapath.decode.rawpieces import Write, WriteCoalescer
+from datapath.decode.spill import Spill, SpillLimitExceeded, settle, with_repaid
 
 from .clusters import inflate_cluster, zstd_cluster
 from .header import COMPRESSION_ZSTD, Qcow2Header, parse_header, peek_cluster_size
-from .spill import SpillStore
 from .tables import COMPRESSED_RUN, MetadataMap, Run, parse_l1, parse_l2
 
 DEFAULT_SPILL_LIMIT = 64 * 1024 * 1024
 DEFAULT_MAX_PENDING_RUNS = 2_000_000
 MAX_L2_TABLES = 1 << 18  # 512 GiB at 4 KiB clusters, 128 TiB at 64 KiB
 
-
-class SpillLimitExceeded(LayoutNotStreamable):
-    """The layout is too out of order to stream within the spill limit (use scratch space)."""
-
-    reason = "Qcow2LayoutUnordered"
-    transient = False
+__all__ = ["Qcow2StreamDecoder", "SpillLimitExceeded"]
 
 
 @dataclass(slots=True)
@@ -90,6 +89,8 @@ class Qcow2StreamDecoder:
     Writes never overlap, skip zero pages, and assume the target reads as zeros where nothing
     is written. ``file_size`` (e.g. from Content-Length) is optional; when given, tables that
     point past it are rejected as soon as they are read and a short stream is reported.
+    ``spill`` holds data that comes before its table (``spill_limit`` only sizes the default,
+    memory-only one); the caller owns it and closes it.
     """
 
     def __init__(
@@ -99,10 +100,10 @@ class Qcow2StreamDecoder:
         spill_limit: int = DEFAULT_SPILL_LIMIT,
         file_size: int | None = None,
         max_pending_runs: int = DEFAULT_MAX_PENDING_RUNS,
+        spill: Spill | None = None,
     ) -> None:
         self.virtual_size: int | None = None
         self._max_virtual_size = max_virtual_size
-        self._spill_limit = spill_limit
         self._file_size = file_size
         self._max_pending_runs = max_pending_runs
         self._header: Qcow2Header | None = None
@@ -113,8 +114,7 @@ class Qcow2StreamDecoder:
         self._pending_tables = 0
         self._pending_runs = 0
         self._meta: MetadataMap | None = None
-        self._spill = SpillStore()
-        self._spill_peak = 0
+        self._spill = spill if spill is not None else Spill(memory_limit=spill_limit)
         self._out = WriteCoalescer(0)
         self._finished = False
 
@@ -124,31 +124,36 @@ class Qcow2StreamDecoder:
 
     @property
     def spill_bytes_peak(self) -> int:
-        return self._spill_peak
+        """The most bytes the spill held in memory at once."""
+        return self._spill.memory_peak
 
     @property
     def position(self) -> int:
         """File offset of the next byte to feed."""
         return self._pos
 
-    def feed(self, data: bytes | memoryview | bytearray) -> list[Write]:
-        """Consume the next bytes of the file; return the raw writes that are ready."""
+    def feed(self, data: bytes | memoryview | bytearray) -> Iterable[Write]:
+        """Consume the next bytes of the file; return the raw writes that are ready (data
+        read back from a spill comes lazily, as the result is iterated)."""
         if self._finished:
             raise RuntimeError("feed() after finish()")
+        early = settle(self._spill, self.virtual_size)
         chunk = data if isinstance(data, bytes) else bytes(data)
         if self._header is None:
             chunk = self._feed_head(chunk)
         if chunk:
             self._process(chunk)
-        return self._out.drain()
+        writes = self._out.drain()
+        return with_repaid(early + writes if early else writes, self._spill, self.virtual_size)
 
     def flush(self) -> list[Write]:
         """Return all buffered writes now, without ending the stream."""
-        return self._out.drain(final=True)
+        return settle(self._spill, self.virtual_size) + self._out.drain(final=True)
 
     def finish(self) -> list[Write]:
         """End of stream: return the last writes, or raise if anything mapped never came."""
         self._finished = True
+        early = settle(self._spill, self.virtual_size)
         if self._header is None:
             raise InvalidImage(f"qcow2 stream ended after {self._pos} bytes, inside the header")
         if self._file_size is not None and self._pos != self._file_size:
@@ -166,7 +171,7 @@ class Qcow2StreamDecoder:
                 f"qcow2 stream ended at {self._pos} but {what} at {start:#x} never arrived "
                 f"({len(missing)} item(s) missing: truncated, or a table points past the end)"
             )
-        return self._out.drain(final=True)
+        return early + self._out.drain(final=True)
 
     # -- header --------------------------------------------------------------------------
 
@@ -193,8 +198,8 @@ class Qcow2StreamDecoder:
 
     def _start(self, header: Qcow2Header) -> None:
         self._header = header
-        self.virtual_size = header.virtual_size
-        self._out = WriteCoalescer(header.virtual_size)
+        self.virtual_size = header.disk_size
+        self._out = WriteCoalescer(header.disk_size)
         needed = header.l1_entries_needed
         if needed:
             start = header.l1_table_offset
@@ -219,7 +224,7 @@ class Qcow2StreamDecoder:
                 self._serve_compressed(item, chunk, c0, c1, served)
         self._pos = c1
         if served is not None and self._pending_tables:
-            self._spill_gaps(chunk, c0, c1, served)
+            self._spill.add_gaps(chunk, c0, served)
         elif self._spill.size:
             # Every table has arrived and all that it mapped was served: nothing else can
             # ever claim the kept bytes.
@@ -228,36 +233,17 @@ class Qcow2StreamDecoder:
     def _push(self, start: int, item: _Item) -> None:
         heapq.heappush(self._heap, (start, next(self._seq), item))
 
-    def _spill_gaps(self, chunk: bytes, c0: int, c1: int, served: list[tuple[int, int]]) -> None:
-        """Keep the bytes of this chunk that nothing claimed: a pending table may map them."""
-        pos = c0
-        for lo, hi in sorted(served):
-            if lo > pos:
-                self._spill.add(pos, chunk[pos - c0 : lo - c0])
-            pos = max(pos, hi)
-        if pos < c1:
-            self._spill.add(pos, chunk[pos - c0 :])
-        self._spill_peak = max(self._spill_peak, self._spill.size)
-        if self._spill.size > self._spill_limit:
-            raise SpillLimitExceeded(
-                f"qcow2 layout needs more than {self._spill_limit} bytes of spill "
-                f"(at file offset {c1}); convert it via scratch space instead"
-            )
-
     def _past(self, start: int, end: int) -> bytes:
         """Bytes ``[start, end)`` that went by before being claimed; they must be contiguous."""
-        pieces = self._spill.read(start, end)
-        pos = start
-        for off, piece in pieces:
-            if off != pos:
-                break
-            pos += len(piece)
-        if pos != end:
-            raise InvalidImage(
-                f"qcow2 bytes at {pos:#x} were claimed by a table that came later than them "
-                "and were not kept (overlapping structures)"
-            )
-        return pieces[0][1] if len(pieces) == 1 else b"".join(p for _, p in pieces)
+        data = self._spill.prefix(start, end)
+        if len(data) != end - start:
+            _not_kept(start + len(data))
+        return data
+
+    def _owe(self, start: int, end: int, virt: int) -> None:
+        held = self._spill.owe(start, end, virt)
+        if held != end - start:
+            _not_kept(start + held)
 
     # -- data runs -----------------------------------------------------------------------
 
@@ -277,10 +263,8 @@ class Qcow2StreamDecoder:
                     _Compressed(start, end, virt, bytearray()), chunk, c0, c1, served
                 )
                 continue
-            if start < c0:
-                past_end = min(end, c0)
-                self._out.add(virt, self._past(start, past_end))
-                self._spill.discard(start, past_end)
+            if start < c0:  # went by before its table: owed, read back lazily
+                self._owe(start, min(end, c0), virt)
             lo, hi = max(start, c0), min(end, c1)
             if lo < hi:
                 self._out.add(virt + lo - start, chunk, lo - c0, hi - c0)
@@ -303,23 +287,14 @@ class Qcow2StreamDecoder:
     ) -> None:
         if item.start < c0:
             past_end = min(item.end, c0)
-            item.acc += self._past_prefix(item.start, past_end)
-            if len(item.acc) < past_end - item.start:
-                # A gap in what was kept: the real stream must end before it (as at EOF).
-                self._finish_compressed(item, b"", c0, None)
+            held = self._spill.held(item.start, past_end)
+            if item.end <= c0 or held < past_end - item.start:
+                # Wholly in the past, or cut by a gap (the real stream must end before it, as
+                # at EOF): expanded lazily, as the writes are read (memory stays bounded).
+                self._spill.owe(item.start, item.start + held, item.virt, self._expand)
                 return
+            item.acc += self._spill.prefix(item.start, past_end)
         self._serve_compressed(item, chunk, c0, c1, served)
-
-    def _past_prefix(self, start: int, end: int) -> bytes:
-        """The contiguous held bytes from ``start`` (compressed data may overrun into gaps)."""
-        parts: list[bytes] = []
-        pos = start
-        for off, piece in self._spill.read(start, end):
-            if off != pos:
-                break
-            parts.append(piece)
-            pos += len(piece)
-        return b"".join(parts)
 
     def _serve_compressed(
         self,
@@ -342,18 +317,20 @@ class Qcow2StreamDecoder:
     ) -> None:
         """Decompress a whole compressed cluster (its overrun may be missing at EOF), then
         claim exactly the bytes its stream used: in this chunk, and in the spill."""
-        header = self._header
-        assert header is not None
-        data = bytes(item.acc) + piece if item.acc else piece
-        if header.compression_type == COMPRESSION_ZSTD:
-            out, used = zstd_cluster(data, header.cluster_size)
-        else:
-            out, used = inflate_cluster(data, header.cluster_size)
+        out, used = self._expand(bytes(item.acc) + piece if item.acc else piece)
         self._out.add(item.virt, out)
         real_end = item.start + used
         if served is not None and real_end > max(item.start, c0):
             served.append((max(item.start, c0), real_end))
         self._spill.discard(item.start, min(real_end, c0))
+
+    def _expand(self, data: bytes) -> tuple[bytes, int]:
+        """One compressed cluster: ``(cluster bytes, input bytes its stream used)``."""
+        header = self._header
+        assert header is not None
+        if header.compression_type == COMPRESSION_ZSTD:
+            return zstd_cluster(data, header.cluster_size)
+        return inflate_cluster(data, header.cluster_size)
 
     # -- tables --------------------------------------------------------------------------
 
@@ -417,6 +394,13 @@ class Qcow2StreamDecoder:
             raise UnsafeImage(
                 f"qcow2 {what} at {start:#x} points outside the file ({self._file_size} bytes)"
             )
+
+
+def _not_kept(offset: int) -> NoReturn:
+    raise InvalidImage(
+        f"qcow2 bytes at {offset:#x} were claimed by a table that came later than them and "
+        "were not kept (overlapping structures)"
+    )
 
 
 def _describe(item: _Item) -> str:

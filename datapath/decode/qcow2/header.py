@@ -25,12 +25,18 @@ MAX_CLUSTER_BITS = 21
 MAX_L1_BYTES = 32 * 1024 * 1024
 # Offsets in qcow2 metadata are at most 56 bits wide.
 MAX_OFFSET = 1 << 56
+# qemu's QCOW_MAX_REFTABLE_SIZE, QCOW_MAX_SNAPSHOTS and sizeof(QCowSnapshotHeader).
+MAX_REFTABLE_BYTES = 8 * 1024 * 1024
+MAX_SNAPSHOTS = 65536
+SNAPSHOT_HEADER_BYTES = 40
+INT64_MAX = (1 << 63) - 1
 
 INCOMPAT_DIRTY = 1 << 0
 INCOMPAT_CORRUPT = 1 << 1
 INCOMPAT_DATA_FILE = 1 << 2
 INCOMPAT_COMPRESSION = 1 << 3
 INCOMPAT_EXTL2 = 1 << 4
+AUTOCLEAR_DATA_FILE_RAW = 1 << 1  # "the external data file is raw": meaningless without one
 KNOWN_INCOMPAT = (
     INCOMPAT_DIRTY | INCOMPAT_CORRUPT | INCOMPAT_DATA_FILE | INCOMPAT_COMPRESSION | INCOMPAT_EXTL2
 )
@@ -90,6 +96,12 @@ class Qcow2Header:
     def l2_coverage(self) -> int:
         """Virtual bytes mapped by one L2 table."""
         return self.l2_entries * self.cluster_size
+
+    @property
+    def disk_size(self) -> int:
+        """The raw disk's size: qemu counts whole 512-byte sectors (``total_sectors``), so an
+        odd ``size`` field is rounded down."""
+        return self.virtual_size & ~511
 
     @property
     def l1_entries_needed(self) -> int:
@@ -156,8 +168,12 @@ def parse_header(cluster: bytes, *, max_virtual_size: int | None = None) -> Qcow
         raise UnsafeImage(f"qcow2 image is encrypted (crypt_method {crypt})")
     if backing_off and backing_size:
         raise UnsafeImage("qcow2 image has a backing file")
+    if backing_off > cluster_size:
+        raise InvalidImage(f"qcow2 backing file offset {backing_off:#x} is invalid")  # as qemu
     if refcount_order > 6:
         raise InvalidImage(f"qcow2 refcount_order {refcount_order} > 6")
+    if autoclear & AUTOCLEAR_DATA_FILE_RAW and not incompat & INCOMPAT_DATA_FILE:
+        raise InvalidImage("qcow2 data-file-raw requires a data file")  # qemu's refusal
     if incompat & INCOMPAT_EXTL2 and cluster_bits < 14:
         raise InvalidImage("qcow2 extended L2 entries need clusters of at least 16 KiB")
     ext_end = backing_off if 0 < backing_off < cluster_size else cluster_size
@@ -181,7 +197,37 @@ def parse_header(cluster: bytes, *, max_virtual_size: int | None = None) -> Qcow
         extensions=extensions,
     )
     _check_geometry(header, max_virtual_size)
+    _check_other_tables(header)
     return header
+
+
+def _validate_table(offset: int, size: int, max_size: int, cluster_size: int, name: str) -> None:
+    """qemu's ``qcow2_validate_table``, which it applies to every table in the header, empty
+    or not: we refuse what qemu-img refuses to open, even where we would not read the table."""
+    if size > max_size:
+        raise InvalidImage(f"qcow2 {name} is too large")
+    if INT64_MAX - size < offset or offset % cluster_size:
+        raise InvalidImage(f"qcow2 {name} offset {offset:#x} is invalid")
+
+
+def _check_other_tables(header: Qcow2Header) -> None:
+    """The refcount and snapshot tables are never read here, but qemu vets their place."""
+    cs = header.cluster_size
+    if header.refcount_table_clusters == 0:
+        raise InvalidImage("qcow2 image has no refcount table")
+    rc_bytes = header.refcount_table_clusters * cs
+    _validate_table(
+        header.refcount_table_offset, rc_bytes, MAX_REFTABLE_BYTES, cs, "refcount table"
+    )
+    if header.nb_snapshots > MAX_SNAPSHOTS:
+        raise InvalidImage(f"qcow2 image has too many snapshots ({header.nb_snapshots})")
+    snap_bytes = header.nb_snapshots * SNAPSHOT_HEADER_BYTES
+    _validate_table(
+        header.snapshots_offset, snap_bytes, MAX_SNAPSHOTS * SNAPSHOT_HEADER_BYTES, cs,
+        "snapshot table",
+    )  # fmt: skip
+    if header.nb_snapshots and header.snapshots_offset < cs:
+        raise InvalidImage("qcow2 snapshot table overlaps the header")
 
 
 def _check_features(incompat: int, compression: int) -> None:
@@ -202,13 +248,15 @@ def _parse_extensions(cluster: bytes, start: int, end: int) -> tuple[int, ...]:
     """Walk header extensions; reject those that make the image depend on outside bytes."""
     seen: list[int] = []
     offset = start
-    while offset + 8 <= end:
+    while offset < end:
+        if offset + 8 > end:  # qemu checks the length before it looks at the type
+            raise InvalidImage("qcow2 header extension runs past the header area")
         ext_type, length = struct.unpack_from(">II", cluster, offset)
         offset += 8
-        if ext_type == EXT_END:
-            break
         if length > end - offset:
             raise InvalidImage(f"qcow2 header extension {ext_type:#x} runs past the cluster")
+        if ext_type == EXT_END:
+            break
         if ext_type == EXT_DATA_FILE:
             raise UnsafeImage("qcow2 image names an external data file")
         if ext_type == EXT_CRYPTO:
@@ -230,10 +278,10 @@ def _check_geometry(header: Qcow2Header, max_virtual_size: int | None) -> None:
         raise UnsafeImage(f"qcow2 L1 table of {header.l1_size} entries exceeds the 32 MiB cap")
     if header.l1_size < header.l1_entries_needed:
         raise InvalidImage("qcow2 L1 table is too small for the virtual size")
-    if header.l1_size == 0:
-        return
     offset = header.l1_table_offset
     if offset % cluster_size or offset + header.l1_size * 8 > MAX_OFFSET:
         raise InvalidImage(f"qcow2 L1 table offset {offset:#x} is invalid")
+    if header.l1_size == 0:
+        return
     if offset < cluster_size:
         raise UnsafeImage("qcow2 L1 table overlaps the header")

@@ -1,0 +1,78 @@
+"""The open target between phases: one owner for the descriptor, opened off the event loop.
+
+The phase machine opens the target at Info, closes it before qemu-img writes the same path and
+reopens it to finish (size, preallocate, fsync). ``TargetHandle`` is the only holder of that
+descriptor, so no phase can leak or double-close it, and every blocking call it makes (open,
+ioctl, fstatvfs, ftruncate, fallocate, fsync, chmod) runs on a worker thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from types import TracebackType
+
+from datapath.target.spec import TargetSpec, open_target
+from datapath.target.writer import RawWriter
+
+
+class TargetHandle:
+    def __init__(self, spec: TargetSpec) -> None:
+        self.spec = spec
+        self.fd = -1
+        self.capacity: int | None = None  # usable bytes, known once opened
+
+    @property
+    def is_open(self) -> bool:
+        return self.fd >= 0
+
+    async def open(self, *, truncate: bool = True) -> None:
+        """(Re)open for writing; a file is truncated unless an interrupted import resumes."""
+        self.close()
+        self.fd, self.capacity = await asyncio.to_thread(open_target, self.spec, truncate=truncate)
+
+    async def reopen_existing(self) -> None:
+        """Open what another writer (qemu-img) left at the path, without truncating it."""
+        self.close()
+        self.fd = await asyncio.to_thread(os.open, self.spec.path, os.O_WRONLY | os.O_CLOEXEC)
+
+    def writer(self, *, direct: bool = False, zero_fill: bool | None = None) -> RawWriter:
+        """A writer on the open descriptor; by default skipped ranges are zeroed only on a
+        block device not known to read zeros."""
+        assert self.is_open, "the target is not open"
+        if zero_fill is None:
+            zero_fill = self.spec.block and not self.spec.zeroed
+        return RawWriter(self.fd, self.capacity, direct=direct, zero_fill=zero_fill)
+
+    async def zero_all(self) -> None:
+        """Make the whole device read zeros (random-order writes leave gaps)."""
+        assert self.capacity is not None
+        writer = self.writer(zero_fill=True)
+        await asyncio.to_thread(writer.zero_range, 0, self.capacity)
+
+    async def finish(self, size: int | None) -> None:
+        """Final size (files grow to the usable size, never shrink), preallocation, fsync and
+        the file mode CDI gives disk.img."""
+        spec = self.spec
+        if not spec.block and self.capacity is not None and size is not None:
+            size = max(size, self.capacity)
+        writer = self.writer(zero_fill=False)
+        await asyncio.to_thread(writer.finish, size, preallocate=spec.preallocate, block=spec.block)
+        if not spec.block:
+            await asyncio.to_thread(os.chmod, spec.path, 0o660)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def __enter__(self) -> TargetHandle:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()

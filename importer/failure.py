@@ -1,0 +1,52 @@
+"""The importer's last line: any failure at all ends as a typed termination message.
+
+A typed ``WorkerError`` already carries a reason and a message fit for the DataVolume. Anything
+else is a bug, and its text cannot be shown: an exception message or traceback may hold the
+source URL with its credentials or a signed query. So the termination message gets the reason
+``InternalError`` and a fixed message, and the traceback goes to the pod log only, with URL
+userinfo and query strings redacted.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import traceback
+from collections.abc import Awaitable, Callable
+
+from cdi.api.errors import InternalError, WorkerError
+from cdi.api.termination import TerminationMessage
+
+INTERNAL_MESSAGE = "the importer failed unexpectedly; the pod log has the details"
+_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/\s@'\"]*@")
+_QUERY = re.compile(r"(?i)(\b[a-z][a-z0-9+.-]*://[^\s?'\"]*)\?[^\s'\"#]*")
+
+
+def redact(text: str) -> str:
+    """``text`` with every URL's userinfo and query string replaced by ``***``."""
+    return _QUERY.sub(r"\1?***", _USERINFO.sub(r"\1***@", text))
+
+
+def failure_message(exc: BaseException, log: logging.Logger) -> TerminationMessage:
+    """The termination message for ``exc``; an untyped one is logged (redacted) first."""
+    if isinstance(exc, WorkerError):
+        return TerminationMessage(reason=exc.reason, message=exc.message, transient=exc.transient)
+    text = "".join(traceback.format_exception(exc))
+    log.error("unexpected failure:\n%s", redact(text))
+    return TerminationMessage(reason=InternalError.reason, message=INTERNAL_MESSAGE)
+
+
+async def guarded(
+    work: Callable[[], Awaitable[TerminationMessage]],
+    termination_path: str | None,
+    log: logging.Logger,
+) -> TerminationMessage:
+    """Run ``work``; whatever it raises becomes a failed, typed termination message (written
+    to ``termination_path``, as ``work`` writes its own result on success)."""
+    try:
+        return await work()
+    except Exception as exc:
+        message = failure_message(exc, log)
+        if termination_path:
+            message.write(termination_path)
+        return message
