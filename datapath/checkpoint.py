@@ -17,7 +17,9 @@ import os
 import stat
 from dataclasses import asdict, dataclass
 
+from cdi.api.errors import WorkerError
 from datapath.target import RawWriter
+from datapath.target.nofollow import open_fresh, open_regular
 
 INTERVAL = 256 * 1024 * 1024
 
@@ -35,15 +37,15 @@ class Checkpoint:
 
 def load(path: str) -> Checkpoint | None:
     try:
-        with open(path, encoding="utf-8") as fh:
+        with os.fdopen(open_regular(path), encoding="utf-8") as fh:
             return Checkpoint(**json.load(fh))
-    except (OSError, ValueError, TypeError):
+    except (OSError, ValueError, TypeError, WorkerError):  # a planted link or junk: no resume
         return None
 
 
 def save(path: str, checkpoint: Checkpoint) -> None:
     tmp = f"{path}.tmp"
-    with open(tmp, "w", encoding="utf-8") as fh:
+    with os.fdopen(open_fresh(tmp), "w", encoding="utf-8") as fh:
         json.dump(asdict(checkpoint), fh)
         fh.flush()
         os.fsync(fh.fileno())

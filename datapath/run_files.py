@@ -23,6 +23,7 @@ from datapath.plan import ProcessPlan
 from datapath.sources import SourceInfo
 from datapath.streams import CHUNK_SIZE
 from datapath.target import RawWriter
+from datapath.target.nofollow import open_regular
 
 _RESTARTED = (
     "an earlier attempt was interrupted before any resumable progress (only raw images "
@@ -91,7 +92,7 @@ class RunFiles:
         from the target (raw, so target bytes are source bytes; holes read as zeros)."""
         if not resume_offset:
             return
-        with open(self.plan.target.path, "rb") as fh:
+        with os.fdopen(open_regular(self.plan.target.path), "rb") as fh:
             remaining = resume_offset
             while remaining:
                 piece = fh.read(min(remaining, CHUNK_SIZE))

@@ -35,6 +35,7 @@ from datapath.decode.spill import Spill, scratch_ceiling
 from datapath.formats import SNIFF_BYTES, ImageFormat, sniff
 from datapath.streams import Peekable
 from datapath.target import RawWriter
+from datapath.target.nofollow import ensure_dir, open_fresh
 
 if TYPE_CHECKING:
     from datapath.decode.xz_parallel import XzBlocks
@@ -188,7 +189,7 @@ def _image(stream: Iterator[bytes], plan: DecodePlan, result: DecodeResult) -> D
 def _spill_for(plan: DecodePlan) -> Spill:
     if not plan.spill_to_scratch:
         return Spill(memory_limit=plan.spill_limit)
-    os.makedirs(plan.scratch_dir, exist_ok=True)
+    ensure_dir(plan.scratch_dir)
     return Spill(
         memory_limit=plan.spill_limit,
         scratch_dir=plan.scratch_dir,
@@ -323,9 +324,8 @@ def _stream_image(
 
 
 def _to_scratch(stream: Iterator[bytes], plan: DecodePlan, result: DecodeResult) -> DecodeResult:
-    os.makedirs(plan.scratch_dir, exist_ok=True)
-    path = os.path.join(plan.scratch_dir, SCRATCH_NAME)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    path = os.path.join(ensure_dir(plan.scratch_dir), SCRATCH_NAME)
+    fd = open_fresh(path)
     result.scratch_path = path
     # An image file is at most its virtual size plus metadata; more is a decompression bomb.
     limit = None if plan.capacity is None else scratch_ceiling(plan.capacity)

@@ -12,6 +12,7 @@ import asyncio
 import os
 from types import TracebackType
 
+from datapath.target.nofollow import open_regular
 from datapath.target.spec import TargetSpec, open_target
 from datapath.target.writer import RawWriter
 
@@ -34,7 +35,7 @@ class TargetHandle:
     async def reopen_existing(self) -> None:
         """Open what another writer (qemu-img) left at the path, without truncating it."""
         self.close()
-        self.fd = await asyncio.to_thread(os.open, self.spec.path, os.O_WRONLY | os.O_CLOEXEC)
+        self.fd = await asyncio.to_thread(open_regular, self.spec.path, os.O_WRONLY)
 
     def writer(self, *, direct: bool = False, zero_fill: bool | None = None) -> RawWriter:
         """A writer on the open descriptor; by default skipped ranges are zeroed only on a

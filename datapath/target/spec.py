@@ -16,6 +16,7 @@ import struct
 from dataclasses import dataclass
 
 from cdi.api.errors import InvalidConfig, TargetError
+from datapath.target.nofollow import open_fresh, open_regular
 
 _BLKGETSIZE64 = 0x80081272
 
@@ -57,8 +58,8 @@ def open_target(spec: TargetSpec, *, truncate: bool = True) -> tuple[int, int | 
                 raise InvalidConfig(f"{spec.path} is not a block device")
             fd = os.open(spec.path, os.O_WRONLY | os.O_CLOEXEC)
             return fd, block_device_size(fd)
-        flags = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | (os.O_TRUNC if truncate else 0)
-        fd = os.open(spec.path, flags, 0o660)
+        # Never through a link or onto a FIFO a tenant planted at the name (nofollow.py).
+        fd = open_fresh(spec.path, 0o660) if truncate else open_regular(spec.path, os.O_WRONLY)
     except FileNotFoundError as exc:
         raise InvalidConfig(f"target {spec.path} does not exist: {exc.strerror}") from exc
     except OSError as exc:
