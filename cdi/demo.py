@@ -19,6 +19,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from cdi.api.netpolicy import LOOPBACK, NetPolicy
 from cdi.cli import print_result, with_progress
 from datapath.taps import parse_checksum
 from datapath.target import TargetSpec
@@ -70,7 +71,7 @@ async def _serve_and_import(image: Path, image_bytes: int, target: Path) -> int:
     config = ImportConfig(
         source="http",
         target=TargetSpec(path=str(target), block=False),
-        http=HttpOptions(url=url),
+        http=HttpOptions(url=url, policy=NetPolicy.parse(LOOPBACK)),  # served on loopback
         checksum=parse_checksum(f"sha256:{_sha256(image)}"),  # verified on the way in
         scratch_dir=None,
         termination_path=None,

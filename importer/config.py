@@ -3,11 +3,18 @@
 Two edges build it: ``from_env`` for the import pod (CDI's environment variable names, so pods
 rendered the way CDI renders them work) and the ``cdi import`` command line. Nothing below this
 module reads the environment.
+
+Extra headers are validated here, at configuration time, so a bad one is a typed
+``InvalidConfig`` before any connection: a name must be an HTTP token and not ``Host``, a
+hop-by-hop header or one the importer manages itself (``Range``, ``Content-Length``); a value may
+not hold CR, LF or NUL (header injection). Error messages name the header's origin, never its
+value, which may be a secret.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -15,6 +22,7 @@ from dataclasses import dataclass, field
 from cdi.api.checksum import Checksum
 from cdi.api.constants import EXTRA_HEADERS_DIR, IMPORTER_EXTRA_HEADER_PREFIX, ImporterEnv
 from cdi.api.errors import InvalidConfig
+from cdi.api.netpolicy import NetPolicy
 from cdi.api.quantity import Quantity, QuantityError
 from datapath.checkpoint import INTERVAL as CHECKPOINT_INTERVAL
 from datapath.decode import ContentType
@@ -74,14 +82,19 @@ def _read_dir(path: str | None) -> dict[str, str]:
 
 
 def _headers(env: Mapping[str, str]) -> list[tuple[str, str]]:
+    keys = sorted(k for k in env if k.startswith(IMPORTER_EXTRA_HEADER_PREFIX))
+    return [split_header(env[key], key) for key in keys]
+
+
+def _secret_headers(env: Mapping[str, str]) -> list[tuple[str, str]]:
+    """One mounted Secret per folder /extraheaders/<i>/, each file one header."""
     out = []
-    for key in sorted(k for k in env if k.startswith(IMPORTER_EXTRA_HEADER_PREFIX)):
-        out.append(split_header(env[key]))
-    # Secret headers: one mounted Secret per folder /extraheaders/<i>/, each file one header.
     root = env.get("IMPORTER_SECRET_EXTRA_HEADERS_DIR", EXTRA_HEADERS_DIR)
     if os.path.isdir(root):
         for sub in sorted(os.listdir(root)):
-            out.extend(split_header(v) for v in _read_dir(os.path.join(root, sub)).values())
+            for path in mounted_files(os.path.join(root, sub)):
+                origin = f"secret header {sub}/{os.path.basename(path)}"
+                out.append(split_header(read_file(path) or "", origin))
     return out
 
 
@@ -93,11 +106,50 @@ def read_file(path: str | None) -> str | None:
         return fh.read().strip()
 
 
-def split_header(text: str) -> tuple[str, str]:
+_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # RFC 9110 field-name
+# Hop-by-hop (RFC 9110 7.6.1) and the headers the importer sets itself.
+FORBIDDEN_HEADERS = frozenset(
+    {
+        "host",
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "content-length",
+        "range",
+    }
+)
+
+
+def split_header(text: str, origin: str = "header") -> tuple[str, str]:
+    """``Name: value`` checked for injection; ``origin`` names it in errors (never the value)."""
     name, sep, value = text.partition(":")
-    if not sep or not name.strip():
-        raise InvalidConfig(f"header {text!r} is not 'Name: value'")
-    return name.strip(), value.strip()
+    name, value = name.strip(), value.strip()
+    if not sep or not name:
+        raise InvalidConfig(f"{origin} is not 'Name: value' (no header name)")
+    if not _TOKEN.fullmatch(name):
+        raise InvalidConfig(f"{origin}: {name[:40]!r} is not a valid header name")
+    if name.lower() in FORBIDDEN_HEADERS:
+        raise InvalidConfig(f"{origin}: the {name} header may not be set")
+    if any(c in value for c in "\r\n\0"):
+        raise InvalidConfig(f"{origin}: the value of {name} holds CR, LF or NUL")
+    return name, value
+
+
+def net_policy(env: Mapping[str, str]) -> NetPolicy:
+    """The import network policy from the pod's env; none set: only public addresses."""
+    try:
+        return NetPolicy.parse(
+            env.get(ImporterEnv.ALLOWED_SOURCE_CIDRS, "").split(","),
+            env.get(ImporterEnv.CLUSTER_CIDRS, "").split(","),
+        )
+    except ValueError as exc:
+        raise InvalidConfig(f"import policy: {exc}") from exc
 
 
 def from_env(env: Mapping[str, str]) -> ImportConfig:
@@ -131,6 +183,7 @@ def from_env(env: Mapping[str, str]) -> ImportConfig:
         http = HttpOptions(
             url=env.get(ImporterEnv.ENDPOINT, ""),
             headers=tuple(_headers(env)),
+            secret_headers=tuple(_secret_headers(env)),
             username=read_file(env.get(ImporterEnv.ACCESS_KEY_ID_FILE))
             or env.get("IMPORTER_ACCESS_KEY_ID")
             or auth.get("accessKeyId"),
@@ -141,6 +194,7 @@ def from_env(env: Mapping[str, str]) -> ImportConfig:
             + mounted_files(env.get(ImporterEnv.PROXY_CERT_DIR)),
             insecure=env.get(ImporterEnv.INSECURE_TLS, "false").lower() == "true",
             proxy=proxy,
+            policy=net_policy(env),
         )
     checksum = env.get(ImporterEnv.CHECKSUM)
     return ImportConfig(

@@ -283,6 +283,11 @@ class ImporterEnv(StrEnum):
     # the Secret and pass the file paths, so credentials never sit in the process environment.
     ACCESS_KEY_ID_FILE = "IMPORTER_ACCESS_KEY_ID_FILE"
     SECRET_KEY_FILE = "IMPORTER_SECRET_KEY_FILE"
+    # Not CDI: the import network policy (cdi.api.netpolicy), comma-separated CIDRs. Restricted
+    # ranges the operator allows (CDIConfig spec.importPolicy.allowedSourceCIDRs), and the
+    # cluster's pod/service/node ranges (controller flag --cluster-cidr), refused unless allowed.
+    ALLOWED_SOURCE_CIDRS = "IMPORTER_ALLOWED_SOURCE_CIDRS"
+    CLUSTER_CIDRS = "IMPORTER_CLUSTER_CIDRS"
 
 
 IMPORTER_EXTRA_HEADER_PREFIX: Final = "IMPORTER_EXTRA_HEADER_"  # + index: "Name: value"

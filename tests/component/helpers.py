@@ -1,4 +1,8 @@
-"""Build importer configs for tests the way the CLI and the pod do, with fast retry timings."""
+"""Build importer configs for tests the way the CLI and the pod do, with fast retry timings.
+
+The servers are on loopback, which the import policy refuses by default: the configs allow
+127.0.0.0/8 (and ::1) explicitly, as an operator would in CDIConfig, unless a test passes its
+own ``policy``."""
 
 from __future__ import annotations
 
@@ -6,6 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from cdi.api.netpolicy import LOOPBACK, NetPolicy
 from cdi.api.termination import TerminationMessage
 from datapath.decode import ContentType
 from datapath.taps import parse_checksum
@@ -13,6 +18,8 @@ from datapath.target import TargetSpec
 from importer.config import ImportConfig
 from importer.runner import run_import
 from importer.sources.http import HttpOptions
+
+LOOPBACK_ALLOWED = NetPolicy.parse(LOOPBACK)
 
 
 def http_config(
@@ -27,6 +34,7 @@ def http_config(
     scratch_dir: str | None = None,
     **http: Any,
 ) -> ImportConfig:
+    http.setdefault("policy", LOOPBACK_ALLOWED)
     options = HttpOptions(url=url, backoff_initial=0.01, backoff_max=0.05, **http)
     return ImportConfig(
         source="http" if url.startswith("http") else "file",

@@ -126,6 +126,7 @@ async def test_pod_entry_point_reads_cdi_environment(
         "FILESYSTEM_OVERHEAD": "0",
         "IMPORTER_DATA_DIR": str(tmp_path / "data"),
         "IMPORTER_AUTH_DIR": str(tmp_path / "auth"),
+        "IMPORTER_ALLOWED_SOURCE_CIDRS": "127.0.0.0/8",  # the server is on loopback
     }
     (tmp_path / "data").mkdir()
     code, _, err = await _run(sys.executable, "-m", "importer", env=env)
@@ -148,6 +149,7 @@ def _pod_env(url: str, tmp_path: Path, **extra: str) -> dict[str, str]:
         "IMPORTER_METRICS_ADDR": "127.0.0.1",
         "IMPORTER_DATA_DIR": str(tmp_path / "data"),
         "FILESYSTEM_OVERHEAD": "0",
+        "IMPORTER_ALLOWED_SOURCE_CIDRS": "127.0.0.0/8",  # the server is on loopback
         **extra,
     }
 
