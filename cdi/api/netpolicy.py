@@ -176,7 +176,7 @@ class NetPolicy:
             return "metadata or link-local address"
         for form in every:
             if self._restricted(form) and not _covered(form, self.allowed):
-                return "address not allowed by the import policy"
+                return "restricted address outside the allowed source CIDRs"
         return None
 
     def allows(self, address: Address | str) -> bool:
