@@ -231,3 +231,30 @@ async def test_killed_qcow2_import_restarts_and_says_so(
     assert "restarted from byte 0" in message.message
     assert same_content(data / "disk.img", image.reference, image.reference.stat().st_size)
     assert not (data / ".cdi-import-checkpoint").exists()
+
+
+async def test_cli_allows_loopback_by_default_and_refuses_it_with_allow_none(
+    server: Server, tmp_path: Path
+) -> None:
+    url = f"{server.url}/ok/nothing.img"
+    code, _, err = await _run(*CDI, "import", url, str(tmp_path / "a.img"))
+    assert code == 1 and "SourceNotFound" in err  # reached the server
+    code, _, err = await _run(
+        *CDI, "import", url, str(tmp_path / "b.img"), "--allow-source-cidr", "none"
+    )
+    assert code == 1 and "SourceForbidden" in err, err
+    assert len(server.recorder.requests) == 2  # HEAD and GET of the first import only
+
+
+async def test_pod_without_a_policy_refuses_a_loopback_source(
+    images: ImageFactory, server: Server, tmp_path: Path
+) -> None:
+    image = images.make("raw")
+    env = _pod_env(server.link("ok", image.path), tmp_path)
+    del env["IMPORTER_ALLOWED_SOURCE_CIDRS"]
+    (tmp_path / "data").mkdir()
+    code, _, err = await _run(sys.executable, "-m", "importer", env=env)
+    assert code != 0
+    message = TerminationMessage.from_json((tmp_path / "term").read_text())
+    assert message.reason == "SourceForbidden" and not message.transient, message
+    assert not server.recorder.requests

@@ -382,3 +382,18 @@ def test_sources_without_an_importer_are_refused() -> None:
     pvc = render_pvc(dv, profile(FS_RWO), CDIConfig())
     with pytest.raises(RenderError):
         render_importer_pod(dv, pvc, ImporterPodConfig(image="importer:dev"))
+
+
+def test_import_policy_reaches_the_importer_env_with_the_controllers_cluster_ranges() -> None:
+    cdi = CDIConfig.from_dict(
+        {"spec": {"importPolicy": {"allowedSourceCIDRs": ["10.20.0.0/16", "fd00::/8"]}}}
+    ).with_cluster_cidrs(("10.244.0.0/16", "10.96.0.0/12"))
+    env = env_of(pod_for(storage(), config=ImporterPodConfig(image="i", cdi_config=cdi)))
+    assert env["IMPORTER_ALLOWED_SOURCE_CIDRS"] == "10.20.0.0/16,fd00::/8"
+    assert env["IMPORTER_CLUSTER_CIDRS"] == "10.244.0.0/16,10.96.0.0/12"
+    plain = env_of(pod_for(storage()))
+    assert "IMPORTER_ALLOWED_SOURCE_CIDRS" not in plain and "IMPORTER_CLUSTER_CIDRS" not in plain
+    assert cdi.with_cluster_cidrs(("10.96.0.0/12",)).import_policy.cluster_cidrs == (
+        "10.244.0.0/16",
+        "10.96.0.0/12",
+    )

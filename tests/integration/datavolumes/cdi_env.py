@@ -4,7 +4,9 @@ qemu-img, a loopback image server, and the controller running as a real process.
 The controller runs as ``python -m cdi controller`` against the session cluster with leader
 election on (a short lease, so a restarted controller takes over quickly); tests may SIGKILL it
 by pid and start it again. Images are served from 127.0.0.1, which pods on the local node
-(127.1.x.y) reach directly.
+(127.N.x.y) reach directly. The import network policy refuses loopback by default, so the
+session's CDIConfig allows exactly 127.0.0.1/32 (the image server) and the controller is told
+the cluster's pod and service ranges, which stay refused: the same set-up an operator makes.
 """
 
 from __future__ import annotations
@@ -65,6 +67,22 @@ def install_crds(kube: Kube) -> None:
         return True
 
     wait_until(established, "CDI CRDs established", 30)
+
+
+CDI_CONFIG = {
+    "apiVersion": "cdi.kubevirt.io/v1beta1",
+    "kind": "CDIConfig",
+    "metadata": {"name": "config"},
+    "spec": {"importPolicy": {"allowedSourceCIDRs": ["127.0.0.1/32"]}},
+}
+
+
+def ensure_cdi_config(kube: Kube) -> None:
+    try:
+        kube.create(f"{DV_API}/cdiconfigs", CDI_CONFIG)
+    except ApiError as e:
+        if not e.conflict:
+            raise
 
 
 def ensure_namespace(kube: Kube, name: str) -> None:
@@ -226,6 +244,8 @@ class ControllerProcess:
                 "--max-attempts=3",
                 "--progress-interval=0.5",
                 "--log-level=DEBUG",
+                f"--cluster-cidr={self.cluster.pod_cidr}",
+                f"--cluster-cidr={self.cluster.service_cidr}",
                 *self.args,
             ],
             stdout=log,
@@ -268,6 +288,7 @@ class ControllerProcess:
 def cdi_crds(kube: Kube) -> None:
     install_crds(kube)
     ensure_namespace(kube, CDI_NAMESPACE)
+    ensure_cdi_config(kube)
 
 
 @pytest.fixture(scope="session")
