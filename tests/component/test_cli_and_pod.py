@@ -254,7 +254,7 @@ async def test_pod_without_a_policy_refuses_a_loopback_source(
     del env["IMPORTER_ALLOWED_SOURCE_CIDRS"]
     (tmp_path / "data").mkdir()
     code, _, err = await _run(sys.executable, "-m", "importer", env=env)
-    assert code != 0
+    assert code != 0, err
     message = TerminationMessage.from_json((tmp_path / "term").read_text())
     assert message.reason == "SourceForbidden" and not message.transient, message
     assert not server.recorder.requests
