@@ -18,9 +18,16 @@ import re
 import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit, urlunsplit
 
 from cdi.api.checksum import Checksum
-from cdi.api.constants import EXTRA_HEADERS_DIR, IMPORTER_EXTRA_HEADER_PREFIX, ImporterEnv
+from cdi.api.constants import (
+    EXTRA_HEADERS_DIR,
+    IMPORTER_EXTRA_HEADER_PREFIX,
+    SECRET_KEY_PROXY_HTTP,
+    SECRET_KEY_PROXY_HTTPS,
+    ImporterEnv,
+)
 from cdi.api.errors import InvalidConfig
 from cdi.api.netpolicy import NetPolicy
 from cdi.api.quantity import Quantity, QuantityError
@@ -141,6 +148,16 @@ def split_header(text: str, origin: str = "header") -> tuple[str, str]:
     return name, value
 
 
+def _proxy_url(url: str | None, creds: Mapping[str, str], key: str) -> str | None:
+    """A proxy URL from the env with the userinfo from the mounted proxy-auth Secret put back
+    (the address always comes from the env, which the pod spec fixes)."""
+    if not url or not creds.get(key):
+        return url or None
+    parts = urlsplit(url if "://" in url else f"http://{url}")
+    netloc = f"{creds[key]}@{parts.netloc.rpartition('@')[2]}"
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+
+
 def net_policy(env: Mapping[str, str]) -> NetPolicy:
     """The import network policy from the pod's env; none set: only public addresses."""
     try:
@@ -173,9 +190,14 @@ def from_env(env: Mapping[str, str]) -> ImportConfig:
         preallocate=env.get(ImporterEnv.PREALLOCATION, "false").lower() == "true",
     )
     auth = _read_dir(env.get("IMPORTER_AUTH_DIR"))
+    proxy_auth = _read_dir(env.get(ImporterEnv.PROXY_AUTH_DIR))
     proxy = ProxyConfig(
-        http=env.get("http_proxy") or env.get("HTTP_PROXY") or None,
-        https=env.get("https_proxy") or env.get("HTTPS_PROXY") or None,
+        http=_proxy_url(
+            env.get("http_proxy") or env.get("HTTP_PROXY"), proxy_auth, SECRET_KEY_PROXY_HTTP
+        ),
+        https=_proxy_url(
+            env.get("https_proxy") or env.get("HTTPS_PROXY"), proxy_auth, SECRET_KEY_PROXY_HTTPS
+        ),
         no_proxy=tuple(filter(None, (env.get("no_proxy") or env.get("NO_PROXY") or "").split(","))),
     )
     http = None

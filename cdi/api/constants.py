@@ -239,6 +239,11 @@ PROXY_CERT_DIR: Final = "/proxycerts/"
 EXTRA_HEADERS_DIR: Final = "/extraheaders"
 # Not CDI (CDI passes basic-auth credentials as secretKeyRef env vars): we mount the Secret.
 AUTH_SECRET_DIR: Final = "/var/run/cdi/auth"
+# Not CDI (CDI puts importProxy URLs, credentials included, into env): the proxies' userinfo
+# comes from a per-import Secret mounted here, keys "http" and "https" ("user:password").
+PROXY_AUTH_DIR: Final = "/var/run/cdi/proxy-auth"
+SECRET_KEY_PROXY_HTTP: Final = "http"
+SECRET_KEY_PROXY_HTTPS: Final = "https"
 TMP_DIR: Final = "/tmp"
 TERMINATION_LOG_PATH: Final = "/dev/termination-log"
 METRICS_PORT: Final = 8443
@@ -286,6 +291,7 @@ class ImporterEnv(StrEnum):
     # Not CDI: the import network policy (cdi.api.netpolicy), comma-separated CIDRs. Restricted
     # ranges the operator allows (CDIConfig spec.importPolicy.allowedSourceCIDRs), and the
     # cluster's pod/service/node ranges (controller flag --cluster-cidr), refused unless allowed.
+    PROXY_AUTH_DIR = "IMPORTER_PROXY_AUTH_DIR"
     ALLOWED_SOURCE_CIDRS = "IMPORTER_ALLOWED_SOURCE_CIDRS"
     CLUSTER_CIDRS = "IMPORTER_CLUSTER_CIDRS"
 

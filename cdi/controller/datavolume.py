@@ -52,12 +52,13 @@ from cdi.controller.policy import Decision, FailurePolicy, pod_outcome
 from cdi.controller.progress import Progress, Scraper, parse_metrics
 from cdi.controller.record import OUTCOME_FAILED, OUTCOME_SUCCEEDED, ImportRecord
 from cdi.controller.status import ClaimProblem, View, compute_status
-from cdi.kube.client import DATAVOLUMES, PODS, PVCS, AsyncKube, split_key
+from cdi.kube.client import DATAVOLUMES, PODS, PVCS, SECRETS, AsyncKube, split_key
 from cdi.kube.errors import Conflict, NotFound
 from cdi.kube.events import NORMAL, WARNING, EventRecorder
 from cdi.kube.workqueue import Result
 from cdi.render import RenderError
 from cdi.render.importer_pod import ImporterPodConfig
+from cdi.render.proxy_auth import render_proxy_auth_secret
 from cdi.render.pvc import render_pvc
 
 log = logging.getLogger(__name__)
@@ -341,11 +342,13 @@ class Step:
         name = attempt_pod_name(claim, attempt)
         if record.pod_name != name:
             pvc = await self._record(pvc, dataclasses.replace(record, pod_name=name))
+        cdi_config = r.cdi_config()
         config = ImporterPodConfig(
             image=r.config.importer_image,
-            cdi_config=r.cdi_config(),
+            cdi_config=cdi_config,
             command=(),
             pull_policy=r.config.pull_policy,
+            proxy_auth_secret=await self._proxy_auth_secret(claim, cdi_config),
         )
         try:
             pod = desired_pod(dv, pvc, config, attempt)
@@ -358,6 +361,18 @@ class Step:
             pass  # created before a restart, or by the previous reconcile: same pod
         self._see(pod_phase="Pending")
         return Result(requeue_after=r.config.progress_interval)
+
+    async def _proxy_auth_secret(self, claim: str, cdi_config: CDIConfig) -> str | None:
+        """Create the Secret with the importProxy credentials (``cdi.render.proxy_auth``);
+        its name. The name is a digest of the content, so one that exists is the same."""
+        secret = render_proxy_auth_secret(self.dv, claim, cdi_config)
+        if secret is None:
+            return None
+        try:
+            await self.r.kube.create(SECRETS, secret, self.dv.namespace)
+        except Conflict:
+            pass  # an earlier attempt (or reconcile) created it
+        return str(secret["metadata"]["name"])
 
     def _backoff_left(self, previous: Mapping[str, Any] | None, attempt: int) -> float:
         delay = self.r.config.policy.retry_delay(attempt)

@@ -134,7 +134,7 @@ def _proxy(proxy: str) -> tuple[str, int, str | None]:
     """(host, port, Proxy-Authorization value) of an http:// proxy URL."""
     parts = urlsplit(proxy if "://" in proxy else f"http://{proxy}")
     if parts.scheme != "http":
-        raise InvalidConfig(f"proxy {proxy}: only http:// proxies are supported")
+        raise InvalidConfig(f"proxy {redact_url(proxy)}: only http:// proxies are supported")
     auth = None
     if parts.username is not None:
         auth = basic_auth(unquote(parts.username), unquote(parts.password or ""))

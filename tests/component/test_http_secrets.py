@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from aiohttp import encode_basic_auth, web
 
 from cdi.api.netpolicy import NetPolicy
+from importer.config import from_env
+from importer.runner import run_import
 from importer.sources.http import ProxyConfig
 from tests.component.conftest import Handler, ImageFactory, Server, same_content
 from tests.component.helpers import import_url
@@ -142,3 +145,38 @@ async def test_non_ascii_redirect_location_is_a_typed_error(
     assert result.reason == "SourceUnavailable" and not result.transient, result
     assert "not printable ASCII" in result.message
     assert not (tmp_path / "disk.img").exists()
+
+
+async def test_pod_proxy_credentials_come_from_the_mounted_secret(
+    serve: Serve, tmp_path: Path
+) -> None:
+    """The pod env names the proxy without credentials; the mounted Secret adds them, and
+    they reach the proxy as Proxy-Authorization, never the origin."""
+    seen: list[tuple[str | None, str | None]] = []
+
+    async def proxy(request: web.Request) -> web.StreamResponse:
+        seen.append((request.headers.get("Proxy-Authorization"), request.headers.get("Host")))
+        raise web.HTTPNotFound()
+
+    proxy_url = await serve("127.0.0.1", proxy)
+    auth = tmp_path / "proxy-auth"
+    auth.mkdir()
+    (auth / "http").write_text("al%40ice:pw-SECRET\n")
+    (tmp_path / "data").mkdir()
+    env = {
+        "IMPORTER_ENDPOINT": "http://127.0.0.2:9/disk.img",
+        "IMPORTER_DATA_DIR": str(tmp_path / "data"),
+        "IMPORTER_ALLOWED_SOURCE_CIDRS": "127.0.0.0/8",
+        "IMPORTER_PROXY_AUTH_DIR": str(auth),
+        "http_proxy": proxy_url,
+        "IMPORTER_TERMINATION_PATH": str(tmp_path / "term"),
+    }
+    config = replace(from_env(env), metrics_port=None)
+    assert config.http is not None
+    result = await run_import(replace(config, http=replace(config.http, attempts=1)))
+    assert result.reason == "SourceNotFound", result
+    assert seen and all(
+        auth == encode_basic_auth("al@ice", "pw-SECRET") and host == "127.0.0.2:9"
+        for auth, host in seen
+    )
+    assert "SECRET" not in result.message
