@@ -3,9 +3,7 @@ a process, importer pods on the local node writing real volumes."""
 
 from __future__ import annotations
 
-import ipaddress
 import os
-import socket
 import time
 from pathlib import Path
 
@@ -14,7 +12,6 @@ import pytest
 from cdi.api.quantity import Quantity
 from cdi.render.pvc import required_space
 from datapath.target import usable_space
-from testkit.cluster import Cluster
 from testkit.kubeclient import Kube
 from testkit.waiting import wait_until
 from tests.integration.datavolumes.cdi_env import (
@@ -269,23 +266,3 @@ def test_controller_killed_mid_import_resumes_without_duplicate_pods(
     assert len(uids) == 1, uids  # the restarted controller found the pod instead of a new one
     local = Path(pv_of(kube, namespace, "crash")["spec"]["local"]["path"])
     same_prefix_then_zeros(local / "disk.img", images.reference)
-
-
-def test_import_from_a_cluster_address_is_forbidden_and_sends_nothing(
-    kube: Kube, namespace: str, cluster: Cluster, controller: ControllerProcess
-) -> None:
-    """A URL into the cluster's pod range (127.N.0.0/16 here, so the check is safe to run on
-    the host) fails at once with SourceForbidden; a canary listening there sees no connection,
-    and the secret query string is not in the condition."""
-    address = str(ipaddress.IPv4Network(cluster.pod_cidr)[-2])
-    with socket.create_server((address, 0)) as canary:
-        canary.setblocking(False)
-        url = f"http://{address}:{canary.getsockname()[1]}/disk.img?token=tok-SECRET"
-        kube.create(dv_path(namespace), datavolume("inside", {"http": {"url": url}}))
-        dv = wait_phase(kube, namespace, "inside", ("Succeeded", "Failed"), 90)
-        cond = condition(dv, "Ready")
-        assert dv["status"]["phase"] == "Failed" and cond["reason"] == "SourceForbidden", dv
-        assert "tok-SECRET" not in cond["message"]
-        assert dv["status"]["restartCount"] == 0
-        with pytest.raises(BlockingIOError):
-            canary.accept()
