@@ -113,12 +113,11 @@ class Dialer:
 
     def check_literal(self, url: str) -> None:
         """For a destination a proxy resolves: refuse it if it is a refused address literal."""
-        parts = urlsplit(url)
-        literal = parse_address(parts.hostname or "")
-        if literal is not None:
-            why = self.policy.refusal(literal)
-            if why is not None:
-                raise policy_refusal(redact_url(url), why)
+        scheme, host, port = _endpoint(url)
+        literal = parse_address(host)
+        why = self.policy.refusal(literal) if literal is not None else None
+        if why is not None:
+            raise policy_refusal(f"{scheme}://{_bracket(host)}:{port}", why)
 
     def connect(self, host: str, port: int, timeout: float | None, origin: str) -> socket.socket:
         last: OSError = OSError(f"{host} has no address")
@@ -135,10 +134,7 @@ def _proxy(proxy: str) -> tuple[str, int, str | None]:
     parts = urlsplit(proxy if "://" in proxy else f"http://{proxy}")
     if parts.scheme != "http":
         raise InvalidConfig(f"proxy {redact_url(proxy)}: only http:// proxies are supported")
-    auth = None
-    if parts.username is not None:
-        auth = basic_auth(unquote(parts.username), unquote(parts.password or ""))
-    return parts.hostname or "", parts.port or 80, auth
+    return parts.hostname or "", parts.port or 80, userinfo_authorization(parts.geturl())
 
 
 RouteKey = tuple[str, str, int, str | None]  # scheme, host, port, proxy

@@ -180,3 +180,26 @@ async def test_pod_proxy_credentials_come_from_the_mounted_secret(
         for auth, host in seen
     )
     assert "SECRET" not in result.message
+
+
+async def test_through_a_proxy_refused_literals_never_reach_it_and_names_are_its_business(
+    serve: Serve, tmp_path: Path
+) -> None:
+    """The proxy (on loopback, recording, forwarding nothing) is trusted; a destination that is
+    a refused address literal, in any spelling, is refused before it is asked, while a name is
+    resolved by the proxy, so it is passed on (documented)."""
+    asked: list[str] = []
+
+    async def proxy(request: web.Request) -> web.StreamResponse:
+        asked.append(request.raw_path)
+        raise web.HTTPNotFound()
+
+    proxied = ProxyConfig(http=await serve("127.0.0.1", proxy))
+    for i, url in enumerate(
+        ["http://169.254.169.254/latest", "http://0xa9fea9fe/", "http://[fd00:ec2::254]/"]
+    ):
+        result = await import_url(url, tmp_path / f"{i}.img", proxy=proxied)
+        assert result.reason == "SourceForbidden", result
+    assert not asked
+    named = await import_url("http://image.example/d.img", tmp_path / "n.img", proxy=proxied)
+    assert named.reason == "SourceNotFound" and set(asked) == {"http://image.example/d.img"}
