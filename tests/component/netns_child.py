@@ -106,13 +106,28 @@ class Canary:
 
 
 async def _redirector(image: Path) -> tuple[web.AppRunner, str]:
-    """127.0.0.1: ``/image`` serves the image, ``/to?u=URL`` redirects to URL."""
+    """127.0.0.1: ``/image`` serves the image, ``/to?u=URL`` redirects to URL, ``/cut?u=URL``
+    cuts the body halfway and redirects the resuming Range request to URL."""
 
     async def to(request: web.Request) -> web.StreamResponse:
         raise web.HTTPFound(request.query["u"])
 
+    async def cut(request: web.Request) -> web.StreamResponse:
+        if request.headers.get("Range"):
+            raise web.HTTPFound(request.query["u"])
+        data = image.read_bytes()
+        resp = web.StreamResponse(headers={"Accept-Ranges": "bytes"})
+        resp.content_length = len(data)
+        await resp.prepare(request)
+        if request.method == "GET":
+            await resp.write(data[: len(data) // 2])
+            assert request.transport is not None
+            request.transport.abort()
+        return resp
+
     app = web.Application()
     app.router.add_get("/to", to)
+    app.router.add_get("/cut", cut)
     app.router.add_get("/image", lambda _: web.FileResponse(image))
     runner = web.AppRunner(app)
     await runner.setup()

@@ -85,6 +85,7 @@ def test_redirects_from_an_allowed_server_to_refused_addresses_get_no_packet(
     ]
     urls = [_via_redirect(t) for t in targets]
     urls.append(_via_redirect(_via_redirect("http://169.254.169.254/")))  # two hops
+    urls.append("{redirect}/cut?u=" + quote("http://169.254.169.254:{port}/", safe="{}"))  # resume
     report = run_in_netns(tmp_path, urls, LOOPBACK)
     assert [r["reason"] for r in report["results"]] == ["SourceForbidden"] * len(urls), report
     assert report["canary"] == dict.fromkeys(report["canary"], 0)
@@ -92,10 +93,12 @@ def test_redirects_from_an_allowed_server_to_refused_addresses_get_no_packet(
 
 
 def test_allowed_loopback_still_imports_inside_the_namespace(tmp_path: Path) -> None:
-    report = run_in_netns(
-        tmp_path, ["{redirect}/image", _via_redirect("{redirect}/image")], LOOPBACK
-    )
-    assert [r["reason"] for r in report["results"]] == ["Completed", "Completed"], report
+    """The same paths as above, to an allowed target, complete: the refusals above are the
+    policy's doing, and the cut body really is resumed through the redirect."""
+    resumed = "{redirect}/cut?u=" + quote("{redirect}/image", safe="{}")
+    urls = ["{redirect}/image", _via_redirect("{redirect}/image"), resumed]
+    report = run_in_netns(tmp_path, urls, LOOPBACK)
+    assert [r["reason"] for r in report["results"]] == ["Completed"] * 3, report
 
 
 def test_control_allowing_a_private_range_reaches_the_canary(tmp_path: Path) -> None:
