@@ -258,3 +258,15 @@ async def test_pod_without_a_policy_refuses_a_loopback_source(
     message = TerminationMessage.from_json((tmp_path / "term").read_text())
     assert message.reason == "SourceForbidden" and not message.transient, message
     assert not server.recorder.requests
+
+
+async def test_pod_refuses_injected_or_forbidden_headers_with_a_typed_reason(
+    server: Server, tmp_path: Path
+) -> None:
+    for header in ("X-A: b\r\nX-Injected: 1", "Host: metadata.internal"):
+        env = _pod_env(f"{server.url}/ok/disk.img", tmp_path, IMPORTER_EXTRA_HEADER_0=header)
+        code, _, err = await _run(sys.executable, "-m", "importer", env=env)
+        assert code == 1, err
+        message = TerminationMessage.from_json((tmp_path / "term").read_text())
+        assert message.reason == "InvalidConfig" and "IMPORTER_EXTRA_HEADER_0" in message.message
+    assert not server.recorder.requests
