@@ -70,7 +70,10 @@ def test_crd_is_served_and_rejects_schema_violations(
         base = f"/apis/{group}/{version['name']}"
         scoped = crd["spec"]["scope"] == "Namespaced"
         path = f"{base}/namespaces/{namespace}/{plural}" if scoped else f"{base}/{plural}"
-        assert kube.get(path)["items"] == []  # the new resource is served
+        items = kube.get(path)["items"]  # the new resource is served
+        # cluster-scoped CDI objects (StorageProfiles, the CDIConfig) may already exist: the
+        # DataVolume tests' controller keeps them; a fresh namespace has none of its own kinds
+        assert items == [] or not scoped
         bad = {
             "apiVersion": f"{group}/{version['name']}",
             "kind": crd["spec"]["names"]["kind"],
