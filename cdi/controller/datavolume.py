@@ -1,23 +1,23 @@
-"""The DataVolume reconciler for import (http, s3, registry, ...) and blank sources.
+"""The DataVolume reconciler: what every DataVolume shares, whichever flavour fills it.
 
 ``reconcile(key) -> Result`` is level-triggered: it reads the DataVolume and its PVC from the
-API server (fresh, so a decision is never made on a stale cache), the importer pods, storage
-classes and config from informer caches, then takes at most one step toward the goal and
-writes the status once:
+API server (fresh, so a decision is never made on a stale cache), the worker pods, storage
+classes and config from informer caches, picks the flavour from the spec's source
+(``cdi.controller.flavours``: import now; upload and clone map to "not supported yet" and are
+left alone), then takes at most one step toward the goal and writes the status once:
 
 1. no PVC: render it (``cdi.render.pvc``) and create it, owned by the DataVolume; a PVC that
    exists and is not ours is adopted only when the DataVolume allows it
    (``allowClaimAdoption``; an adopted PVC gets no owner reference, so it outlives the DV);
 2. PVC not bound on a WaitForFirstConsumer class: wait (WaitForFirstConsumer) unless the DV
-   asks for immediate binding, in which case the importer pod is the first consumer;
-3. no pod for the current attempt: create it (after the retry backoff, for a retry);
-4. pod running: scrape progress, come back in ``progress_interval``;
-5. pod finished: the failure policy decides; the decision is recorded on the PVC first
-   (``cdi.controller.record``) and acted on after (delete the pod after success, keep a failed
-   one for its logs).
+   asks for immediate binding, in which case the worker pod is the first consumer;
+3. otherwise the flavour's ``sync`` takes one step of its work (import: create the attempt's
+   importer pod, follow it, let the failure policy decide) and says what it saw;
+4. once the outcome is recorded on the PVC, the flavour's ``finish`` cleans up.
 
-Every child name is deterministic and every create treats 409 AlreadyExists as "already done",
-so a controller killed at any point and restarted neither duplicates pods nor loses progress.
+The status is the pure ``compute_status`` of what was seen, with the flavour's phases. Every
+child name is deterministic and every create treats 409 AlreadyExists as "already done", so a
+controller killed at any point and restarted neither duplicates pods nor loses progress.
 """
 
 from __future__ import annotations
@@ -38,45 +38,46 @@ from cdi.api.constants import (
     ANN_IMMEDIATE_BINDING,
     ANN_POPULATED_FOR,
     ANN_PRE_POPULATED,
-    ANN_RETAIN_AFTER_COMPLETION,
     CDICONFIG_NAME,
-    METRICS_PORT,
     ConditionReason,
     Phase,
-    SourceKind,
 )
 from cdi.api.termination import REASON_COMPLETED
 from cdi.api.types import DataVolume, ObjectMeta
-from cdi.controller.pods import attempt_pod_name, desired_pod, metrics_port, owned_pods
-from cdi.controller.policy import Decision, FailurePolicy, pod_outcome
-from cdi.controller.progress import Progress, Scraper, parse_metrics
-from cdi.controller.record import OUTCOME_FAILED, OUTCOME_SUCCEEDED, ImportRecord
+from cdi.controller.flavours import (
+    Claim,
+    Flavour,
+    FlavourDeps,
+    FlavourTable,
+    PhaseEvent,
+    Unsupported,
+    select_flavour,
+)
+from cdi.controller.flavours.import_ import ImportSettings
+from cdi.controller.flavours.table import standard_flavours
+from cdi.controller.pods import owned_pods
+from cdi.controller.policy import FailurePolicy
+from cdi.controller.progress import Scraper
+from cdi.controller.record import OUTCOME_SUCCEEDED, ImportRecord
 from cdi.controller.status import ClaimProblem, View, compute_status
-from cdi.kube.client import DATAVOLUMES, PODS, PVCS, SECRETS, AsyncKube, split_key
+from cdi.kube.client import DATAVOLUMES, PVCS, AsyncKube, split_key
 from cdi.kube.errors import Conflict, NotFound
 from cdi.kube.events import NORMAL, WARNING, EventRecorder
 from cdi.kube.workqueue import Result
 from cdi.render import RenderError
-from cdi.render.importer_pod import ImporterPodConfig
-from cdi.render.proxy_auth import render_proxy_auth_secret
 from cdi.render.pvc import render_pvc
 
 log = logging.getLogger(__name__)
 
-IMPORT_SOURCES = frozenset(
-    {SourceKind.HTTP, SourceKind.S3, SourceKind.GCS, SourceKind.REGISTRY, SourceKind.BLANK}
-)
 ANN_DEFAULT_CLASS = "storageclass.kubernetes.io/is-default-class"
 ANN_DEFAULT_VIRT_CLASS = "storageclass.kubevirt.io/is-default-virt-class"
 
-PHASE_EVENTS: dict[str, tuple[str, str]] = {
-    Phase.PENDING: (NORMAL, ConditionReason.PENDING),
-    Phase.WAIT_FOR_FIRST_CONSUMER: (NORMAL, "WaitForFirstConsumer"),
-    Phase.PVC_BOUND: (NORMAL, ConditionReason.BOUND),
-    Phase.IMPORT_SCHEDULED: (NORMAL, ConditionReason.IMPORT_SCHEDULED),
-    Phase.IMPORT_IN_PROGRESS: (NORMAL, ConditionReason.IMPORT_IN_PROGRESS),
-    Phase.SUCCEEDED: (NORMAL, ConditionReason.IMPORT_SUCCEEDED),
-    Phase.FAILED: (WARNING, ConditionReason.IMPORT_FAILED),
+CLAIM_EVENTS: Mapping[str, PhaseEvent] = {  # the phases every flavour shares
+    Phase.PENDING: PhaseEvent(NORMAL, ConditionReason.PENDING, "PVC {claim} Pending"),
+    Phase.WAIT_FOR_FIRST_CONSUMER: PhaseEvent(
+        NORMAL, "WaitForFirstConsumer", "PVC {claim} waits for its first consumer"
+    ),
+    Phase.PVC_BOUND: PhaseEvent(NORMAL, ConditionReason.BOUND, "PVC {claim} Bound"),
 }
 
 
@@ -88,7 +89,7 @@ class Store(Protocol):
 
 @dataclass(frozen=True)
 class Caches:
-    pods: Store  # importer pods (label cdi.kubevirt.io=importer)
+    pods: Store  # worker pods (today the importer's: label cdi.kubevirt.io=importer)
     storage_classes: Store
     storage_profiles: Store
     cdi_configs: Store
@@ -108,13 +109,13 @@ def utc_now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def parse_time(text: str | None) -> float | None:
-    if not text:
-        return None
-    try:
-        return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
-    except ValueError:
-        return None
+def import_settings(config: ControllerConfig) -> ImportSettings:
+    return ImportSettings(
+        image=config.importer_image,
+        pull_policy=config.pull_policy,
+        policy=config.policy,
+        progress_interval=config.progress_interval,
+    )
 
 
 class DataVolumeReconciler:
@@ -126,13 +127,16 @@ class DataVolumeReconciler:
         scraper: Scraper,
         config: ControllerConfig,
         clock: Callable[[], float] = time.time,
+        flavours: FlavourTable | None = None,
     ) -> None:
         self.kube = kube
         self.caches = caches
         self.events = events
-        self.scraper = scraper
         self.config = config
-        self.clock = clock
+        if flavours is None:
+            deps = FlavourDeps(kube, events, scraper, clock)
+            flavours = standard_flavours(deps, import_settings(config))
+        self.flavours = flavours
 
     async def reconcile(self, key: str) -> Result:
         namespace, name = split_key(key)
@@ -147,10 +151,11 @@ class DataVolumeReconciler:
         except SchemaError as exc:
             log.warning("%s: unparsable DataVolume: %s", key, exc)
             return Result()
-        if dv.spec.source_ref is not None or dv.spec.source_kind not in IMPORT_SOURCES:
-            return Result()  # clone, upload, external population: not this reconciler's
-        step = Step(self, dv, obj)
-        return await step.run()
+        flavour = select_flavour(dv, self.flavours)
+        if isinstance(flavour, Unsupported):
+            log.info("%s: left alone: %s: %s", key, flavour.source, flavour.message)
+            return Result()
+        return await Step(self, flavour, dv, obj).run()
 
     # -- cluster lookups -------------------------------------------------------------------
     def cdi_config(self) -> CDIConfig:
@@ -191,11 +196,14 @@ class DataVolumeReconciler:
 class Step:
     """One reconcile of one DataVolume: the state it read and the status it will write."""
 
-    def __init__(self, r: DataVolumeReconciler, dv: DataVolume, obj: dict[str, Any]) -> None:
+    def __init__(
+        self, r: DataVolumeReconciler, flavour: Flavour, dv: DataVolume, obj: dict[str, Any]
+    ) -> None:
         self.r = r
+        self.flavour = flavour
         self.dv = dv
         self.obj = obj
-        self.view = View(claim_name=dv.name, max_attempts=r.config.policy.max_attempts)
+        self.view = View(claim_name=dv.name, phases=flavour.phases)
 
     async def run(self) -> Result:
         result = await self._advance()
@@ -224,8 +232,9 @@ class Step:
             self._see(problem=ClaimProblem(ConditionReason.PENDING, deleting))
             return Result(requeue_after=5.0)
         pods = owned_pods(r.caches.pods.items(), dv.uid)
+        claim = Claim(dv, self.obj, pvc, record, pods, r.cdi_config())
         if record.done:
-            await self._clean_up(record, pods)
+            await self.flavour.finish(claim)
             return Result()
         if phase == "Lost":
             return Result()
@@ -234,7 +243,8 @@ class Step:
         if phase != "Bound" and not (waiting and immediate):
             self._see(waiting_for_consumer=waiting)
             return Result()
-        return await self._follow_attempt(pvc, record, pods)
+        self.view, result = await self.flavour.sync(claim, self.view)
+        return result
 
     def _ours(self, pvc: Mapping[str, Any]) -> bool:
         meta = pvc.get("metadata") or {}
@@ -283,141 +293,6 @@ class Step:
             PVCS, dv.name, {"metadata": {"annotations": annotations}}, dv.namespace
         )
 
-    async def _follow_attempt(
-        self, pvc: dict[str, Any], record: ImportRecord, pods: dict[str, dict[str, Any]]
-    ) -> Result:
-        claim = str(pvc["metadata"]["name"])
-        attempt = record.failed_attempts
-        pod = pods.get(attempt_pod_name(claim, attempt))
-        if pod is None:
-            return await self._start_attempt(pvc, record, pods, attempt)
-        pod_phase = (pod.get("status") or {}).get("phase") or "Pending"
-        self._see(pod_phase=pod_phase)
-        outcome = pod_outcome(pod)
-        if outcome is None:
-            if pod_phase != "Running":
-                return Result()
-            self._see(progress=await self._scrape(pod))
-            return Result(requeue_after=self.r.config.progress_interval)
-        policy = self.r.config.policy
-        decision = policy.decide(outcome, attempt)
-        base = dataclasses.replace(record, reason=outcome.reason, message=outcome.message)
-        if decision == Decision.SUCCEED:
-            new = dataclasses.replace(base, outcome=OUTCOME_SUCCEEDED)
-        elif decision == Decision.RETRY:
-            new = dataclasses.replace(base, failed_attempts=attempt + 1)
-        else:
-            new = dataclasses.replace(base, outcome=OUTCOME_FAILED)
-        pvc = await self._record(pvc, new)
-        self._see(record=new, pod_phase=None)
-        if decision == Decision.RETRY:
-            delay = policy.retry_delay(attempt + 1)
-            self._see(retry_in=delay)
-            await self.r.events.emit(
-                self.obj,
-                WARNING,
-                ConditionReason.ERR_IMPORT_FAILED,
-                f"Import attempt {attempt + 1} of {policy.max_attempts} failed: "
-                f"{outcome.reason}: {outcome.message}; retrying in {delay:.0f}s",
-            )
-            return Result(requeue_after=delay)
-        if decision == Decision.SUCCEED:
-            await self._clean_up(new, pods)
-        return Result()
-
-    async def _start_attempt(
-        self,
-        pvc: dict[str, Any],
-        record: ImportRecord,
-        pods: dict[str, dict[str, Any]],
-        attempt: int,
-    ) -> Result:
-        r, dv = self.r, self.dv
-        claim = str(pvc["metadata"]["name"])
-        if attempt > 0:
-            wait = self._backoff_left(pods.get(attempt_pod_name(claim, attempt - 1)), attempt)
-            if wait > 0:
-                self._see(retry_in=wait)
-                return Result(requeue_after=wait)
-        name = attempt_pod_name(claim, attempt)
-        if record.pod_name != name:
-            pvc = await self._record(pvc, dataclasses.replace(record, pod_name=name))
-        cdi_config = r.cdi_config()
-        config = ImporterPodConfig(
-            image=r.config.importer_image,
-            cdi_config=cdi_config,
-            command=(),
-            pull_policy=r.config.pull_policy,
-            proxy_auth_secret=await self._proxy_auth_secret(claim, cdi_config),
-        )
-        try:
-            pod = desired_pod(dv, pvc, config, attempt)
-        except RenderError as exc:
-            self._see(problem=ClaimProblem(exc.reason, exc.message))
-            return Result(requeue_after=30.0)
-        try:
-            await r.kube.create(PODS, pod, dv.namespace)
-        except Conflict:
-            pass  # created before a restart, or by the previous reconcile: same pod
-        self._see(pod_phase="Pending")
-        return Result(requeue_after=r.config.progress_interval)
-
-    async def _proxy_auth_secret(self, claim: str, cdi_config: CDIConfig) -> str | None:
-        """Create the Secret with the importProxy credentials (``cdi.render.proxy_auth``);
-        its name. The name is a digest of the content, so one that exists is the same."""
-        secret = render_proxy_auth_secret(self.dv, claim, cdi_config)
-        if secret is None:
-            return None
-        try:
-            await self.r.kube.create(SECRETS, secret, self.dv.namespace)
-        except Conflict:
-            pass  # an earlier attempt (or reconcile) created it
-        return str(secret["metadata"]["name"])
-
-    def _backoff_left(self, previous: Mapping[str, Any] | None, attempt: int) -> float:
-        delay = self.r.config.policy.retry_delay(attempt)
-        outcome = pod_outcome(dict(previous)) if previous else None
-        finished = parse_time(outcome.finished_at) if outcome else None
-        if finished is None:
-            return 0.0
-        return max(0.0, finished + delay - self.r.clock())
-
-    async def _scrape(self, pod: Mapping[str, Any]) -> Progress | None:
-        ip = (pod.get("status") or {}).get("podIP")
-        if not ip:
-            return None
-        text = await self.r.scraper(str(ip), metrics_port(pod, METRICS_PORT))
-        return parse_metrics(text, self.dv.uid) if text else None
-
-    async def _record(self, pvc: dict[str, Any], record: ImportRecord) -> dict[str, Any]:
-        if not record.differs_from(pvc):
-            return pvc
-        meta = pvc["metadata"]
-        patch = {
-            "metadata": {
-                "resourceVersion": meta.get("resourceVersion"),
-                "annotations": record.annotations(),
-            }
-        }
-        return await self.r.kube.patch(PVCS, meta["name"], patch, meta.get("namespace"))
-
-    async def _clean_up(self, record: ImportRecord, pods: dict[str, dict[str, Any]]) -> None:
-        """After success the importer pods go (unless asked to retain them); failed attempts'
-        pods stay for their logs until the DataVolume is deleted."""
-        if record.outcome != OUTCOME_SUCCEEDED:
-            return
-        if self.dv.annotations.get(ANN_RETAIN_AFTER_COMPLETION) == "true":
-            return
-        for name, pod in pods.items():
-            if (pod.get("status") or {}).get("phase") == "Failed":
-                continue
-            try:
-                await self.r.kube.delete(
-                    PODS, name, self.dv.namespace, uid=pod["metadata"].get("uid")
-                )
-            except (NotFound, Conflict):
-                pass
-
     # -- status ----------------------------------------------------------------------------
     async def _write_status(self) -> None:
         old = dict(self.obj.get("status") or {})
@@ -435,16 +310,8 @@ class Step:
         if view.problem is not None:
             await self.r.events.emit(self.obj, WARNING, view.problem.reason, view.problem.message)
             return
-        kind, reason = PHASE_EVENTS.get(phase, (NORMAL, phase))
-        messages: dict[str, str] = {
-            Phase.PENDING: f"PVC {view.claim_name} Pending",
-            Phase.WAIT_FOR_FIRST_CONSUMER: f"PVC {view.claim_name} waits for its first consumer",
-            Phase.PVC_BOUND: f"PVC {view.claim_name} Bound",
-            Phase.IMPORT_SCHEDULED: f"Import into {view.claim_name} scheduled",
-            Phase.IMPORT_IN_PROGRESS: f"Import into {view.claim_name} in progress",
-            Phase.SUCCEEDED: f"Successfully imported into PVC {view.claim_name}",
-        }
-        message = messages.get(phase) or (
+        event = {**CLAIM_EVENTS, **self.flavour.events}.get(phase) or PhaseEvent(NORMAL, phase)
+        message = event.message.format(claim=view.claim_name) or (
             f"{view.record.reason}: {view.record.message}" if view.record.reason else phase
         )
-        await self.r.events.emit(self.obj, kind, reason, message)
+        await self.r.events.emit(self.obj, event.kind, event.reason, message)

@@ -32,10 +32,10 @@ class Progress:
         """CDI's status.progress format."""
         return f"{min(100.0, max(0.0, self.percent)):.2f}%"
 
-    def describe(self) -> str:
+    def describe(self, activity: str = "Import") -> str:
         done = human_bytes(self.bytes_done)
         total = f" of {human_bytes(self.bytes_total)}" if self.bytes_total else ""
-        return f"Import in progress: {done}{total} at {human_bytes(int(self.rate))}/s"
+        return f"{activity} in progress: {done}{total} at {human_bytes(int(self.rate))}/s"
 
 
 def human_bytes(n: int) -> str:

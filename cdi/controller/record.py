@@ -7,6 +7,10 @@ has happened so far must live in the cluster, not in memory. CDI keeps it on the
 reads the same. ``ImportRecord`` parses and renders those annotations; the reconciler writes
 them with one merge patch per decision, before acting on the decision (bump the attempt count,
 then create the next pod), so a crash in between is repaired by the next reconcile.
+
+The keys are CDI's for every worker pod (its upload controller writes the same ones), so the
+reconciler reads this record whatever the flavour; only ``pod_name``
+(``storage.import.importPodName``) is the import flavour's own.
 """
 
 from __future__ import annotations

@@ -1,28 +1,34 @@
-"""DataVolume status as a pure function of what the reconciler observed.
+"""DataVolume status as a pure function of what the reconciler observed, for any flavour.
 
 ``compute_status(view, previous, now)`` returns the whole ``status`` object; the reconciler
 compares it with what it read and writes it (once) only when it differs. Phases, conditions
-and messages follow CDI (reference §1.1):
+and messages follow CDI (reference §1.1). The claim's part of the phase is the same for every
+flavour (CDI's ``controller-base`` ``updateStatus``); the worker's part comes from the
+flavour's ``FlavourPhases`` (import: ImportScheduled/ImportInProgress; upload:
+UploadScheduled/UploadReady; clone: CloneScheduled/CloneInProgress, or a step of its own such
+as CSICloneInProgress through ``View.step``):
 
-=====================================  ====================
+=====================================  ============================================
 observed                               phase
-=====================================  ====================
+=====================================  ============================================
 no PVC / PVC not ours / not renderable Pending
 PVC Pending on a WaitForFirstConsumer  WaitForFirstConsumer
 class, no immediate-binding request
 PVC Pending otherwise (no pod)         Pending
-PVC Bound, no importer pod yet         PVCBound
-importer pod Pending (or a retry is    ImportScheduled
+PVC Bound, no worker pod yet           PVCBound
+flavour reports a step of its own      that step (``View.step``)
+worker pod Pending (or a retry is      ``phases.scheduled`` (ImportScheduled)
 waiting for its backoff)
-importer pod Running / just finished   ImportInProgress
+worker pod Running / just finished     ``phases.in_progress`` (ImportInProgress)
 record says Succeeded                  Succeeded (progress 100.0%)
 record says Failed, or PVC Lost        Failed
-=====================================  ====================
+=====================================  ============================================
 
 Conditions: ``Bound`` from the PVC; ``Running`` True while the pod runs (its message carries
 bytes and rate), else False with the last attempt's reason verbatim; ``Ready`` True only when
-Succeeded, False with the failure reason when Failed. A condition's ``lastTransitionTime``
-changes only when its ``status`` changes; ``lastHeartbeatTime`` when anything in it changes.
+Succeeded, False/TransferRunning while the flavour works, False with the failure reason when
+Failed. A condition's ``lastTransitionTime`` changes only when its ``status`` changes;
+``lastHeartbeatTime`` when anything in it changes.
 """
 
 from __future__ import annotations
@@ -55,15 +61,30 @@ class ClaimProblem:
 
 
 @dataclass(frozen=True)
+class FlavourPhases:
+    """A flavour's own phases (CDI spelling) and the words its conditions use."""
+
+    scheduled: Phase  # worker created, not running yet (or waiting to retry)
+    in_progress: Phase  # worker running, or just finished and not yet recorded
+    worker: str  # "Importer": "Importer pod pending"
+    activity: str  # "Import": "Import in progress"
+
+    def working(self, phase: Phase, step: Phase | None) -> bool:
+        return phase in (self.scheduled, self.in_progress) or (step is not None and phase == step)
+
+
+@dataclass(frozen=True)
 class View:
-    """Everything the status depends on, gathered by the reconciler."""
+    """Everything the status depends on, gathered by the reconciler and its flavour."""
 
     claim_name: str
+    phases: FlavourPhases
+    step: Phase | None = None  # a phase the flavour chose itself (a clone's CSICloneInProgress)
     pvc_phase: str | None = None  # None: no PVC
     waiting_for_consumer: bool = False
     problem: ClaimProblem | None = None
     record: ImportRecord = field(default_factory=ImportRecord)
-    pod_phase: str | None = None  # of the current attempt's importer pod
+    pod_phase: str | None = None  # of the current attempt's worker pod
     progress: Progress | None = None  # fresh reading, when the pod is running
     retry_in: float | None = None  # seconds until the next attempt's pod is created
     max_attempts: int = 1
@@ -76,10 +97,12 @@ def compute_phase(v: View) -> Phase:
         return Phase.FAILED
     if v.record.outcome == OUTCOME_SUCCEEDED:
         return Phase.SUCCEEDED
+    if v.step is not None:
+        return v.step
     if v.pod_phase == "Running" or v.pod_phase in ("Succeeded", "Failed"):
-        return Phase.IMPORT_IN_PROGRESS
+        return v.phases.in_progress
     if v.pod_phase == "Pending" or v.retry_in is not None:
-        return Phase.IMPORT_SCHEDULED
+        return v.phases.scheduled
     if v.pvc_phase == "Bound":
         return Phase.PVC_BOUND
     if v.waiting_for_consumer:
@@ -102,8 +125,10 @@ def _bound(v: View) -> Condition:
 
 def _running(v: View, phase: Phase) -> Condition:
     rec = v.record
-    if phase == Phase.IMPORT_IN_PROGRESS and v.pod_phase == "Running":
-        message = v.progress.describe() if v.progress else "Import in progress"
+    words = v.phases
+    if phase == words.in_progress and v.pod_phase == "Running":
+        activity = words.activity
+        message = v.progress.describe(activity) if v.progress else f"{activity} in progress"
         return _cond(ConditionType.RUNNING, True, "", message)
     if rec.reason and (phase in (Phase.SUCCEEDED, Phase.FAILED) or v.retry_in is not None):
         message = rec.message or ""
@@ -114,7 +139,8 @@ def _running(v: View, phase: Phase) -> Condition:
             ).strip()
         return _cond(ConditionType.RUNNING, False, rec.reason, message)
     if v.pod_phase == "Pending":
-        return _cond(ConditionType.RUNNING, False, ConditionReason.PENDING, "Importer pod pending")
+        message = f"{words.worker} pod pending"
+        return _cond(ConditionType.RUNNING, False, ConditionReason.PENDING, message)
     return _cond(ConditionType.RUNNING, False, "", "")
 
 
@@ -124,7 +150,7 @@ def _ready(v: View, phase: Phase) -> Condition:
     if phase == Phase.FAILED:
         reason = v.record.reason or ConditionReason.CLAIM_LOST
         return _cond(ConditionType.READY, False, reason, v.record.message or "Claim Lost")
-    if phase in (Phase.IMPORT_IN_PROGRESS, Phase.IMPORT_SCHEDULED):
+    if v.phases.working(phase, v.step):
         return _cond(ConditionType.READY, False, ConditionReason.TRANSFER_RUNNING, "")
     return _cond(ConditionType.READY, False, "", "")
 
@@ -141,9 +167,10 @@ def _cond(type_: str, status: bool, reason: str, message: str) -> Condition:
 def _progress(v: View, phase: Phase, previous: Mapping[str, Any]) -> str:
     if phase == Phase.SUCCEEDED:
         return PROGRESS_COMPLETE
-    if v.progress is not None and phase == Phase.IMPORT_IN_PROGRESS:
+    active = phase in (v.phases.in_progress, v.step)
+    if v.progress is not None and active:
         return v.progress.text
-    if phase in (Phase.IMPORT_IN_PROGRESS, Phase.FAILED):
+    if active or phase == Phase.FAILED:
         return str(previous.get("progress") or PROGRESS_NOT_AVAILABLE)
     return PROGRESS_NOT_AVAILABLE
 

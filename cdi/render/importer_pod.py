@@ -2,8 +2,11 @@
 
 Shape, and why:
 
-- Named ``importer-<pvc>`` (``cdi.render.naming``), owned by the DataVolume, labelled as CDI
-  labels it (``app``, ``cdi.kubevirt.io: importer``, ``prometheus.cdi.kubevirt.io``).
+- Named ``importer-<pvc>`` (``importer-<pvc>-retry-<n>`` for a retry; ``cdi.render.naming``),
+  owned by the DataVolume, labelled as CDI labels it (``app``, ``cdi.kubevirt.io: importer``,
+  ``prometheus.cdi.kubevirt.io``) plus the attempt and the controller's extra labels. The
+  renderer returns the final pod: attempt, labels and metrics settings are its inputs
+  (``cdi.render.worker_pod.WorkerPod``), shared with the other workers' pods.
 - ``restartPolicy: Never``: a failed attempt ends the pod and the controller decides whether to
   retry (bounded, with backoff), instead of CDI's endless kubelet CrashLoopBackOff.
 - Restricted security: non-root uid/gid 107 (qemu; ``disk.img`` ends up group 107), fsGroup 107,
@@ -40,6 +43,8 @@ these environment variables (CDI's names, ``cdi.api.constants.ImporterEnv``):
 ``IMPORTER_DISK_ID``               imageio disk id
 ``IMPORTER_UUID`` ``IMPORTER_BACKING_FILE`` ``IMPORTER_THUMBPRINT``  vddk
 ``CACHE_MODE``                     "TRYNONE": try O_DIRECT (set after an OOM kill)
+``IMPORTER_METRICS_ADDR``          metrics bind address: the pod IP (downward API), when asked
+``IMPORTER_METRICS_PORT``          metrics port, when not 8443
 =================================  =================================================
 
 Two deliberate differences from CDI: basic-auth credentials are not env vars (CDI's
@@ -67,17 +72,8 @@ from cdi.api.constants import (
     EXTRA_HEADERS_DIR,
     IMPORTER_CONTAINER_NAME,
     IMPORTER_EXTRA_HEADER_PREFIX,
-    LABEL_APP,
-    LABEL_APP_VALUE,
-    LABEL_COMPONENT,
-    LABEL_PROMETHEUS,
-    METRICS_PORT,
-    METRICS_PORT_NAME,
-    POD_ANNOTATION_ALLOW_LIST,
-    POD_ANNOTATION_DEFAULTS,
     PROXY_AUTH_DIR,
     PROXY_CERT_DIR,
-    QEMU_UID,
     SCRATCH_MOUNT_PATH,
     SECRET_KEY_ACCESS_KEY_ID,
     SECRET_KEY_SECRET_KEY,
@@ -89,9 +85,16 @@ from cdi.api.constants import (
 from cdi.api.types import DataVolume, resolve_volume_mode
 from cdi.render import RenderError
 from cdi.render.importer_env import SourceSettings, source_settings
-from cdi.render.naming import importer_pod_name
-from cdi.render.owner import datavolume_reference
 from cdi.render.proxy_auth import without_userinfo
+from cdi.render.worker_pod import (
+    WorkerPod,
+    container_security_context,
+    image_fields,
+    metrics_env,
+    metrics_ports,
+    pod_security_context,
+    worker_metadata,
+)
 
 DATA_VOLUME = "cdi-data-vol"
 SCRATCH_VOLUME = "cdi-scratch-vol"
@@ -100,16 +103,16 @@ PROXY_CERT_VOLUME = "cdi-proxy-cert-vol"
 AUTH_VOLUME = "cdi-auth-secret-vol"
 PROXY_AUTH_VOLUME = "cdi-proxy-auth-vol"
 TMP_VOLUME = "tmp"
+IMPORTER_COMPONENT = "importer"  # the pods' cdi.kubevirt.io label and name prefix
 
 
 @dataclass(frozen=True)
-class ImporterPodConfig:
-    """What the controller knows beyond the DataVolume: image, cluster config, retry state."""
+class ImporterPodConfig(WorkerPod):
+    """What the controller knows beyond the DataVolume: image, attempt, labels, metrics
+    (``WorkerPod``), cluster config, scratch and retry state."""
 
-    image: str
-    cdi_config: CDIConfig = field(default_factory=CDIConfig)
     command: tuple[str, ...] = ("python", "-m", "importer")
-    pull_policy: str = "IfNotPresent"
+    cdi_config: CDIConfig = field(default_factory=CDIConfig)
     scratch_pvc_name: str | None = None  # set once the importer asked for scratch space
     proxy_ca_config_map: str | None = None  # the per-import copy of importProxy.trustedCAProxy
     proxy_auth_secret: str | None = None  # the per-import Secret of importProxy credentials
@@ -122,7 +125,8 @@ class ImporterPodConfig:
 def render_importer_pod(
     dv: DataVolume, pvc: Mapping[str, Any], config: ImporterPodConfig
 ) -> dict[str, Any]:
-    """The desired importer pod for ``dv`` writing into ``pvc`` (the rendered or live claim)."""
+    """The final importer pod for attempt ``config.attempt`` of ``dv`` writing into ``pvc``
+    (the rendered or live claim): nothing is added to it after this returns."""
     settings = source_settings(dv, config.cdi_config)
     meta = pvc.get("metadata") or {}
     claim = str(meta.get("name") or dv.name)
@@ -131,26 +135,9 @@ def render_importer_pod(
     return {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {
-            "name": importer_pod_name(claim),
-            "namespace": meta.get("namespace") or dv.namespace,
-            "labels": {
-                **(meta.get("labels") or {}),
-                LABEL_APP: LABEL_APP_VALUE,
-                LABEL_COMPONENT: "importer",
-                LABEL_PROMETHEUS: "true",
-            },
-            "annotations": _pod_annotations(dv),
-            "ownerReferences": [datavolume_reference(dv)],
-        },
+        "metadata": worker_metadata(dv, pvc, IMPORTER_COMPONENT, config),
         "spec": _pod_spec(dv, claim, pvc_spec, block, settings, config),
     }
-
-
-def _pod_annotations(dv: DataVolume) -> dict[str, str]:
-    out = dict(POD_ANNOTATION_DEFAULTS)
-    out.update({k: v for k, v in dv.annotations.items() if k in POD_ANNOTATION_ALLOW_LIST})
-    return out
 
 
 def _pod_spec(
@@ -165,13 +152,7 @@ def _pod_spec(
         "restartPolicy": "Never",
         "enableServiceLinks": False,
         "automountServiceAccountToken": False,
-        "securityContext": {
-            "runAsNonRoot": True,
-            "runAsUser": QEMU_UID,
-            "runAsGroup": QEMU_UID,
-            "fsGroup": QEMU_UID,
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
+        "securityContext": pod_security_context(),
         "containers": [_container(dv, pvc_spec, block, settings, config)],
         "volumes": _volumes(claim, settings, config),
     }
@@ -196,20 +177,13 @@ def _container(
 ) -> dict[str, Any]:
     container: dict[str, Any] = {
         "name": IMPORTER_CONTAINER_NAME,
-        "image": config.image,
-        "imagePullPolicy": config.pull_policy,
-        "command": list(config.command),
+        **image_fields(config),
         "env": _env(dv, pvc_spec, block, settings, config),
-        "ports": [{"name": METRICS_PORT_NAME, "containerPort": METRICS_PORT, "protocol": "TCP"}],
+        "ports": metrics_ports(config),
         "resources": config.cdi_config.pod_resources.to_dict(),
         "terminationMessagePath": TERMINATION_LOG_PATH,
         "terminationMessagePolicy": "FallbackToLogsOnError",
-        "securityContext": {
-            "allowPrivilegeEscalation": False,
-            "capabilities": {"drop": ["ALL"]},
-            "readOnlyRootFilesystem": True,
-            "runAsNonRoot": True,
-        },
+        "securityContext": container_security_context(),
         "volumeMounts": _mounts(block, settings, config),
     }
     if block:
@@ -223,7 +197,7 @@ def _env(
     block: bool,
     settings: SourceSettings,
     config: ImporterPodConfig,
-) -> list[dict[str, str]]:
+) -> list[dict[str, Any]]:
     cdi = config.cdi_config
     size = ((pvc_spec.get("resources") or {}).get("requests") or {}).get("storage")
     if size is None:
@@ -253,7 +227,8 @@ def _env(
             (ImporterEnv.ACCESS_KEY_ID_FILE, f"{AUTH_SECRET_DIR}/{SECRET_KEY_ACCESS_KEY_ID}"),
             (ImporterEnv.SECRET_KEY_FILE, f"{AUTH_SECRET_DIR}/{SECRET_KEY_SECRET_KEY}"),
         ]
-    return [{"name": str(k), "value": v} for k, v in pairs if v is not None]
+    env: list[dict[str, Any]] = [{"name": str(k), "value": v} for k, v in pairs if v is not None]
+    return env + metrics_env(config, ImporterEnv.METRICS_ADDR, ImporterEnv.METRICS_PORT)
 
 
 def _proxy_env(cdi: CDIConfig, config: ImporterPodConfig) -> list[tuple[str, str | None]]:

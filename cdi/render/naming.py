@@ -50,8 +50,17 @@ def pvc_name(datavolume: str) -> str:
     return datavolume  # the claim has the DataVolume's name, as in CDI
 
 
-def importer_pod_name(pvc: str) -> str:
-    return resource_name("importer", pvc)
+def worker_pod_name(worker: str, pvc: str, attempt: int = 0) -> str:
+    """``<worker>-<pvc>`` for the first attempt (CDI's name), ``<worker>-<pvc>-retry-<n>`` after.
+
+    The attempt count lives on the PVC, so a restarted controller finds the pod it created."""
+    if attempt == 0:
+        return resource_name(worker, pvc)
+    return resource_name(worker, f"{pvc}-retry-{attempt}")
+
+
+def importer_pod_name(pvc: str, attempt: int = 0) -> str:
+    return worker_pod_name("importer", pvc, attempt)
 
 
 def scratch_pvc_name(pvc: str) -> str:

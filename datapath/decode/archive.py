@@ -4,10 +4,19 @@ Every member is checked before anything is written: no absolute paths, no ``..``
 resolve outside the destination, no device nodes or FIFOs, and the declared sizes must fit the
 volume. Python's ``data`` extraction filter runs as well, as a second line, and owners are not
 restored (CDI runs tar with ``--no-same-owner``).
+
+Checks made member by member cannot see the future: ``a -> b/..`` is inside the volume while
+``b`` does not exist, and escapes once a later member makes ``b`` a link to ``.``. So when the
+extraction ends, successfully or not, every symlink in the tree is resolved and any that leads
+outside is removed; on success that fails the import (``UnsafeImage``). Members are also
+bounded in number, and pax / GNU long-name headers in size (tarfile reads those whole into
+memory, so an attacker-declared 8 GB header would be an 8 GB allocation). Every failure is a
+typed error: a hard link to a missing member or an ``OSError`` while writing is ``InvalidImage``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import posixpath
 import tarfile
@@ -15,6 +24,23 @@ from collections.abc import Iterator
 
 from cdi.api.errors import InsufficientSpace, InvalidImage, UnsafeImage
 from datapath.streams import IterReader
+
+MAX_MEMBERS = 1_000_000  # a filesystem tree has many files; a billion tiny members is an attack
+MAX_HEADER_BYTES = 1 << 20  # pax and GNU long-name headers (names, xattrs), held in memory
+
+
+class _BoundedTarInfo(tarfile.TarInfo):
+    """Refuses extended headers larger than ``MAX_HEADER_BYTES`` before tarfile reads them."""
+
+    def _proc_member(self, tarfile_: tarfile.TarFile) -> tarfile.TarInfo:
+        extended = (tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK, tarfile.XHDTYPE)
+        if (self.type in extended or self.type in (tarfile.XGLTYPE, tarfile.SOLARIS_XHDTYPE)) and (
+            self.size > MAX_HEADER_BYTES
+        ):
+            raise UnsafeImage(
+                f"archive header of {self.size} bytes exceeds the {MAX_HEADER_BYTES}-byte limit"
+            )
+        return super()._proc_member(tarfile_)  # type: ignore[misc]
 
 
 def _inside(root: str, relative: str) -> bool:
@@ -25,6 +51,8 @@ def _inside(root: str, relative: str) -> bool:
 def check_member(member: tarfile.TarInfo) -> None:
     """Raise UnsafeImage if extracting ``member`` could touch anything outside the volume."""
     name = member.name
+    if "\0" in name or "\0" in member.linkname:
+        raise UnsafeImage(f"archive member {name!r} has a NUL byte in its name or link")
     if name.startswith("/") or posixpath.isabs(name):
         raise UnsafeImage(f"archive member {name!r} has an absolute path")
     if ".." in name.split("/"):
@@ -41,12 +69,33 @@ def check_member(member: tarfile.TarInfo) -> None:
         raise UnsafeImage(f"hard link {name!r} points outside the volume ({member.linkname!r})")
 
 
-def extract_tar(chunks: Iterator[bytes], dest: str, capacity: int | None) -> int:
+def extract_tar(
+    chunks: Iterator[bytes], dest: str, capacity: int | None, *, max_members: int = MAX_MEMBERS
+) -> int:
     """Extract a tar stream into ``dest``; return the number of file bytes written."""
-    total = 0
     try:
-        with tarfile.open(fileobj=IterReader(chunks), mode="r|") as archive:
-            for member in archive:
+        total = _extract_members(chunks, dest, capacity, max_members)
+    except BaseException:
+        _remove_escaping_links(dest)
+        raise
+    escaping = _remove_escaping_links(dest)
+    if escaping:
+        raise UnsafeImage(
+            f"archive links lead outside the volume once all members are in place: {escaping[:5]}"
+        )
+    return total
+
+
+def _extract_members(
+    chunks: Iterator[bytes], dest: str, capacity: int | None, max_members: int
+) -> int:
+    total = count = 0
+    try:
+        with tarfile.open(fileobj=IterReader(chunks), mode="r|", tarinfo=_BoundedTarInfo) as tar:
+            for member in tar:
+                count += 1
+                if count > max_members:
+                    raise UnsafeImage(f"archive has more than {max_members} members")
                 check_member(member)
                 total += member.size if member.isfile() else 0
                 if capacity is not None and total > capacity:
@@ -54,12 +103,42 @@ def extract_tar(chunks: Iterator[bytes], dest: str, capacity: int | None) -> int
                         f"archive contents exceed the volume's usable size of {capacity} bytes"
                     )
                 _ensure_no_symlink_parent(dest, member.name)
-                archive.extract(member, dest, set_attrs=True, filter="data")
+                _extract_one(tar, member, dest)
     except tarfile.FilterError as exc:
         raise UnsafeImage(f"archive member refused: {exc}") from exc
     except tarfile.TarError as exc:
         raise InvalidImage(f"archive is corrupt or truncated: {exc}") from exc
     return total
+
+
+def _extract_one(tar: tarfile.TarFile, member: tarfile.TarInfo, dest: str) -> None:
+    try:
+        tar.extract(member, dest, set_attrs=True, filter="data")
+    except KeyError as exc:  # tarfile's way of saying a hard link's target is not in the archive
+        raise InvalidImage(
+            f"hard link {member.name!r} points to {member.linkname!r}, which is not in the archive"
+        ) from exc
+    except OSError as exc:
+        raise InvalidImage(
+            f"archive member {member.name!r} cannot be written: {exc.strerror}"
+        ) from exc
+
+
+def _remove_escaping_links(dest: str) -> list[str]:
+    """Remove every symlink under ``dest`` that resolves outside it; return their names."""
+    root = os.path.realpath(dest)
+    found = []
+    for folder, dirs, files in os.walk(dest):
+        for name in dirs + files:
+            path = os.path.join(folder, name)
+            if not os.path.islink(path):
+                continue
+            resolved = os.path.realpath(path)
+            if resolved != root and not resolved.startswith(root + os.sep):
+                found.append(os.path.relpath(path, dest))
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+    return found
 
 
 def _ensure_no_symlink_parent(dest: str, name: str) -> None:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
+from cdi.controller.flavours.import_ import IMPORT_PHASES
 from cdi.controller.progress import Progress
 from cdi.controller.record import ImportRecord
 from cdi.controller.status import ClaimProblem, View, compute_status, merge_conditions
@@ -13,6 +16,11 @@ SUCCEEDED = ImportRecord(outcome="Succeeded", reason="Completed", message="Impor
 FAILED = ImportRecord(outcome="Failed", reason="ChecksumMismatch", message="sha256 differs")
 
 
+def importing(**observed: Any) -> View:
+    """What the reconciler saw of DataVolume "dv", filled by the import flavour."""
+    return View("dv", IMPORT_PHASES, **observed)
+
+
 def conds(status: dict) -> dict[str, dict]:
     return {c["type"]: c for c in status["conditions"]}
 
@@ -20,21 +28,21 @@ def conds(status: dict) -> dict[str, dict]:
 @pytest.mark.parametrize(
     ("view", "phase"),
     [
-        (View("dv"), "Pending"),
-        (View("dv", problem=ClaimProblem("ErrClaimNotValid", "bad")), "Pending"),
-        (View("dv", pvc_phase="Pending"), "Pending"),
-        (View("dv", pvc_phase="Pending", waiting_for_consumer=True), "WaitForFirstConsumer"),
+        (importing(), "Pending"),
+        (importing(problem=ClaimProblem("ErrClaimNotValid", "bad")), "Pending"),
+        (importing(pvc_phase="Pending"), "Pending"),
+        (importing(pvc_phase="Pending", waiting_for_consumer=True), "WaitForFirstConsumer"),
         (
-            View("dv", pvc_phase="Pending", waiting_for_consumer=True, pod_phase="Pending"),
+            importing(pvc_phase="Pending", waiting_for_consumer=True, pod_phase="Pending"),
             "ImportScheduled",
         ),
-        (View("dv", pvc_phase="Bound"), "PVCBound"),
-        (View("dv", pvc_phase="Bound", pod_phase="Pending"), "ImportScheduled"),
-        (View("dv", pvc_phase="Bound", pod_phase="Running"), "ImportInProgress"),
-        (View("dv", pvc_phase="Bound", retry_in=3.0), "ImportScheduled"),
-        (View("dv", pvc_phase="Bound", record=SUCCEEDED), "Succeeded"),
-        (View("dv", pvc_phase="Bound", record=FAILED), "Failed"),
-        (View("dv", pvc_phase="Lost"), "Failed"),
+        (importing(pvc_phase="Bound"), "PVCBound"),
+        (importing(pvc_phase="Bound", pod_phase="Pending"), "ImportScheduled"),
+        (importing(pvc_phase="Bound", pod_phase="Running"), "ImportInProgress"),
+        (importing(pvc_phase="Bound", retry_in=3.0), "ImportScheduled"),
+        (importing(pvc_phase="Bound", record=SUCCEEDED), "Succeeded"),
+        (importing(pvc_phase="Bound", record=FAILED), "Failed"),
+        (importing(pvc_phase="Lost"), "Failed"),
     ],
 )
 def test_phase_follows_claim_pod_and_record(view: View, phase: str) -> None:
@@ -42,7 +50,7 @@ def test_phase_follows_claim_pod_and_record(view: View, phase: str) -> None:
 
 
 def test_success_is_ready_with_full_progress_and_completed_running_reason() -> None:
-    status = compute_status(View("dv", pvc_phase="Bound", record=SUCCEEDED), None, T0)
+    status = compute_status(importing(pvc_phase="Bound", record=SUCCEEDED), None, T0)
     c = conds(status)
     assert status["progress"] == "100.0%"
     assert c["Ready"]["status"] == "True"
@@ -56,7 +64,7 @@ def test_success_is_ready_with_full_progress_and_completed_running_reason() -> N
 
 
 def test_failure_is_never_ready_and_carries_the_worker_reason_verbatim() -> None:
-    view = View("dv", pvc_phase="Bound", record=FAILED)
+    view = importing(pvc_phase="Bound", record=FAILED)
     status = compute_status(view, {"progress": "42.00%"}, T0)
     c = conds(status)
     assert (c["Ready"]["status"], c["Ready"]["reason"]) == ("False", "ChecksumMismatch")
@@ -70,7 +78,7 @@ def test_running_pod_shows_cdi_progress_and_bytes_and_rate() -> None:
         percent=12.3456, bytes_done=3 * 1024**2, bytes_total=24 * 1024**2, rate=1024**2
     )
     status = compute_status(
-        View("dv", pvc_phase="Bound", pod_phase="Running", progress=progress), None, T0
+        importing(pvc_phase="Bound", pod_phase="Running", progress=progress), None, T0
     )
     c = conds(status)
     assert status["progress"] == "12.35%"
@@ -80,14 +88,14 @@ def test_running_pod_shows_cdi_progress_and_bytes_and_rate() -> None:
 
 
 def test_progress_is_not_available_before_the_first_reading() -> None:
-    view = View("dv", pvc_phase="Bound", pod_phase="Running")
+    view = importing(pvc_phase="Bound", pod_phase="Running")
     assert compute_status(view, None, T0)["progress"] == "N/A"
 
 
 def test_retry_waiting_reports_attempt_and_restart_count() -> None:
     record = ImportRecord(failed_attempts=1, reason="SourceUnavailable", message="503")
     status = compute_status(
-        View("dv", pvc_phase="Bound", record=record, retry_in=2.0, max_attempts=3), None, T0
+        importing(pvc_phase="Bound", record=record, retry_in=2.0, max_attempts=3), None, T0
     )
     assert status["restartCount"] == 1
     running = conds(status)["Running"]
@@ -96,15 +104,15 @@ def test_retry_waiting_reports_attempt_and_restart_count() -> None:
 
 
 def test_claim_problem_is_the_bound_reason() -> None:
-    view = View("dv", problem=ClaimProblem("ErrResourceExists", "not managed by DataVolume"))
+    view = importing(problem=ClaimProblem("ErrResourceExists", "not managed by DataVolume"))
     bound = conds(compute_status(view, None, T0))["Bound"]
     assert (bound["status"], bound["reason"]) == ("False", "ErrResourceExists")
 
 
 def test_transition_time_changes_only_when_status_changes() -> None:
-    first = compute_status(View("dv", pvc_phase="Bound", pod_phase="Pending"), None, T0)
+    first = compute_status(importing(pvc_phase="Bound", pod_phase="Pending"), None, T0)
     # Same statuses, different message/reason in Running: transition time kept.
-    second = compute_status(View("dv", pvc_phase="Bound", pod_phase="Running"), first, T1)
+    second = compute_status(importing(pvc_phase="Bound", pod_phase="Running"), first, T1)
     a, b = conds(first), conds(second)
     assert b["Bound"]["lastTransitionTime"] == T0 and b["Bound"]["lastHeartbeatTime"] == T0
     assert a["Running"]["status"] == "False" and b["Running"]["status"] == "True"
@@ -113,7 +121,7 @@ def test_transition_time_changes_only_when_status_changes() -> None:
 
 
 def test_unchanged_view_gives_an_identical_status_so_nothing_is_written() -> None:
-    view = View("dv", pvc_phase="Bound", record=SUCCEEDED)
+    view = importing(pvc_phase="Bound", record=SUCCEEDED)
     first = compute_status(view, None, T0)
     assert compute_status(view, first, T1) == first
 

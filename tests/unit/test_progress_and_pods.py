@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from cdi.api.types import DataVolume
 from cdi.controller.manager import owner_key
-from cdi.controller.pods import attempt_pod_name, desired_pod, owned_pods
+from cdi.controller.pods import owned_pods
 from cdi.controller.progress import parse_metrics
-from cdi.render.importer_pod import ImporterPodConfig
+from cdi.render.importer_pod import ImporterPodConfig, render_importer_pod
+from cdi.render.naming import importer_pod_name
+from cdi.render.worker_pod import Metrics
 
 METRICS = """# HELP kubevirt_cdi_import_progress_total The import progress in percentage
 # TYPE kubevirt_cdi_import_progress_total counter
@@ -29,11 +31,11 @@ def test_progress_is_read_for_our_owner_only() -> None:
 
 
 def test_attempt_pods_have_deterministic_names() -> None:
-    assert attempt_pod_name("disk", 0) == "importer-disk"
-    assert attempt_pod_name("disk", 2) == "importer-disk-retry-2"
+    assert importer_pod_name("disk", 0) == "importer-disk"
+    assert importer_pod_name("disk", 2) == "importer-disk-retry-2"
     long = "x" * 250
-    assert len(attempt_pod_name(long, 1)) <= 253
-    assert attempt_pod_name(long, 1) == attempt_pod_name(long, 1)
+    assert len(importer_pod_name(long, 1)) <= 253
+    assert importer_pod_name(long, 1) == importer_pod_name(long, 1)
 
 
 def _dv() -> DataVolume:
@@ -51,13 +53,17 @@ def _dv() -> DataVolume:
     )
 
 
-def test_desired_pod_binds_metrics_to_the_pod_ip_and_uses_the_image_entrypoint() -> None:
+def test_attempt_pod_binds_metrics_to_the_pod_ip_and_uses_the_image_entrypoint() -> None:
     pvc = {
         "metadata": {"name": "disk", "namespace": "ns"},
         "spec": {"resources": {"requests": {"storage": "1Gi"}}},
     }
-    pod = desired_pod(_dv(), pvc, ImporterPodConfig(image="importer", command=()), 1)
+    config = ImporterPodConfig(
+        image="importer", command=(), attempt=1, metrics=Metrics(on_pod_ip=True)
+    )
+    pod = render_importer_pod(_dv(), pvc, config)
     assert pod["metadata"]["name"] == "importer-disk-retry-1"
+    assert pod["metadata"]["labels"]["cdi.kubevirt.io/importAttempt"] == "1"
     assert pod["spec"]["restartPolicy"] == "Never"
     container = pod["spec"]["containers"][0]
     assert "command" not in container

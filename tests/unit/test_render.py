@@ -15,6 +15,7 @@ from cdi.render.importer_pod import ImporterPodConfig, render_importer_pod
 from cdi.render.naming import fnv32a, get_name, importer_pod_name, scratch_pvc_name
 from cdi.render.proxy_auth import render_proxy_auth_secret
 from cdi.render.pvc import render_pvc, required_space
+from cdi.render.worker_pod import Metrics
 
 GI = 1 << 30
 
@@ -449,3 +450,30 @@ def test_proxy_auth_secret_name_follows_its_content_and_is_absent_without_creden
     assert a and b and a["metadata"]["name"] != b["metadata"]["name"]
     assert render_proxy_auth_secret(dv, "disk", config("http://p:3128")) is None
     assert render_proxy_auth_secret(dv, "disk", CDIConfig()) is None
+
+
+def test_attempt_labels_and_metrics_are_inputs_of_the_final_pod() -> None:
+    config = ImporterPodConfig(
+        image="importer:dev",
+        command=(),
+        attempt=3,
+        labels={"team": "b", "cdi.kubevirt.io": "not-importer"},
+        metrics=Metrics(port=9443, on_pod_ip=True),
+    )
+    pod = pod_for(storage(), config=config)
+    meta = pod["metadata"]
+    assert meta["name"] == "importer-disk-retry-3"
+    assert meta["labels"]["cdi.kubevirt.io/importAttempt"] == "3"
+    assert meta["labels"]["team"] == "b"  # the extra label wins over the claim's
+    assert meta["labels"]["cdi.kubevirt.io"] == "importer"  # CDI's win over extra ones
+    container = pod["spec"]["containers"][0]
+    assert "command" not in container  # the image's ENTRYPOINT
+    assert container["ports"] == [{"name": "metrics", "containerPort": 9443, "protocol": "TCP"}]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["IMPORTER_METRICS_PORT"]["value"] == "9443"
+    assert env["IMPORTER_METRICS_ADDR"]["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+
+
+def test_default_metrics_add_no_environment() -> None:
+    env = env_of(pod_for(storage()))
+    assert "IMPORTER_METRICS_ADDR" not in env and "IMPORTER_METRICS_PORT" not in env

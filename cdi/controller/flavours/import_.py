@@ -1,0 +1,229 @@
+"""The import flavour: importer pods, one per attempt, for http, s3, gcs, registry and blank.
+
+On a claim that is ready (bound, or bindable by the pod itself), one ``sync`` takes one step:
+
+1. no pod for the current attempt: create it (after the retry backoff, for a retry), having
+   first recorded its name on the PVC;
+2. pod running: scrape progress, come back in ``progress_interval``;
+3. pod finished: the failure policy decides; the decision is recorded on the PVC first
+   (``cdi.controller.record``) and acted on after (delete the pods after success, keep a failed
+   one for its logs).
+
+The attempt number is the record's count of failed attempts, and the pod's name, labels and
+metrics address are inputs of ``render_importer_pod``, so the pod created is exactly the pure
+renderer's output and a restarted controller finds it by name (409 means "already there").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from cdi.api.constants import (
+    ANN_RETAIN_AFTER_COMPLETION,
+    METRICS_PORT,
+    ConditionReason,
+    Phase,
+)
+from cdi.controller.flavours import JSON, Claim, FlavourDeps, PhaseEvent
+from cdi.controller.pods import metrics_port
+from cdi.controller.policy import Decision, FailurePolicy, Outcome, pod_outcome
+from cdi.controller.progress import Progress, parse_metrics
+from cdi.controller.record import OUTCOME_FAILED, OUTCOME_SUCCEEDED, ImportRecord
+from cdi.controller.status import ClaimProblem, FlavourPhases, View
+from cdi.kube.client import PODS, PVCS, SECRETS
+from cdi.kube.errors import Conflict, NotFound
+from cdi.kube.events import NORMAL, WARNING
+from cdi.kube.workqueue import Result
+from cdi.render import RenderError
+from cdi.render.importer_pod import ImporterPodConfig, render_importer_pod
+from cdi.render.naming import importer_pod_name
+from cdi.render.proxy_auth import render_proxy_auth_secret
+from cdi.render.worker_pod import Metrics
+
+IMPORT_PHASES = FlavourPhases(
+    scheduled=Phase.IMPORT_SCHEDULED,
+    in_progress=Phase.IMPORT_IN_PROGRESS,
+    worker="Importer",
+    activity="Import",
+)
+
+IMPORT_EVENTS: Mapping[str, PhaseEvent] = {
+    Phase.IMPORT_SCHEDULED: PhaseEvent(
+        NORMAL, ConditionReason.IMPORT_SCHEDULED, "Import into {claim} scheduled"
+    ),
+    Phase.IMPORT_IN_PROGRESS: PhaseEvent(
+        NORMAL, ConditionReason.IMPORT_IN_PROGRESS, "Import into {claim} in progress"
+    ),
+    Phase.SUCCEEDED: PhaseEvent(
+        NORMAL, ConditionReason.IMPORT_SUCCEEDED, "Successfully imported into PVC {claim}"
+    ),
+    Phase.FAILED: PhaseEvent(WARNING, ConditionReason.IMPORT_FAILED),
+}
+
+
+@dataclass(frozen=True)
+class ImportSettings:
+    """How importer pods are made and followed."""
+
+    image: str
+    pull_policy: str = "IfNotPresent"
+    policy: FailurePolicy = field(default_factory=FailurePolicy)
+    progress_interval: float = 2.0
+
+
+def parse_time(text: str | None) -> float | None:
+    if not text:
+        return None
+    try:
+        return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
+    except ValueError:
+        return None
+
+
+class ImportFlavour:
+    """Fill a claim by running importer pods, retrying transient failures with backoff."""
+
+    phases = IMPORT_PHASES
+    events = IMPORT_EVENTS
+
+    def __init__(self, deps: FlavourDeps, settings: ImportSettings) -> None:
+        self.deps = deps
+        self.settings = settings
+
+    async def sync(self, claim: Claim, view: View) -> tuple[View, Result]:
+        attempt = claim.record.failed_attempts
+        view = dataclasses.replace(view, max_attempts=self.settings.policy.max_attempts)
+        pod = claim.pods.get(importer_pod_name(claim.name, attempt))
+        if pod is None:
+            return await self._start_attempt(claim, view, attempt)
+        pod_phase = (pod.get("status") or {}).get("phase") or "Pending"
+        view = dataclasses.replace(view, pod_phase=pod_phase)
+        outcome = pod_outcome(pod)
+        if outcome is None:
+            if pod_phase != "Running":
+                return view, Result()
+            progress = await self._scrape(claim, pod)
+            return dataclasses.replace(view, progress=progress), Result(
+                requeue_after=self.settings.progress_interval
+            )
+        return await self._decide(claim, view, outcome, attempt)
+
+    async def _decide(
+        self, claim: Claim, view: View, outcome: Outcome, attempt: int
+    ) -> tuple[View, Result]:
+        policy = self.settings.policy
+        decision = policy.decide(outcome, attempt)
+        base = dataclasses.replace(claim.record, reason=outcome.reason, message=outcome.message)
+        if decision == Decision.SUCCEED:
+            new = dataclasses.replace(base, outcome=OUTCOME_SUCCEEDED)
+        elif decision == Decision.RETRY:
+            new = dataclasses.replace(base, failed_attempts=attempt + 1)
+        else:
+            new = dataclasses.replace(base, outcome=OUTCOME_FAILED)
+        pvc = await self._record(claim.pvc, new)
+        view = dataclasses.replace(view, record=new, pod_phase=None)
+        if decision == Decision.RETRY:
+            delay = policy.retry_delay(attempt + 1)
+            await self.deps.events.emit(
+                dict(claim.obj),
+                WARNING,
+                ConditionReason.ERR_IMPORT_FAILED,
+                f"Import attempt {attempt + 1} of {policy.max_attempts} failed: "
+                f"{outcome.reason}: {outcome.message}; retrying in {delay:.0f}s",
+            )
+            return dataclasses.replace(view, retry_in=delay), Result(requeue_after=delay)
+        if decision == Decision.SUCCEED:
+            await self.finish(dataclasses.replace(claim, pvc=pvc, record=new))
+        return view, Result()
+
+    async def _start_attempt(self, claim: Claim, view: View, attempt: int) -> tuple[View, Result]:
+        dv, settings = claim.dv, self.settings
+        if attempt > 0:
+            previous = claim.pods.get(importer_pod_name(claim.name, attempt - 1))
+            wait = self._backoff_left(previous, attempt)
+            if wait > 0:
+                return dataclasses.replace(view, retry_in=wait), Result(requeue_after=wait)
+        name = importer_pod_name(claim.name, attempt)
+        pvc = claim.pvc
+        if claim.record.pod_name != name:
+            pvc = await self._record(pvc, dataclasses.replace(claim.record, pod_name=name))
+        config = ImporterPodConfig(
+            image=settings.image,
+            command=(),
+            pull_policy=settings.pull_policy,
+            attempt=attempt,
+            metrics=Metrics(on_pod_ip=True),
+            cdi_config=claim.cdi_config,
+            proxy_auth_secret=await self._proxy_auth_secret(claim),
+        )
+        try:
+            pod = render_importer_pod(dv, pvc, config)
+        except RenderError as exc:
+            problem = ClaimProblem(exc.reason, exc.message)
+            return dataclasses.replace(view, problem=problem), Result(requeue_after=30.0)
+        try:
+            await self.deps.kube.create(PODS, pod, dv.namespace)
+        except Conflict:
+            pass  # created before a restart, or by the previous reconcile: same pod
+        view = dataclasses.replace(view, pod_phase="Pending")
+        return view, Result(requeue_after=settings.progress_interval)
+
+    async def _proxy_auth_secret(self, claim: Claim) -> str | None:
+        """Create the Secret with the importProxy credentials (``cdi.render.proxy_auth``);
+        its name. The name is a digest of the content, so one that exists is the same."""
+        secret = render_proxy_auth_secret(claim.dv, claim.name, claim.cdi_config)
+        if secret is None:
+            return None
+        try:
+            await self.deps.kube.create(SECRETS, secret, claim.dv.namespace)
+        except Conflict:
+            pass  # an earlier attempt (or reconcile) created it
+        return str(secret["metadata"]["name"])
+
+    def _backoff_left(self, previous: Mapping[str, Any] | None, attempt: int) -> float:
+        delay = self.settings.policy.retry_delay(attempt)
+        outcome = pod_outcome(dict(previous)) if previous else None
+        finished = parse_time(outcome.finished_at) if outcome else None
+        if finished is None:
+            return 0.0
+        return max(0.0, finished + delay - self.deps.clock())
+
+    async def _scrape(self, claim: Claim, pod: Mapping[str, Any]) -> Progress | None:
+        ip = (pod.get("status") or {}).get("podIP")
+        if not ip:
+            return None
+        text = await self.deps.scraper(str(ip), metrics_port(pod, METRICS_PORT))
+        return parse_metrics(text, claim.dv.uid) if text else None
+
+    async def _record(self, pvc: JSON, record: ImportRecord) -> JSON:
+        if not record.differs_from(pvc):
+            return pvc
+        meta = pvc["metadata"]
+        patch = {
+            "metadata": {
+                "resourceVersion": meta.get("resourceVersion"),
+                "annotations": record.annotations(),
+            }
+        }
+        return await self.deps.kube.patch(PVCS, meta["name"], patch, meta.get("namespace"))
+
+    async def finish(self, claim: Claim) -> None:
+        """After success the importer pods go (unless asked to retain them); failed attempts'
+        pods stay for their logs until the DataVolume is deleted."""
+        if claim.record.outcome != OUTCOME_SUCCEEDED:
+            return
+        if claim.dv.annotations.get(ANN_RETAIN_AFTER_COMPLETION) == "true":
+            return
+        for name, pod in claim.pods.items():
+            if (pod.get("status") or {}).get("phase") == "Failed":
+                continue
+            try:
+                await self.deps.kube.delete(
+                    PODS, name, claim.dv.namespace, uid=pod["metadata"].get("uid")
+                )
+            except (NotFound, Conflict):
+                pass

@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Fuzz every parser that reads untrusted bytes (qcow2, vmdk, vdi, tar) with atheris:
+#   bash scripts/fuzz.sh [MINUTES]     default 30 minutes in all, split evenly between targets
+# The corpus grows in _work/fuzz/<target>/corpus (a later run continues from it); crashing,
+# hanging or memory-hungry inputs are written to _work/fuzz/<target>/artifacts/. Exit 1 on any.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh --test >/dev/null
+minutes=${1:-30}
+targets=(qcow2 vmdk vdi tar)
+exec .venv/bin/python -m tests.fuzz --seconds $((minutes * 60 / ${#targets[@]})) "${targets[@]}"

@@ -1,0 +1,86 @@
+"""Archive extraction keeps the volume the boundary whatever the member order, and every
+failure is typed: links that only escape once a later member lands, hard links to missing
+members, oversized extended headers, too many members."""
+
+from __future__ import annotations
+
+import io
+import os
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from cdi.api.errors import InvalidImage, UnsafeImage
+from datapath.decode.archive import MAX_HEADER_BYTES, extract_tar
+
+
+def _tar(*members: tuple[str, bytes, str, bytes]) -> bytes:
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.GNU_FORMAT) as archive:
+        for name, kind, link, data in members:
+            info = tarfile.TarInfo(name)
+            info.type, info.linkname, info.size = kind, link, len(data)
+            archive.addfile(info, io.BytesIO(data) if data else None)
+    return out.getvalue()
+
+
+def _extract(image: bytes, dest: Path, **kwargs: int) -> int:
+    dest.mkdir(exist_ok=True)
+    return extract_tar(iter([image]), str(dest), 1 << 20, **kwargs)
+
+
+def test_a_link_that_escapes_only_after_a_later_member_is_refused_and_removed(
+    tmp_path: Path,
+) -> None:
+    # "a -> b/.." is inside while b is missing; "b -> ." then makes a resolve to dest/..
+    image = _tar(("a", tarfile.SYMTYPE, "b/..", b""), ("b", tarfile.SYMTYPE, ".", b""))
+    dest = tmp_path / "vol"
+    with pytest.raises(UnsafeImage, match="outside the volume"):
+        _extract(image, dest)
+    assert not os.path.lexists(dest / "a")
+    for name in os.listdir(dest):
+        resolved = os.path.realpath(dest / name)
+        assert resolved.startswith(str(dest.resolve()))
+
+
+def test_links_that_stay_inside_are_kept(tmp_path: Path) -> None:
+    image = _tar(
+        ("dir/", tarfile.DIRTYPE, "", b""),
+        ("dir/f", tarfile.REGTYPE, "", b"data"),
+        ("lib", tarfile.SYMTYPE, "dir", b""),
+        ("dir/up", tarfile.SYMTYPE, "../dir/f", b""),
+    )
+    assert _extract(image, tmp_path / "vol") == 4
+    assert (tmp_path / "vol" / "dir" / "up").read_bytes() == b"data"
+    assert os.path.islink(tmp_path / "vol" / "lib")
+
+
+def test_a_hard_link_to_a_missing_member_is_a_typed_error(tmp_path: Path) -> None:
+    image = _tar(("h", tarfile.LNKTYPE, "nowhere/file", b""))
+    with pytest.raises(InvalidImage, match="not in the archive"):
+        _extract(image, tmp_path / "vol")
+
+
+def test_an_oversized_extended_header_is_refused_before_it_is_read(tmp_path: Path) -> None:
+    header = tarfile.TarInfo("././@PaxHeader")
+    header.type, header.size = tarfile.XHDTYPE, 4 << 30  # declares 4 GiB, sends none
+    image = header.tobuf(format=tarfile.USTAR_FORMAT) + bytes(1024)
+    with pytest.raises(UnsafeImage, match=f"{MAX_HEADER_BYTES}-byte limit"):
+        _extract(image, tmp_path / "vol")
+
+
+def test_the_member_count_is_bounded(tmp_path: Path) -> None:
+    image = _tar(*[(f"f{i}", tarfile.REGTYPE, "", b"x") for i in range(5)])
+    with pytest.raises(UnsafeImage, match="more than 3 members"):
+        _extract(image, tmp_path / "vol", max_members=3)
+
+
+def test_a_name_with_a_nul_byte_is_refused(tmp_path: Path) -> None:
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as archive:
+        info = tarfile.TarInfo("plain")
+        info.pax_headers = {"path": "a\0b"}
+        archive.addfile(info)
+    with pytest.raises(UnsafeImage, match="NUL byte"):
+        _extract(out.getvalue(), tmp_path / "vol")
