@@ -381,7 +381,7 @@ SEEDS = [
 ]
 
 
-@settings(max_examples=300, deadline=2000, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     seed=st.sampled_from(range(len(SEEDS))),
     flips=st.lists(st.tuples(st.integers(0, 1 << 20), st.integers(0, 255)), max_size=8),
@@ -398,7 +398,7 @@ def test_mutated_images_fail_only_with_typed_errors(seed: int, flips, chunk: int
         pass
 
 
-@settings(max_examples=200, deadline=1000)
+@settings(max_examples=200, deadline=None)
 @given(prefix=st.binary(min_size=0, max_size=600))
 def test_header_parser_on_arbitrary_bytes(prefix: bytes) -> None:
     data = b"QFI\xfb\x00\x00\x00\x03" + prefix
@@ -408,7 +408,7 @@ def test_header_parser_on_arbitrary_bytes(prefix: bytes) -> None:
         pass
 
 
-@settings(max_examples=100, deadline=2000)
+@settings(max_examples=100, deadline=None)
 @given(
     sizes=st.lists(st.integers(1, 3000), min_size=1, max_size=50), layout=st.sampled_from(LAYOUTS)
 )

@@ -163,7 +163,7 @@ SEED = build_vdi(
 )
 
 
-@settings(max_examples=150, deadline=3000, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     flips=st.lists(st.tuples(st.integers(0, 2047), st.integers(0, 255)), max_size=8),
     chunk=st.integers(512, 300_000),
@@ -178,7 +178,7 @@ def test_mutated_headers_and_maps_fail_only_with_typed_errors(flips, chunk: int)
         pass
 
 
-@settings(max_examples=200, deadline=1000)
+@settings(max_examples=200, deadline=None)
 @given(tail=st.binary(min_size=0, max_size=600))
 def test_header_parser_on_arbitrary_bytes(tail: bytes) -> None:
     data = bytearray(SEED[:0x40]) + b"\x7f\x10\xda\xbe" + tail
