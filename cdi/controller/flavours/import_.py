@@ -3,7 +3,8 @@
 On a claim that is ready (bound, or bindable by the pod itself), one ``sync`` takes one step:
 
 1. no pod for the current attempt: create it (after the retry backoff, for a retry), having
-   first recorded its name on the PVC;
+   first recorded its name on the PVC and, when CDIConfig importProxy carries credentials,
+   created the Secret that brings them to the pod (``cdi.render.proxy_auth``);
 2. pod running: scrape progress, come back in ``progress_interval``;
 3. pod finished: the failure policy decides; the decision is recorded on the PVC first
    (``cdi.controller.record``) and acted on after (delete the pods after success, keep a failed
