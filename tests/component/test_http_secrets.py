@@ -12,10 +12,12 @@ from pathlib import Path
 import pytest
 from aiohttp import encode_basic_auth, web
 
+from cdi.api.errors import SourceForbidden
 from cdi.api.netpolicy import NetPolicy
 from importer.config import from_env
 from importer.runner import run_import
 from importer.sources.http import ProxyConfig
+from importer.sources.http_client import Dialer
 from tests.component.conftest import Handler, ImageFactory, Server, same_content
 from tests.component.helpers import import_url
 
@@ -203,3 +205,23 @@ async def test_through_a_proxy_refused_literals_never_reach_it_and_names_are_its
     assert not asked
     named = await import_url("http://image.example/d.img", tmp_path / "n.img", proxy=proxied)
     assert named.reason == "SourceNotFound" and set(asked) == {"http://image.example/d.img"}
+
+
+def test_a_name_resolving_to_any_refused_address_is_refused_whole() -> None:
+    """The resolver is injected: the name resolves to the canary on loopback first, then to a
+    metadata address. Connecting to the allowed one alone would still be wrong (the next
+    connection could pick the other), so the name is refused and the canary sees nothing."""
+    with socket.create_server(("127.0.0.1", 0)) as canary:
+        canary.setblocking(False)
+        port = canary.getsockname()[1]
+        dialer = Dialer(
+            NetPolicy.parse(["127.0.0.0/8"]),
+            resolve=lambda host, port: ["127.0.0.1", "169.254.169.254"],
+        )
+        with pytest.raises(SourceForbidden, match="metadata or link-local"):
+            dialer.connect("mixed.example", port, 1.0, "http://mixed.example")
+        with pytest.raises(BlockingIOError):
+            canary.accept()
+        allowed = Dialer(NetPolicy.parse(["127.0.0.0/8"]), resolve=lambda h, p: ["127.0.0.1"])
+        allowed.connect("loop.example", port, 1.0, "http://loop.example").close()
+        assert canary.accept()  # the same dial to an allowed name does connect
