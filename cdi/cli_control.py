@@ -47,6 +47,9 @@ def add_controller_parser(sub: argparse._SubParsersAction) -> None:  # type: ign
     p.add_argument("--lease-duration", type=float, default=15.0)
     p.add_argument("--renew-deadline", type=float, default=10.0)
     p.add_argument("--retry-period", type=float, default=2.0)
+    p.add_argument("--namespace", default="cdi", help="CDI namespace (upload proxy lookup)")
+    p.add_argument("--metrics-host", default="0.0.0.0")
+    p.add_argument("--metrics-port", type=int, default=0, help="serve /metrics here; 0: off")
     p.set_defaults(func=cmd_controller)
 
 
@@ -112,6 +115,9 @@ def cmd_controller(a: argparse.Namespace) -> int:
         leader=leader,
         workers=a.workers,
         resync=a.resync,
+        namespace=a.namespace,
+        metrics_host=a.metrics_host,
+        metrics_port=a.metrics_port or None,
     )
 
     async def main() -> None:

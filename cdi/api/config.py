@@ -18,7 +18,7 @@ from cdi.api.constants import (
     DEFAULT_FILESYSTEM_OVERHEAD,
 )
 from cdi.api.quantity import Quantity, QuantityError
-from cdi.api.types import ObjectMeta, ResourceRequirements
+from cdi.api.types import Condition, ObjectMeta, ResourceRequirements
 
 # --- StorageProfile --------------------------------------------------------------------------
 
@@ -45,6 +45,7 @@ class StorageProfileStatus(ApiObject):
     claim_property_sets: tuple[ClaimPropertySet, ...] = ()
     data_import_cron_source_format: str | None = None
     snapshot_class: str | None = None
+    conditions: tuple[Condition, ...] = ()  # Recognized: is the provisioner in the known table
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,18 @@
-"""The controller process: informers, one work queue, bounded workers, leader election.
+"""The controller process: informers, one work queue per reconciler, bounded workers, leader
+election, and the metrics endpoint.
 
 Start-up: become leader (a Lease; a standby replica waits here), start informers, wait for
-their caches, then run ``workers`` reconcilers off the queue. Watches only enqueue keys: a
-DataVolume maps to itself, a PVC or importer Pod to the DataVolume that controls it (or that
-it was created for), a StorageClass/StorageProfile/CDIConfig change to every DataVolume still
-waiting for its claim. Shutdown (SIGTERM or lost leadership): stop the queue, let in-flight
-reconciles finish (bounded by ``shutdown_grace``), release the Lease, stop informers.
+their caches, then run each reconciler's workers off its own queue (a key is only ever
+"namespace/name" of that reconciler's kind). Watches only enqueue keys:
+
+- DataVolumes: a DataVolume maps to itself, a PVC or importer Pod to the DataVolume that
+  controls it (or that it was created for), and a StorageClass/StorageProfile/CDIConfig change
+  to every DataVolume still waiting for its claim;
+- StorageProfiles: a StorageClass or a StorageProfile maps to the profile of that name;
+- CDIConfig: any StorageClass or CDIConfig change maps to the singleton ``config``.
+
+Shutdown (SIGTERM or lost leadership): stop the queues, let in-flight reconciles finish
+(bounded by ``shutdown_grace``), release the Lease, stop informers and the metrics server.
 """
 
 from __future__ import annotations
@@ -17,9 +24,19 @@ import signal
 from dataclasses import dataclass, field
 from typing import Any
 
-from cdi.api.constants import ANN_CREATED_FOR_DATAVOLUME, KIND_DATAVOLUME, LABEL_COMPONENT
-from cdi.controller.datavolume import Caches, ControllerConfig, DataVolumeReconciler
+from aiohttp import web
+
+from cdi.api.constants import (
+    ANN_CREATED_FOR_DATAVOLUME,
+    CDICONFIG_NAME,
+    KIND_DATAVOLUME,
+    LABEL_COMPONENT,
+)
+from cdi.controller.cdiconfig import CDIConfigReconciler
+from cdi.controller.datavolume import Caches, ControllerConfig, DataVolumeReconciler, utc_now
+from cdi.controller.metrics import ControllerMetrics, Sources, serve_metrics
 from cdi.controller.progress import HttpScraper
+from cdi.controller.storageprofile import StorageProfileReconciler
 from cdi.kube.client import (
     CDI_CONFIGS,
     DATAVOLUMES,
@@ -34,7 +51,7 @@ from cdi.kube.client import (
 from cdi.kube.events import EventRecorder
 from cdi.kube.informer import Informer, wait_all_synced
 from cdi.kube.leader import LeaderConfig, LeaderElector, LeadershipLost
-from cdi.kube.workqueue import Backoff, WorkQueue, run_workers
+from cdi.kube.workqueue import Backoff, Reconcile, WorkQueue, run_workers
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +64,28 @@ class ManagerConfig:
     resync: float = 300.0
     shutdown_grace: float = 20.0
     sync_timeout: float = 60.0
+    namespace: str = "cdi"  # where the upload proxy is deployed
+    metrics_host: str = "0.0.0.0"
+    metrics_port: int | None = 8080  # None: no metrics server
+    config_recheck: float = 60.0
+
+
+@dataclass(frozen=True)
+class Loop:
+    """One reconciler: its queue, its (timed) reconcile function and how many workers."""
+
+    name: str
+    queue: WorkQueue
+    reconcile: Reconcile
+    workers: int
+
+    def enqueue(self, key: str | None) -> None:
+        if key:
+            self.queue.add(key)
+
+
+def new_queue() -> WorkQueue:
+    return WorkQueue(Backoff(base=0.1, cap=30.0))
 
 
 def owner_key(obj: dict[str, Any]) -> str | None:
@@ -65,7 +104,6 @@ class Manager:
     def __init__(self, kube: Kube, config: ManagerConfig, identity: str = "cdi-controller"):
         self.config = config
         self.kube = AsyncKube(kube)
-        self.queue = WorkQueue(Backoff(base=0.1, cap=30.0))
         r = config.resync
         self.informers = {
             "dv": Informer(kube, DATAVOLUMES, resync=r),
@@ -76,43 +114,78 @@ class Manager:
             "config": Informer(kube, CDI_CONFIGS, resync=r),
         }
         self.scraper = HttpScraper()
-        self.reconciler = DataVolumeReconciler(
+        self.metrics = ControllerMetrics(
+            Sources(self.informers["dv"], self.informers["sc"], self.informers["profile"])
+        )
+        self.loops = self._loops(identity)
+        self.elector = LeaderElector(self.kube, config.leader) if config.leader else None
+        self._metrics_runner: web.AppRunner | None = None
+        self._stop = asyncio.Event()
+
+    def _loops(self, identity: str) -> dict[str, Loop]:
+        i, cfg = self.informers, self.config
+        datavolumes = DataVolumeReconciler(
             self.kube,
             Caches(
-                pods=self.informers["pod"],
-                storage_classes=self.informers["sc"],
-                storage_profiles=self.informers["profile"],
-                cdi_configs=self.informers["config"],
+                pods=i["pod"],
+                storage_classes=i["sc"],
+                storage_profiles=i["profile"],
+                cdi_configs=i["config"],
             ),
             EventRecorder(self.kube, "datavolume-controller", identity),
             self.scraper,
-            config.controller,
+            cfg.controller,
         )
-        self.elector = LeaderElector(self.kube, config.leader) if config.leader else None
-        self._stop = asyncio.Event()
+        profiles = StorageProfileReconciler(self.kube, utc_now)
+        cdi_config = CDIConfigReconciler(self.kube, i["sc"], cfg.namespace, cfg.config_recheck)
+        reconcilers: list[tuple[str, Reconcile, int]] = [
+            ("datavolume", datavolumes.reconcile, cfg.workers),
+            ("storageprofile", profiles.reconcile, 1),
+            ("cdiconfig", cdi_config.reconcile, 1),
+        ]
+        return {
+            name: Loop(name, new_queue(), self.metrics.timed(name, fn), workers)
+            for name, fn, workers in reconcilers
+        }
 
     def _wire(self) -> None:
-        q = self.queue
-        self.informers["dv"].add_handler(lambda o: q.add(object_key(o)))
+        dvs, profiles, config = (
+            self.loops[n] for n in ("datavolume", "storageprofile", "cdiconfig")
+        )
+        self.informers["dv"].add_handler(lambda o: dvs.enqueue(object_key(o)))
         for name in ("pvc", "pod"):
-            self.informers[name].add_handler(lambda o: self._enqueue_owner(o))
+            self.informers[name].add_handler(lambda o: dvs.enqueue(owner_key(o)))
+        for name in ("sc", "profile"):
+            self.informers[name].add_handler(lambda o: profiles.enqueue(object_key(o)))
+        for name in ("sc", "config"):
+            self.informers[name].add_handler(lambda _o: config.enqueue(CDICONFIG_NAME))
         for name in ("sc", "profile", "config"):
             self.informers[name].add_handler(lambda _o: self._enqueue_waiting())
-
-    def _enqueue_owner(self, obj: dict[str, Any]) -> None:
-        key = owner_key(obj)
-        if key is not None:
-            self.queue.add(key)
+        config.enqueue(CDICONFIG_NAME)  # created if missing, even before any event
 
     def _enqueue_waiting(self) -> None:
+        dvs = self.loops["datavolume"]
         for dv in self.informers["dv"].items():
             if (dv.get("status") or {}).get("phase") in (None, "", "Pending"):
-                self.queue.add(object_key(dv))
+                dvs.enqueue(object_key(dv))
 
     def stop(self) -> None:
         self._stop.set()
 
     async def run(self) -> None:
+        """Serve metrics from the start (a standby too, as controller-runtime does: its cache
+        metrics are simply empty), lead, then reconcile until stopped."""
+        if self.config.metrics_port is not None:
+            self._metrics_runner = await serve_metrics(
+                self.metrics, self.config.metrics_host, self.config.metrics_port
+            )
+        try:
+            await self._lead_and_run()
+        finally:
+            if self._metrics_runner is not None:
+                await self._metrics_runner.cleanup()
+
+    async def _lead_and_run(self) -> None:
         if self.elector is not None:
             acquiring: asyncio.Task[Any] = asyncio.create_task(self.elector.acquire())
             stopping: asyncio.Task[Any] = asyncio.create_task(self._stop.wait())
@@ -133,9 +206,7 @@ class Manager:
             await self._shutdown()
 
     async def _run_until_stopped(self) -> None:
-        workers = asyncio.create_task(
-            run_workers(self.queue, self.reconciler.reconcile, self.config.workers)
-        )
+        workers = asyncio.create_task(self._run_loops())
         watchers: list[asyncio.Task[Any]] = [asyncio.create_task(self._stop.wait())]
         if self.elector is not None:
             watchers.append(asyncio.create_task(self.elector.hold()))
@@ -147,13 +218,19 @@ class Manager:
                 exc = task.exception()
                 if isinstance(exc, LeadershipLost):
                     log.error("leadership lost; stopping")
-        self.queue.shutdown()  # no new keys; running reconciles finish
+        for loop in self.loops.values():
+            loop.queue.shutdown()  # no new keys; running reconciles finish
         try:
             await asyncio.wait_for(workers, self.config.shutdown_grace)
         except TimeoutError:
             log.warning(
                 "reconciles still running after %.0fs; abandoning them", self.config.shutdown_grace
             )
+
+    async def _run_loops(self) -> None:
+        await asyncio.gather(
+            *(run_workers(loop.queue, loop.reconcile, loop.workers) for loop in self.loops.values())
+        )
 
     async def _shutdown(self) -> None:
         for informer in self.informers.values():

@@ -55,6 +55,8 @@ from cdi.render.naming import pvc_name
 from cdi.render.owner import datavolume_reference
 
 SKIPPED_ANNOTATIONS = ("kubectl.kubernetes.io/last-applied-configuration",)
+# CDI's messages (pkg/controller/datavolume/util.go) for a claim that cannot be completed.
+NO_STORAGE_CLASS = "PVC spec is missing accessMode and no storageClass to choose profile"
 
 
 def render_pvc(
@@ -121,9 +123,7 @@ def _modes(
             return access, resolve_volume_mode(requested)
         name = profile.storage_class if profile else storage.storage_class_name
         raise RenderError(
-            f"no accessMode defined on StorageProfile for {name} StorageClass"
-            if name
-            else "no accessMode defined on DV, no StorageProfile"
+            f"no accessMode specified in StorageProfile {name}" if name else NO_STORAGE_CLASS
         )
     return _from_profile(profile, access, requested)
 
@@ -150,9 +150,7 @@ def _from_profile(
         return access, resolve_volume_mode(found.volume_mode)
     first = sets[0]
     if not first.access_modes:
-        raise RenderError(
-            f"no accessMode defined on StorageProfile for {profile.storage_class} StorageClass"
-        )
+        raise RenderError(f"no accessMode specified in StorageProfile {profile.storage_class}")
     return first.access_modes, resolve_volume_mode(first.volume_mode)
 
 
@@ -180,6 +178,8 @@ def _size(
 def required_space(overhead: float, requested: int) -> int:
     """CDI ``GetRequiredSpace``: align to 1 MiB, then add overhead as a share of the total."""
     aligned = -(-requested // MIB) * MIB
+    if not 0 <= overhead < 1:
+        raise RenderError(f"filesystem overhead {overhead} leaves no room for data")
     return math.ceil(aligned / (1 - overhead))
 
 

@@ -82,8 +82,8 @@ def source_url_causes(url: str, kind: str, schemes: tuple[str, ...] = _WEB_SCHEM
 
 def _http_causes(http: HTTPSource) -> Causes:
     causes = source_url_causes(http.url, "HTTP")
-    if causes or http.checksum is None:
-        return causes
+    if causes or not http.checksum:
+        return causes  # CDI: an empty checksum means "none" (its docs write `checksum: ""`)
     try:
         Checksum.parse(http.checksum)
     except ChecksumFormatError as exc:

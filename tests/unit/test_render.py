@@ -162,8 +162,8 @@ def test_archive_forces_filesystem() -> None:
             profile(BLOCK_RWX),
             "DataVolume with ContentType Archive cannot have block volumeMode",
         ),
-        (storage(), None, "no accessMode defined on DV, no StorageProfile"),
-        (storage(), profile(), "no accessMode defined on StorageProfile for local StorageClass"),
+        (storage(), None, "PVC spec is missing accessMode and no storageClass to choose profile"),
+        (storage(), profile(), "no accessMode specified in StorageProfile local"),
         (
             storage(volumeMode="Block"),
             profile(FS_RWO),

@@ -1,0 +1,222 @@
+"""The controller's Prometheus metrics, served at ``/metrics`` on the metrics port.
+
+Two kinds, kept apart so nothing in a reconciler holds metric state:
+
+- **Derived from the caches at scrape time** (``ClusterCollector``): a custom collector reads the
+  informer stores when Prometheus scrapes, so the numbers are level-based like the reconcilers
+  and never drift from the cluster (a deleted StorageProfile's series simply stops appearing,
+  where CDI has to delete labelled gauges by hand). Names are CDI's where CDI has them:
+
+  ``kubevirt_cdi_storageprofile_info``     1 per profile; labels storageclass, provisioner,
+                                            complete, default, virtdefault, rwx, smartclone,
+                                            degraded (CDI's meaning: no RWX or no smart clone)
+  ``kubevirt_cdi_datavolume_pending``       DataVolumes Pending with no storage class to use
+  ``kubevirt_cdi_import_progress_total``    percent, per DataVolume (``ownerUID``) importing
+  ``kubevirt_cdi_clone_progress_total``     same, while cloning
+  ``kubevirt_cdi_upload_progress_total``    same, while uploading (not a CDI name)
+  ``cdi_datavolumes``                       DataVolumes per ``phase`` (not a CDI name)
+
+- **Observed around each reconcile** (``timed``), under controller-runtime's names, which CDI's
+  controller also exports: ``controller_runtime_reconcile_time_seconds{controller}`` (histogram)
+  and ``controller_runtime_reconcile_total{controller,result}`` (success, requeue_after, error).
+
+Every metric lives in this object's own ``CollectorRegistry`` (no process-global registry), so
+tests build one and read it without a server.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter as Tally
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from cdi.api.codec import SchemaError
+from cdi.api.config import StorageProfile
+from cdi.api.constants import AccessMode
+from cdi.kube.workqueue import Reconcile, Result
+from cdi.render.storageprofile import profile_complete
+
+ANN_DEFAULT_CLASS = "storageclass.kubernetes.io/is-default-class"
+ANN_DEFAULT_VIRT_CLASS = "storageclass.kubevirt.io/is-default-virt-class"
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+PROGRESS_BY_PHASE_PREFIX = (
+    ("Import", "import"),
+    ("Clone", "clone"),
+    ("CSIClone", "clone"),
+    ("Upload", "upload"),
+)
+
+
+class Store(Protocol):
+    def get(self, key: str) -> dict[str, Any] | None: ...
+
+    def items(self) -> list[dict[str, Any]]: ...
+
+
+@dataclass(frozen=True)
+class Sources:
+    datavolumes: Store
+    storage_classes: Store
+    storage_profiles: Store
+
+
+def _flag(value: bool) -> str:
+    return str(value).lower()
+
+
+def _annotated(obj: Mapping[str, Any] | None, key: str) -> bool:
+    return ((obj or {}).get("metadata") or {}).get("annotations", {}).get(key) == "true"
+
+
+def profile_labels(profile: StorageProfile, sc: Mapping[str, Any] | None) -> dict[str, str]:
+    status = profile.status
+    sets = status.claim_property_sets if status else ()
+    rwx = any(AccessMode.READ_WRITE_MANY in s.access_modes for s in sets)
+    smart = bool(status and status.clone_strategy in ("snapshot", "csi-clone"))
+    return {
+        "storageclass": profile.storage_class,
+        "provisioner": (status.provisioner if status else None) or "",
+        "complete": _flag(profile_complete(profile)),
+        "default": _flag(_annotated(sc, ANN_DEFAULT_CLASS)),
+        "virtdefault": _flag(_annotated(sc, ANN_DEFAULT_VIRT_CLASS)),
+        "rwx": _flag(rwx),
+        "smartclone": _flag(smart),
+        "degraded": _flag(not rwx or not smart),
+    }
+
+
+def progress_value(text: str | None) -> float | None:
+    if not text or not text.endswith("%"):
+        return None
+    try:
+        return float(text[:-1])
+    except ValueError:
+        return None
+
+
+class ClusterCollector(Collector):
+    """Metrics computed from the informer caches when scraped."""
+
+    def __init__(self, sources: Sources) -> None:
+        self.sources = sources
+
+    def collect(self) -> Iterator[Metric]:
+        yield self._profiles()
+        yield from self._datavolumes()
+
+    def _profiles(self) -> Metric:
+        labels = list(profile_labels(StorageProfile(), None))
+        info = GaugeMetricFamily(
+            "kubevirt_cdi_storageprofile_info", "StorageProfiles info labels", labels=labels
+        )
+        for raw in self.sources.storage_profiles.items():
+            try:
+                profile = StorageProfile.from_dict(raw)
+            except SchemaError:
+                continue
+            sc = self.sources.storage_classes.get(profile.storage_class)
+            info.add_metric(list(profile_labels(profile, sc).values()), 1.0)
+        return info
+
+    def _datavolumes(self) -> Iterator[Metric]:
+        dvs = self.sources.datavolumes.items()
+        phases = Tally(str((dv.get("status") or {}).get("phase") or "") for dv in dvs)
+        by_phase = GaugeMetricFamily("cdi_datavolumes", "DataVolumes by phase", labels=["phase"])
+        for phase, count in sorted(phases.items()):
+            by_phase.add_metric([phase], float(count))
+        yield by_phase
+        yield GaugeMetricFamily(
+            "kubevirt_cdi_datavolume_pending",
+            "Number of DataVolumes pending for default storage class to be configured",
+            value=float(sum(1 for dv in dvs if self._pending_for_class(dv))),
+        )
+        yield from self._progress(dvs)
+
+    def _pending_for_class(self, dv: Mapping[str, Any]) -> bool:
+        if (dv.get("status") or {}).get("phase") not in (None, "", "Pending"):
+            return False
+        spec = dv.get("spec") or {}
+        claim = spec.get("storage") or spec.get("pvc") or {}
+        if claim.get("storageClassName"):
+            return False
+        classes = self.sources.storage_classes.items()
+        return not any(_annotated(sc, ANN_DEFAULT_CLASS) for sc in classes)
+
+    def _progress(self, dvs: list[dict[str, Any]]) -> Iterator[Metric]:
+        families = {
+            kind: CounterMetricFamily(
+                f"kubevirt_cdi_{kind}_progress",
+                f"The {kind} progress in percentage",
+                labels=["ownerUID"],
+            )
+            for kind in ("import", "clone", "upload")
+        }
+        for dv in dvs:
+            status = dv.get("status") or {}
+            phase = str(status.get("phase") or "")
+            value = progress_value(status.get("progress"))
+            kind = next((k for p, k in PROGRESS_BY_PHASE_PREFIX if phase.startswith(p)), None)
+            if kind and value is not None:
+                families[kind].add_metric([str(dv["metadata"].get("uid", ""))], value)
+        yield from families.values()
+
+
+class ControllerMetrics:
+    def __init__(self, sources: Sources, clock: Callable[[], float] = time.monotonic) -> None:
+        self.registry = CollectorRegistry()
+        self.clock = clock
+        self.reconcile_time = Histogram(
+            "controller_runtime_reconcile_time_seconds",
+            "Length of time per reconciliation per controller",
+            ["controller"],
+            registry=self.registry,
+        )
+        self.reconcile_total = Counter(
+            "controller_runtime_reconcile",
+            "Total number of reconciliations per controller",
+            ["controller", "result"],
+            registry=self.registry,
+        )
+        self.registry.register(ClusterCollector(sources))
+
+    def timed(self, controller: str, reconcile: Reconcile) -> Reconcile:
+        """``reconcile`` with its latency and outcome recorded under ``controller``."""
+
+        async def run(key: str) -> Result:
+            start = self.clock()
+            result_label = "error"
+            try:
+                result = await reconcile(key)
+                result_label = "success" if result.requeue_after is None else "requeue_after"
+                return result
+            finally:
+                self.reconcile_time.labels(controller).observe(self.clock() - start)
+                self.reconcile_total.labels(controller, result_label).inc()
+
+        return run
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
+
+    def app(self) -> web.Application:
+        async def handle(_: web.Request) -> web.Response:
+            return web.Response(body=self.exposition(), headers={"Content-Type": CONTENT_TYPE})
+
+        app = web.Application()
+        app.router.add_get("/metrics", handle)
+        return app
+
+
+async def serve_metrics(metrics: ControllerMetrics, host: str, port: int) -> web.AppRunner:
+    """Start serving ``/metrics``; the caller cleans the runner up at shutdown."""
+    runner = web.AppRunner(metrics.app(), access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, host, port).start()
+    return runner
