@@ -80,8 +80,11 @@ def prepare(paths: Paths, input_path: Path, warm_gib: float) -> None:
 
 
 def ours_argv(cdi: Path, url: str, out: Path, virtual_size: int) -> list[str]:
-    """The `cdi import` command line whose contract the lead defined for the benchmark."""
-    return [str(cdi), "import", url, str(out), "--size", str(virtual_size), "--quiet", "--json"]
+    """The `cdi import` command line whose contract the lead defined for the benchmark; the
+    server is on loopback, allowed explicitly (the CLI's default allows it too)."""
+    size = str(virtual_size)
+    policy = ["--allow-source-cidr", "127.0.0.0/8"]
+    return [str(cdi), "import", url, str(out), "--size", size, *policy, "--quiet", "--json"]
 
 
 def reference_argv(route: Route, url: str, paths: Paths, input_path: Path) -> list[str]:

@@ -15,7 +15,8 @@ import stat
 import sys
 from urllib.parse import urlsplit
 
-from cdi.api.errors import WorkerError
+from cdi.api.errors import InvalidConfig, WorkerError
+from cdi.api.netpolicy import PRIVATE, NetPolicy
 from cdi.api.termination import TerminationMessage
 from datapath import Progress, TargetSpec, parse_checksum
 from importer.config import (
@@ -70,6 +71,15 @@ def _add_import_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--username-file", help="file with the basic-auth user (accessKeyId)")
     p.add_argument("--password-file", help="file with the basic-auth password (secretKey)")
+    p.add_argument(
+        "--allow-source-cidr",
+        action="append",
+        default=[],
+        metavar="CIDR",
+        help="restricted range the import may reach (repeatable; replaces the default of "
+        "loopback and private ranges; 'none' allows only public addresses); metadata and "
+        "link-local addresses are always refused",
+    )
     p.add_argument("--proxy", help="HTTP(S) proxy URL (default: none)")
     p.add_argument("--no-proxy", default="", help="comma-separated hosts that bypass the proxy")
     p.add_argument("--preallocate", action="store_true", help="allocate the whole file")
@@ -93,6 +103,16 @@ def _add_import_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
+def cli_policy(allowed: list[str]) -> NetPolicy:
+    """The CLI runs for the user on their own machine: loopback and private ranges are
+    allowed unless ``--allow-source-cidr`` says otherwise; metadata/link-local never are."""
+    cidrs = [c for c in allowed if c.strip().lower() != "none"] if allowed else list(PRIVATE)
+    try:
+        return NetPolicy.parse(cidrs)
+    except ValueError as exc:
+        raise InvalidConfig(f"--allow-source-cidr: {exc}") from exc
+
+
 def _refuse_overwrite(a: argparse.Namespace, block: bool, checkpoint: str | None) -> None:
     """An existing disk file is replaced only with --overwrite (or when resuming it)."""
     if (
@@ -114,11 +134,12 @@ def _source_from_args(a: argparse.Namespace) -> SourceOptions:
     cas: tuple[str, ...] = ()
     for ca in a.ca:
         cas += mounted_files(ca) if os.path.isdir(ca) else (ca,)
-    headers = [split_header(h) for h in a.header]
-    headers += [split_header(read_file(f) or "") for f in a.header_file]
+    headers = [split_header(h, "-H header") for h in a.header]
+    secret_headers = [split_header(read_file(f) or "", f"header file {f}") for f in a.header_file]
     return HttpOptions(
         url=a.source,
         headers=tuple(headers),
+        secret_headers=tuple(secret_headers),
         username=read_file(a.username_file),
         password=read_file(a.password_file),
         ca_files=cas,
@@ -126,6 +147,7 @@ def _source_from_args(a: argparse.Namespace) -> SourceOptions:
         proxy=ProxyConfig(
             http=a.proxy, https=a.proxy, no_proxy=tuple(filter(None, a.no_proxy.split(",")))
         ),
+        policy=cli_policy(a.allow_source_cidr),
     )
 
 

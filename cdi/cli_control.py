@@ -33,6 +33,14 @@ def add_controller_parser(sub: argparse._SubParsersAction) -> None:  # type: ign
     p.add_argument(
         "--claim-adoption", action="store_true", help="feature gate DataVolumeClaimAdoption"
     )
+    p.add_argument(
+        "--cluster-cidr",
+        action="append",
+        default=[],
+        metavar="CIDR",
+        help="a pod, service or node range of the cluster (repeatable): imports may not reach "
+        "it unless CDIConfig importPolicy.allowedSourceCIDRs allows it",
+    )
     p.add_argument("--leader-elect", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--lease-namespace", default="cdi")
     p.add_argument("--lease-name", default="cdi-controller-leader-election-helper")
@@ -102,6 +110,7 @@ def cmd_controller(a: argparse.Namespace) -> int:
             policy=FailurePolicy(a.max_attempts, a.retry_base_delay, a.retry_max_delay),
             progress_interval=a.progress_interval,
             claim_adoption_gate=a.claim_adoption,
+            cluster_cidrs=tuple(a.cluster_cidr),
         ),
         leader=leader,
         workers=a.workers,

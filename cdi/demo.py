@@ -19,6 +19,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from cdi.api.netpolicy import LOOPBACK, NetPolicy
 from cdi.cli import print_result, with_progress
 from datapath import TargetSpec, parse_checksum
 from importer.config import HttpOptions, ImportConfig, build_plan, parse_size
@@ -65,7 +66,7 @@ async def _serve_and_import(image: Path, image_bytes: int, target: Path) -> int:
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     url = f"http://127.0.0.1:{port}/{image.name}"
     print(f"serving {image.name} ({image_bytes:,} bytes) at {url}")
-    source = HttpOptions(url=url)
+    source = HttpOptions(url=url, policy=NetPolicy.parse(LOOPBACK))  # served on loopback
     plan = build_plan(
         source,
         TargetSpec(path=str(target), block=False),

@@ -5,24 +5,35 @@ rendered the way CDI renders them work) and the ``cdi import`` command line. Eit
 result is three parts: the data path's frozen ``ProcessPlan`` (``build_plan``), the options of
 the one source to read (HTTP, a local file, or none for a blank disk) and the process edges
 (termination message, metrics). Nothing below this module reads the environment.
+
+Extra headers are validated here, at configuration time, so a bad one is a typed
+``InvalidConfig`` before any connection: a name must be an HTTP token and not ``Host``, a
+hop-by-hop header or one the importer manages itself (``Range``, ``Content-Length``); a value may
+not hold CR, LF or NUL (header injection). Error messages name the header's origin, never its
+value, which may be a secret.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit, urlunsplit
 
 from cdi.api.checksum import Checksum
 from cdi.api.constants import (
     DATAVOLUME_CONTENT_TYPES,
     EXTRA_HEADERS_DIR,
     IMPORTER_EXTRA_HEADER_PREFIX,
+    SECRET_KEY_PROXY_HTTP,
+    SECRET_KEY_PROXY_HTTPS,
     ContentType,
     ImporterEnv,
 )
 from cdi.api.errors import InvalidConfig
+from cdi.api.netpolicy import NetPolicy
 from cdi.api.quantity import Quantity, QuantityError
 from datapath import CheckpointPlan, ProcessPlan, TargetSpec, parse_checksum
 from datapath.checkpoint import INTERVAL as CHECKPOINT_INTERVAL
@@ -151,14 +162,19 @@ def _read_dir(path: str | None) -> dict[str, str]:
 
 
 def _headers(env: Mapping[str, str]) -> list[tuple[str, str]]:
+    keys = sorted(k for k in env if k.startswith(IMPORTER_EXTRA_HEADER_PREFIX))
+    return [split_header(env[key], key) for key in keys]
+
+
+def _secret_headers(env: Mapping[str, str]) -> list[tuple[str, str]]:
+    """One mounted Secret per folder /extraheaders/<i>/, each file one header."""
     out = []
-    for key in sorted(k for k in env if k.startswith(IMPORTER_EXTRA_HEADER_PREFIX)):
-        out.append(split_header(env[key]))
-    # Secret headers: one mounted Secret per folder /extraheaders/<i>/, each file one header.
     root = env.get("IMPORTER_SECRET_EXTRA_HEADERS_DIR", EXTRA_HEADERS_DIR)
     if os.path.isdir(root):
         for sub in sorted(os.listdir(root)):
-            out.extend(split_header(v) for v in _read_dir(os.path.join(root, sub)).values())
+            for path in mounted_files(os.path.join(root, sub)):
+                origin = f"secret header {sub}/{os.path.basename(path)}"
+                out.append(split_header(read_file(path) or "", origin))
     return out
 
 
@@ -170,11 +186,60 @@ def read_file(path: str | None) -> str | None:
         return fh.read().strip()
 
 
-def split_header(text: str) -> tuple[str, str]:
+_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # RFC 9110 field-name
+# Hop-by-hop (RFC 9110 7.6.1) and the headers the importer sets itself.
+FORBIDDEN_HEADERS = frozenset(
+    {
+        "host",
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "content-length",
+        "range",
+    }
+)
+
+
+def split_header(text: str, origin: str = "header") -> tuple[str, str]:
+    """``Name: value`` checked for injection; ``origin`` names it in errors (never the value)."""
     name, sep, value = text.partition(":")
-    if not sep or not name.strip():
-        raise InvalidConfig(f"header {text!r} is not 'Name: value'")
-    return name.strip(), value.strip()
+    name, value = name.strip(), value.strip()
+    if not sep or not name:
+        raise InvalidConfig(f"{origin} is not 'Name: value' (no header name)")
+    if not _TOKEN.fullmatch(name):
+        raise InvalidConfig(f"{origin}: {name[:40]!r} is not a valid header name")
+    if name.lower() in FORBIDDEN_HEADERS:
+        raise InvalidConfig(f"{origin}: the {name} header may not be set")
+    if any(c in value for c in "\r\n\0"):
+        raise InvalidConfig(f"{origin}: the value of {name} holds CR, LF or NUL")
+    return name, value
+
+
+def _proxy_url(url: str | None, creds: Mapping[str, str], key: str) -> str | None:
+    """A proxy URL from the env with the userinfo from the mounted proxy-auth Secret put back
+    (the address always comes from the env, which the pod spec fixes)."""
+    if not url or not creds.get(key):
+        return url or None
+    parts = urlsplit(url if "://" in url else f"http://{url}")
+    netloc = f"{creds[key]}@{parts.netloc.rpartition('@')[2]}"
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+
+
+def net_policy(env: Mapping[str, str]) -> NetPolicy:
+    """The import network policy from the pod's env; none set: only public addresses."""
+    try:
+        return NetPolicy.parse(
+            env.get(ImporterEnv.ALLOWED_SOURCE_CIDRS, "").split(","),
+            env.get(ImporterEnv.CLUSTER_CIDRS, "").split(","),
+        )
+    except ValueError as exc:
+        raise InvalidConfig(f"import policy: {exc}") from exc
 
 
 def _target_from_env(env: Mapping[str, str], kind: ContentType) -> TargetSpec:
@@ -196,14 +261,20 @@ def _target_from_env(env: Mapping[str, str], kind: ContentType) -> TargetSpec:
 
 def _http_from_env(env: Mapping[str, str]) -> HttpOptions:
     auth = _read_dir(env.get("IMPORTER_AUTH_DIR"))
+    proxy_auth = _read_dir(env.get(ImporterEnv.PROXY_AUTH_DIR))
     proxy = ProxyConfig(
-        http=env.get("http_proxy") or env.get("HTTP_PROXY") or None,
-        https=env.get("https_proxy") or env.get("HTTPS_PROXY") or None,
+        http=_proxy_url(
+            env.get("http_proxy") or env.get("HTTP_PROXY"), proxy_auth, SECRET_KEY_PROXY_HTTP
+        ),
+        https=_proxy_url(
+            env.get("https_proxy") or env.get("HTTPS_PROXY"), proxy_auth, SECRET_KEY_PROXY_HTTPS
+        ),
         no_proxy=tuple(filter(None, (env.get("no_proxy") or env.get("NO_PROXY") or "").split(","))),
     )
     return HttpOptions(
         url=env.get(ImporterEnv.ENDPOINT, ""),
         headers=tuple(_headers(env)),
+        secret_headers=tuple(_secret_headers(env)),
         username=read_file(env.get(ImporterEnv.ACCESS_KEY_ID_FILE))
         or env.get("IMPORTER_ACCESS_KEY_ID")
         or auth.get("accessKeyId"),
@@ -214,6 +285,7 @@ def _http_from_env(env: Mapping[str, str]) -> HttpOptions:
         + mounted_files(env.get(ImporterEnv.PROXY_CERT_DIR)),
         insecure=env.get(ImporterEnv.INSECURE_TLS, "false").lower() == "true",
         proxy=proxy,
+        policy=net_policy(env),
     )
 
 

@@ -104,6 +104,20 @@ class ImportProxy(ApiObject):
 
 
 @dataclass(frozen=True)
+class ImportPolicy(ApiObject):
+    """Not in CDI (upstream has only a proposal, ``allowedSourceURLs``): which restricted
+    network ranges imports may reach. Addresses, not URLs, because a name may resolve anywhere;
+    the importer checks every address it connects to (``cdi.api.netpolicy``). Loopback,
+    private, CGNAT, ULA, multicast and the cluster's own ranges are refused unless listed here;
+    metadata and link-local addresses are refused whatever is listed."""
+
+    allowed_source_cidrs: tuple[str, ...] = api_field(json="allowedSourceCIDRs", default=())
+    # The cluster's pod, service and node ranges: refused even when public, unless allowed.
+    # The controller's ``--cluster-cidr`` flags add to these.
+    cluster_cidrs: tuple[str, ...] = api_field(json="clusterCIDRs", default=())
+
+
+@dataclass(frozen=True)
 class LocalObjectReference(ApiObject):
     name: str = ""
 
@@ -122,6 +136,7 @@ class CDIConfigSpec(ApiObject):
     image_pull_secrets: tuple[LocalObjectReference, ...] = ()
     log_verbosity: int | None = None
     webhook_pvc_rendering: str | None = None
+    import_policy: ImportPolicy | None = None
 
 
 @dataclass(frozen=True)
@@ -186,6 +201,20 @@ class CDIConfig(ApiObject):
             self.spec.image_pull_secrets
         )
         return tuple(ref.name for ref in refs if ref.name)
+
+    @property
+    def import_policy(self) -> ImportPolicy:
+        return self.spec.import_policy or ImportPolicy()
+
+    def with_cluster_cidrs(self, cidrs: tuple[str, ...]) -> CDIConfig:
+        """This config with the cluster ranges the controller knows added to its policy."""
+        if not cidrs:
+            return self
+        policy = self.import_policy
+        merged = dataclasses.replace(
+            policy, cluster_cidrs=tuple(dict.fromkeys((*policy.cluster_cidrs, *cidrs)))
+        )
+        return dataclasses.replace(self, spec=dataclasses.replace(self.spec, import_policy=merged))
 
     @property
     def scratch_space_storage_class(self) -> str | None:

@@ -254,6 +254,11 @@ PROXY_CERT_DIR: Final = "/proxycerts/"
 EXTRA_HEADERS_DIR: Final = "/extraheaders"
 # Not CDI (CDI passes basic-auth credentials as secretKeyRef env vars): we mount the Secret.
 AUTH_SECRET_DIR: Final = "/var/run/cdi/auth"
+# Not CDI (CDI puts importProxy URLs, credentials included, into env): the proxies' userinfo
+# comes from a per-import Secret mounted here, keys "http" and "https" ("user:password").
+PROXY_AUTH_DIR: Final = "/var/run/cdi/proxy-auth"
+SECRET_KEY_PROXY_HTTP: Final = "http"
+SECRET_KEY_PROXY_HTTPS: Final = "https"
 TMP_DIR: Final = "/tmp"
 TERMINATION_LOG_PATH: Final = "/dev/termination-log"
 METRICS_PORT: Final = 8443
@@ -300,6 +305,12 @@ class ImporterEnv(StrEnum):
     # the Secret and pass the file paths, so credentials never sit in the process environment.
     ACCESS_KEY_ID_FILE = "IMPORTER_ACCESS_KEY_ID_FILE"
     SECRET_KEY_FILE = "IMPORTER_SECRET_KEY_FILE"
+    # Not CDI: the import network policy (cdi.api.netpolicy), comma-separated CIDRs. Restricted
+    # ranges the operator allows (CDIConfig spec.importPolicy.allowedSourceCIDRs), and the
+    # cluster's pod/service/node ranges (controller flag --cluster-cidr), refused unless allowed.
+    PROXY_AUTH_DIR = "IMPORTER_PROXY_AUTH_DIR"
+    ALLOWED_SOURCE_CIDRS = "IMPORTER_ALLOWED_SOURCE_CIDRS"
+    CLUSTER_CIDRS = "IMPORTER_CLUSTER_CIDRS"
 
 
 IMPORTER_EXTRA_HEADER_PREFIX: Final = "IMPORTER_EXTRA_HEADER_"  # + index: "Name: value"

@@ -37,7 +37,8 @@ class SourceNotFound(WorkerError):
 
 
 class SourceForbidden(WorkerError):
-    """The source refused our credentials (401/403 on GET)."""
+    """The source refused our credentials (401/403 on GET), or the import network policy
+    refused the destination (``cdi.api.netpolicy``; the same whatever listens there)."""
 
     reason = "SourceForbidden"
     transient = False

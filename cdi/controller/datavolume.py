@@ -102,6 +102,7 @@ class ControllerConfig:
     policy: FailurePolicy = field(default_factory=FailurePolicy)
     progress_interval: float = 2.0
     claim_adoption_gate: bool = False  # CDI feature gate DataVolumeClaimAdoption
+    cluster_cidrs: tuple[str, ...] = ()  # pod/service/node ranges imports may not reach
 
 
 def utc_now() -> str:
@@ -160,9 +161,10 @@ class DataVolumeReconciler:
     def cdi_config(self) -> CDIConfig:
         raw = self.caches.cdi_configs.get(CDICONFIG_NAME)
         try:
-            return CDIConfig.from_dict(raw) if raw else CDIConfig()
+            config = CDIConfig.from_dict(raw) if raw else CDIConfig()
         except SchemaError:
-            return CDIConfig()
+            config = CDIConfig()
+        return config.with_cluster_cidrs(self.config.cluster_cidrs)
 
     def default_storage_class(self) -> str | None:
         classes = self.caches.storage_classes.items()

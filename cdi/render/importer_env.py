@@ -7,7 +7,7 @@ sources have no importer and raise ``RenderError``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from urllib.parse import urlsplit
 
 from cdi.api.config import CDIConfig
@@ -47,7 +47,17 @@ def source_settings(dv: DataVolume, cdi_config: CDIConfig) -> SourceSettings:
     render = _RENDERERS.get(source.kind.value)
     if render is None:
         raise RenderError(f"source {source.kind.value} is not imported by an importer pod")
-    return render(source, cdi_config)
+    settings = render(source, cdi_config)
+    return replace(settings, extra_env=settings.extra_env + _policy_env(cdi_config))
+
+
+def _policy_env(cdi_config: CDIConfig) -> EnvPairs:
+    """CDIConfig ``importPolicy`` for the importer's network checks (``cdi.api.netpolicy``)."""
+    policy = cdi_config.import_policy
+    return (
+        (ImporterEnv.ALLOWED_SOURCE_CIDRS, ",".join(policy.allowed_source_cidrs) or None),
+        (ImporterEnv.CLUSTER_CIDRS, ",".join(policy.cluster_cidrs) or None),
+    )
 
 
 def _http(source: DataVolumeSource, _: CDIConfig) -> SourceSettings:

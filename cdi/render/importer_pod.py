@@ -34,8 +34,9 @@ these environment variables (CDI's names, ``cdi.api.constants.ImporterEnv``):
 ``IMPORTER_CHECKSUM``              "algorithm:hex" (http only)
 ``IMPORTER_CERT_DIR``              ``/certs``: the certConfigMap's files, each a CA bundle
 ``IMPORTER_PROXY_CERT_DIR``        ``/proxycerts/``: trusted CA of the import proxy
-``http_proxy`` ``https_proxy``     from CDIConfig importProxy
+``http_proxy`` ``https_proxy``     from CDIConfig importProxy, without credentials
 ``no_proxy``
+``IMPORTER_PROXY_AUTH_DIR``        the proxies' credentials, a mounted Secret (not CDI)
 ``IMPORTER_PULL_METHOD``           registry: pod | node
 ``IMPORTER_REGISTRY_IMAGE_ARCHITECTURE``  registry platform architecture
 ``IMPORTER_EXTRA_HEADER_<i>``      "Name: value", from http.extraHeaders
@@ -50,7 +51,9 @@ Two deliberate differences from CDI: basic-auth credentials are not env vars (CD
 ``IMPORTER_ACCESS_KEY_ID``/``IMPORTER_SECRET_KEY``); the Secret is mounted read-only at
 ``/var/run/cdi/auth`` and ``IMPORTER_ACCESS_KEY_ID_FILE`` / ``IMPORTER_SECRET_KEY_FILE`` name the
 files. Secret extra headers are mounted at ``/extraheaders/<i>/`` as in CDI; each file's content
-is one ``Name: value`` header.
+is one ``Name: value`` header. Likewise importProxy credentials never reach the env: the proxy
+URLs lose their userinfo and ``cdi.render.proxy_auth`` renders it as a Secret mounted at
+``/var/run/cdi/proxy-auth``.
 """
 
 from __future__ import annotations
@@ -69,6 +72,7 @@ from cdi.api.constants import (
     EXTRA_HEADERS_DIR,
     IMPORTER_CONTAINER_NAME,
     IMPORTER_EXTRA_HEADER_PREFIX,
+    PROXY_AUTH_DIR,
     PROXY_CERT_DIR,
     SCRATCH_MOUNT_PATH,
     SECRET_KEY_ACCESS_KEY_ID,
@@ -81,6 +85,7 @@ from cdi.api.constants import (
 from cdi.api.types import DataVolume, resolve_volume_mode
 from cdi.render import RenderError
 from cdi.render.importer_env import SourceSettings, source_settings
+from cdi.render.proxy_auth import without_userinfo
 from cdi.render.worker_pod import (
     WorkerPod,
     container_security_context,
@@ -96,6 +101,7 @@ SCRATCH_VOLUME = "cdi-scratch-vol"
 CERT_VOLUME = "cdi-cert-vol"
 PROXY_CERT_VOLUME = "cdi-proxy-cert-vol"
 AUTH_VOLUME = "cdi-auth-secret-vol"
+PROXY_AUTH_VOLUME = "cdi-proxy-auth-vol"
 TMP_VOLUME = "tmp"
 IMPORTER_COMPONENT = "importer"  # the pods' cdi.kubevirt.io label and name prefix
 
@@ -109,6 +115,7 @@ class ImporterPodConfig(WorkerPod):
     cdi_config: CDIConfig = field(default_factory=CDIConfig)
     scratch_pvc_name: str | None = None  # set once the importer asked for scratch space
     proxy_ca_config_map: str | None = None  # the per-import copy of importProxy.trustedCAProxy
+    proxy_auth_secret: str | None = None  # the per-import Secret of importProxy credentials
     direct_io: bool = False  # retry after an OOM kill with O_DIRECT
     node_selector: Mapping[str, str] = field(default_factory=dict)
     tolerations: tuple[Mapping[str, Any], ...] = ()
@@ -229,12 +236,14 @@ def _proxy_env(cdi: CDIConfig, config: ImporterPodConfig) -> list[tuple[str, str
     pairs: list[tuple[str, str | None]] = []
     if proxy is not None:
         pairs += [
-            (ImporterEnv.HTTP_PROXY, proxy.http_proxy or None),
-            (ImporterEnv.HTTPS_PROXY, proxy.https_proxy or None),
+            (ImporterEnv.HTTP_PROXY, without_userinfo(proxy.http_proxy)),
+            (ImporterEnv.HTTPS_PROXY, without_userinfo(proxy.https_proxy)),
             (ImporterEnv.NO_PROXY, proxy.no_proxy or None),
         ]
     if config.proxy_ca_config_map:
         pairs.append((ImporterEnv.PROXY_CERT_DIR, PROXY_CERT_DIR))
+    if config.proxy_auth_secret:
+        pairs.append((ImporterEnv.PROXY_AUTH_DIR, PROXY_AUTH_DIR))
     return pairs
 
 
@@ -252,6 +261,8 @@ def _mounts(
         mounts.append({"name": PROXY_CERT_VOLUME, "mountPath": PROXY_CERT_DIR, "readOnly": True})
     if settings.secret_ref:
         mounts.append({"name": AUTH_VOLUME, "mountPath": AUTH_SECRET_DIR, "readOnly": True})
+    if config.proxy_auth_secret:
+        mounts.append({"name": PROXY_AUTH_VOLUME, "mountPath": PROXY_AUTH_DIR, "readOnly": True})
     for i, _ in enumerate(settings.secret_headers):
         mounts.append(
             {
@@ -278,6 +289,9 @@ def _volumes(
     if config.proxy_ca_config_map:
         proxy_ca = {"name": config.proxy_ca_config_map}
         volumes.append({"name": PROXY_CERT_VOLUME, "configMap": proxy_ca})
+    if config.proxy_auth_secret:
+        proxy_auth = {"secretName": config.proxy_auth_secret, "defaultMode": 0o440}
+        volumes.append({"name": PROXY_AUTH_VOLUME, "secret": proxy_auth})
     return volumes + _secret_volumes(settings)
 
 

@@ -69,3 +69,9 @@ def scratch_pvc_name(pvc: str) -> str:
 
 def proxy_ca_config_map_name(pvc: str) -> str:
     return resource_name("import-proxy-cm", pvc)
+
+
+def proxy_auth_secret_name(pvc: str, digest: str) -> str:
+    """Named after its content's digest: a changed importProxy gets a new Secret, and one a
+    tenant created in advance under the name never holds the operator's credentials."""
+    return resource_name("import-proxy-auth", f"{pvc}-{digest}")

@@ -34,8 +34,18 @@ from cdi.api.errors import (
     SourceUnavailable,
     WorkerError,
 )
+from cdi.api.netpolicy import NetPolicy
+from cdi.api.redact import redact_text, redact_url
 from datapath.sources import SourceInfo
-from importer.sources.http_client import Client, ConnectionPool, Exchange, basic_auth
+from importer.sources.http_client import (
+    Client,
+    ConnectionPool,
+    Dialer,
+    Exchange,
+    basic_auth,
+    userinfo_authorization,
+    without_userinfo,
+)
 from importer.sources.ranges import RangesUnsupported, parallel_ranges
 
 T = TypeVar("T")
@@ -64,12 +74,15 @@ class ProxyConfig:
 @dataclass(frozen=True)
 class HttpOptions:
     url: str
-    headers: tuple[tuple[str, str], ...] = ()
+    headers: tuple[tuple[str, str], ...] = ()  # plain extra headers: sent on every hop
+    secret_headers: tuple[tuple[str, str], ...] = ()  # from Secrets: the named origin only
     username: str | None = None
     password: str | None = None
     ca_files: tuple[str, ...] = ()
     insecure: bool = False
     proxy: ProxyConfig = field(default_factory=ProxyConfig)
+    # Which addresses may be reached; the default refuses loopback and private ranges too.
+    policy: NetPolicy = field(default_factory=NetPolicy)
     connections: int = 4  # parallel ranged connections when the server supports ranges
     segment_size: int = 8 * 1024 * 1024
     probe_bytes: int = 32 * 1024 * 1024  # the single stream's rate is judged after this much
@@ -113,7 +126,7 @@ def _rate(got: float, waited: float, first: float, first_wait: float) -> float:
 
 
 def _status_error(status: int, url: str) -> WorkerError:
-    msg = f"HTTP {status} from {url}"
+    msg = f"HTTP {status} from {redact_url(url)}"
     if status in (404, 410):
         return SourceNotFound(msg)
     if status in (401, 403):
@@ -134,17 +147,20 @@ class HttpSource:
         self._tls: ssl.SSLContext | None = None
         self._pool = ThreadPoolExecutor(options.connections + 1, thread_name_prefix="http")
         self._connections = ConnectionPool()
+        self._shown = redact_url(options.url)  # the URL as messages may show it
         headers = {"User-Agent": USER_AGENT, **dict(options.headers)}
         self._client = Client(
-            url=options.url,
+            url=without_userinfo(options.url),
             headers=headers,
             authorization=(
                 basic_auth(options.username, options.password or "")
                 if options.username is not None
-                else None
+                else userinfo_authorization(options.url)
             ),
             tls=self._tls_context,
             proxy_for=options.proxy.for_url,
+            origin_headers=dict(options.secret_headers),
+            dialer=Dialer(options.policy),
             connect_timeout=options.connect_timeout,
             read_timeout=options.read_timeout,
             pool=self._connections,
@@ -186,12 +202,15 @@ class HttpSource:
             exchange = self._open_with_retries(start, end)
         except ssl.SSLCertVerificationError as exc:
             raise SourceUnavailable(
-                f"TLS to {self.options.url} failed: {exc}; provide the server's CA "
+                f"TLS to {self._shown} failed: {exc}; provide the server's CA "
                 "(certConfigMap, --ca) or set insecureSkipVerify",
                 transient=False,
             ) from exc
+        except http.client.InvalidURL as exc:  # its text quotes the path and query
+            raise SourceUnavailable(f"{self._shown} is not a valid URL", transient=False) from exc
         except (OSError, http.client.HTTPException) as exc:
-            raise SourceUnavailable(f"cannot reach {self.options.url}: {exc}") from exc
+            detail = redact_text(str(exc))
+            raise SourceUnavailable(f"cannot reach {self._shown}: {detail}") from exc
         with self._lock:
             self._open_exchanges.add(exchange)
         return exchange
@@ -311,7 +330,7 @@ class HttpSource:
             finally:
                 self._release(exchange)
         if got > end - start:
-            raise SourceUnavailable(f"{self.options.url} sent more bytes than the range asked")
+            raise SourceUnavailable(f"{self._shown} sent more bytes than the range asked")
         return pieces
 
     async def _single(self, start: int) -> AsyncGenerator[bytes, None]:
@@ -372,8 +391,8 @@ class HttpSource:
             cuts = self.cuts
         if cuts > self.options.resumes:
             raise SourceUnavailable(
-                f"connection to {self.options.url} broke {self.options.resumes} times; "
-                f"last at byte {received}: {exc}"
+                f"connection to {self._shown} broke {self.options.resumes} times; "
+                f"last at byte {received}: {redact_text(str(exc))}"
             )
         return min(self.options.backoff_max, self.options.backoff_initial)
 

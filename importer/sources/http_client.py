@@ -12,6 +12,18 @@ What is handled here, once: proxies (absolute-form requests for ``http://``, a C
 for ``https://``), TLS with the caller's context, redirects (at most ``MAX_REDIRECTS``) with the
 ``Authorization`` header sent only to the origin the user named, timeouts for connect and for
 each read. Retries, ranges and resumption are the source's business (``importer.sources.http``).
+
+Every connection goes through a ``Dialer``: the host is resolved once, every address it
+resolves to is checked against the import's ``NetPolicy`` (``cdi.api.netpolicy``), and the
+socket is connected to a checked address, never to the name again, so DNS rebinding between
+check and connect is impossible; TLS still verifies the certificate against the host name (SNI
+and ``check_hostname`` use the connection's host, only the TCP dial is ours). This holds for each
+redirect hop, range segment, retry and resume, since all of them open connections here.
+Through a proxy the proxy itself is trusted (the operator configured it) and the destination is
+checked only when it is an address literal: a name is resolved by the proxy, out of our reach.
+Redirects may not leave HTTP(S) nor go from https to http, and a ``Location`` must be printable
+ASCII. Credentials (``Authorization`` and the secret extra headers) go only to the origin the
+user named; userinfo in a URL is never put into a request line or a ``Host`` header.
 """
 
 from __future__ import annotations
@@ -22,11 +34,13 @@ import http.client
 import socket
 import ssl
 import threading
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from urllib.parse import unquote, urljoin, urlsplit
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from urllib.parse import unquote, urljoin, urlsplit, urlunsplit
 
-from cdi.api.errors import InvalidConfig, SourceUnavailable
+from cdi.api.errors import InvalidConfig, SourceForbidden, SourceUnavailable
+from cdi.api.netpolicy import Address, NetPolicy, parse_address
+from cdi.api.redact import redact_url
 from datapath.streams import CHUNK_SIZE
 
 MAX_REDIRECTS = 10
@@ -47,15 +61,80 @@ def _endpoint(url: str) -> tuple[str, str, int]:
     return parts.scheme, (parts.hostname or "").lower(), port
 
 
+def without_userinfo(url: str) -> str:
+    """``url`` with no ``user:password@`` and no fragment: what may go on the wire."""
+    parts = urlsplit(url)
+    netloc = parts.netloc.rpartition("@")[2]
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, ""))
+
+
+def userinfo_authorization(url: str) -> str | None:
+    """Basic credentials written into the URL (``https://user:pass@host/``), as Go's client
+    (and so CDI) uses them; None when the URL has none."""
+    parts = urlsplit(url)
+    if parts.username is None:
+        return None
+    return basic_auth(unquote(parts.username), unquote(parts.password or ""))
+
+
+Resolver = Callable[[str, int], Sequence[str]]  # (host, port) -> addresses
+
+
+def system_resolver(host: str, port: int) -> list[str]:
+    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    return list(dict.fromkeys(str(info[4][0]) for info in infos))
+
+
+def policy_refusal(origin: str, why: str) -> SourceForbidden:
+    """The one message for a refused destination: the same whatever listens there."""
+    return SourceForbidden(f"{origin}: destination not allowed by the import policy ({why})")
+
+
+@dataclass(frozen=True)
+class Dialer:
+    """Resolve once, check every address, connect to a checked address (see the module doc)."""
+
+    policy: NetPolicy = field(default_factory=NetPolicy)
+    resolve: Resolver = system_resolver
+
+    def addresses(self, host: str, port: int, origin: str) -> list[Address]:
+        """The addresses of ``host``, all allowed, or ``SourceForbidden`` if any is not: a
+        name that also resolves to a refused address is refused whole."""
+        literal = parse_address(host)
+        if literal is not None:
+            found = [literal]
+        else:
+            found = [a for a in map(parse_address, self.resolve(host, port)) if a is not None]
+        for address in found:
+            why = self.policy.refusal(address)
+            if why is not None:
+                raise policy_refusal(origin, why)
+        return found
+
+    def check_literal(self, url: str) -> None:
+        """For a destination a proxy resolves: refuse it if it is a refused address literal."""
+        scheme, host, port = _endpoint(url)
+        literal = parse_address(host)
+        why = self.policy.refusal(literal) if literal is not None else None
+        if why is not None:
+            raise policy_refusal(f"{scheme}://{_bracket(host)}:{port}", why)
+
+    def connect(self, host: str, port: int, timeout: float | None, origin: str) -> socket.socket:
+        last: OSError = OSError(f"{host} has no address")
+        for address in self.addresses(host, port, origin):
+            try:
+                return socket.create_connection((str(address), port), timeout)
+            except OSError as exc:
+                last = exc
+        raise last
+
+
 def _proxy(proxy: str) -> tuple[str, int, str | None]:
     """(host, port, Proxy-Authorization value) of an http:// proxy URL."""
     parts = urlsplit(proxy if "://" in proxy else f"http://{proxy}")
     if parts.scheme != "http":
-        raise InvalidConfig(f"proxy {proxy}: only http:// proxies are supported")
-    auth = None
-    if parts.username is not None:
-        auth = basic_auth(unquote(parts.username), unquote(parts.password or ""))
-    return parts.hostname or "", parts.port or 80, auth
+        raise InvalidConfig(f"proxy {redact_url(proxy)}: only http:// proxies are supported")
+    return parts.hostname or "", parts.port or 80, userinfo_authorization(parts.geturl())
 
 
 RouteKey = tuple[str, str, int, str | None]  # scheme, host, port, proxy
@@ -97,11 +176,13 @@ class ConnectionPool:
 class Client:
     """How to reach one user-named URL: headers, credentials, trust, proxy, timeouts."""
 
-    url: str
+    url: str  # without userinfo (``without_userinfo``)
     headers: Mapping[str, str]
     authorization: str | None  # sent only to the origin of ``url``
     tls: Callable[[], ssl.SSLContext]  # built on first use: https only
     proxy_for: Callable[[str], str | None]
+    origin_headers: Mapping[str, str] = field(default_factory=dict)  # secret: origin only
+    dialer: Dialer = field(default_factory=Dialer)
     connect_timeout: float = 60.0
     read_timeout: float = 600.0
     pool: ConnectionPool | None = None  # reuse keep-alive connections when given
@@ -116,17 +197,37 @@ class Client:
             if exchange.status not in _REDIRECTS or not location:
                 return exchange
             exchange.close()
-            url = urljoin(url, location)
-            if urlsplit(url).scheme not in ("http", "https"):
-                raise SourceUnavailable(f"{self.url} redirects to {url}, which is not HTTP(S)")
+            url = self._follow(url, location)
             if exchange.status == 303 and method != "HEAD":
                 method = "GET"
-        raise SourceUnavailable(f"{self.url} redirects more than {MAX_REDIRECTS} times")
+        raise SourceUnavailable(
+            f"{redact_url(self.url)} redirects more than {MAX_REDIRECTS} times", transient=False
+        )
+
+    def _follow(self, url: str, location: str) -> str:
+        """The next hop of a redirect, or a typed refusal."""
+        shown = redact_url(url)
+        if not location.isascii() or not location.isprintable() or " " in location:
+            raise SourceUnavailable(
+                f"{shown} redirects to a Location that is not printable ASCII", transient=False
+            )
+        target = urljoin(url, location)
+        scheme = urlsplit(target).scheme
+        if scheme not in ("http", "https"):
+            raise SourceUnavailable(
+                f"{shown} redirects to {redact_url(target)}, which is not HTTP(S)",
+                transient=False,
+            )
+        if urlsplit(url).scheme == "https" and scheme == "http":
+            raise SourceForbidden(f"{shown} redirects from https to http: downgrade refused")
+        return without_userinfo(target)
 
     def _send(self, method: str, url: str, extra: Mapping[str, str]) -> Exchange:
         headers = {**self.headers, **extra}
-        if self.authorization and _endpoint(url) == _endpoint(self.url):
-            headers["Authorization"] = self.authorization
+        if _endpoint(url) == _endpoint(self.url):
+            headers.update(self.origin_headers)
+            if self.authorization:
+                headers["Authorization"] = self.authorization
         key, target = self._route(url, headers)
         idle = self.pool.take(key) if self.pool is not None else None
         if idle is not None:
@@ -134,6 +235,8 @@ class Client:
                 return self._exchange(idle, method, target, headers, url, key)
             except (ConnectionError, http.client.RemoteDisconnected, http.client.BadStatusLine):
                 pass  # the server closed it while it was idle: a GET/HEAD is safe to resend
+        if key[3] is not None:
+            self.dialer.check_literal(url)
         conn = self._connection(key)
         try:
             conn.connect()
@@ -172,27 +275,42 @@ class Client:
             auth = _proxy(proxy)[2]
             if auth is not None:
                 headers["Proxy-Authorization"] = auth
-            target = url  # absolute form: the proxy forwards it
+            target = without_userinfo(url)  # absolute form: the proxy forwards it
         return (scheme, host, port, proxy), target
 
     def _connection(self, key: RouteKey) -> http.client.HTTPConnection:
-        """A new, not yet connected, connection for a route."""
+        """A new, not yet connected, connection for a route. Direct connections dial
+        through the ``Dialer``; a proxy is dialled as configured."""
         scheme, host, port, proxy = key
         if proxy is None:
             if scheme == "https":
-                return self._https(host, port)
-            return http.client.HTTPConnection(host, port, timeout=self.connect_timeout)
+                conn: http.client.HTTPConnection = self._https(host, port)
+            else:
+                conn = http.client.HTTPConnection(host, port, timeout=self.connect_timeout)
+            origin = f"{scheme}://{_bracket(host)}:{port}"
+
+            def dial(address: tuple[str, int], timeout: float | None, *_: object) -> socket.socket:
+                return self.dialer.connect(address[0], address[1], timeout, origin)
+
+            # http.client's documented-in-source seam for the TCP dial; TLS wrapping (SNI,
+            # certificate check against ``host``) happens after it, unchanged.
+            conn._create_connection = dial  # type: ignore[attr-defined]
+            return conn
         proxy_host, proxy_port, auth = _proxy(proxy)
         if scheme == "https":  # TLS end to end through a CONNECT tunnel
-            conn = self._https(proxy_host, proxy_port)
-            conn.set_tunnel(host, port, headers={"Proxy-Authorization": auth} if auth else {})
-            return conn
+            tunnel = self._https(proxy_host, proxy_port)
+            tunnel.set_tunnel(host, port, headers={"Proxy-Authorization": auth} if auth else {})
+            return tunnel
         return http.client.HTTPConnection(proxy_host, proxy_port, timeout=self.connect_timeout)
 
     def _https(self, host: str, port: int) -> http.client.HTTPSConnection:
         return http.client.HTTPSConnection(
             host, port, timeout=self.connect_timeout, context=self.tls()
         )
+
+
+def _bracket(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
 
 
 class Exchange:

@@ -244,6 +244,17 @@ async def _redirect(request, file_of, rec):  # type: ignore[no-untyped-def]
     raise web.HTTPFound(f"/ok/{request.match_info['name']}")
 
 
+async def _downgrade(request, file_of, rec):  # type: ignore[no-untyped-def]
+    """Redirects to the same file over plain http (from an https server: a downgrade)."""
+    raise web.HTTPFound(f"http://{request.host}/ok/{request.match_info['name']}")
+
+
+async def _badlocation(request, file_of, rec):  # type: ignore[no-untyped-def]
+    """Redirects to a Location with non-ASCII characters (sent as UTF-8 bytes)."""
+    location = f"/ok/{request.match_info['name']}-\u00e9t\u00e9"  # not percent-encoded
+    return web.Response(status=302, headers={"Location": location})
+
+
 BEHAVIOURS = {
     "ok": _ok,
     "nohead": _nohead,
@@ -264,6 +275,8 @@ BEHAVIOURS = {
     "redirect": _redirect,
     "paced": _paced,
     "dropidle": _dropidle,
+    "downgrade": _downgrade,
+    "badlocation": _badlocation,
 }
 
 __all__ = ["BEHAVIOURS", "Recorder", "make_app"]

@@ -7,7 +7,7 @@ import contextlib
 import os
 import random
 import subprocess
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -122,6 +122,30 @@ async def server(tmp_path: Path) -> AsyncIterator[Server]:
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     yield Server(f"http://127.0.0.1:{port}", root, rec)
     await runner.cleanup()
+
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@pytest.fixture
+async def serve() -> AsyncIterator[Callable[[str, Handler], Awaitable[str]]]:
+    """Start servers with one handler for every path, on a loopback host; their origins."""
+    runners: list[web.AppRunner] = []
+
+    async def start(host: str, handler: Handler) -> str:
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", handler)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, host, 0)
+        await site.start()
+        runners.append(runner)
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        return f"http://{host}:{port}"
+
+    yield start
+    for runner in runners:
+        await runner.cleanup()
 
 
 @contextlib.contextmanager

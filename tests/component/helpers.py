@@ -1,4 +1,8 @@
-"""Build importer configs for tests the way the CLI and the pod do, with fast retry timings."""
+"""Build importer configs for tests the way the CLI and the pod do, with fast retry timings.
+
+The servers are on loopback, which the import policy refuses by default: the configs allow
+127.0.0.0/8 (and ::1) explicitly, as an operator would in CDIConfig, unless a test passes its
+own ``policy``."""
 
 from __future__ import annotations
 
@@ -7,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from cdi.api.constants import ContentType
+from cdi.api.netpolicy import LOOPBACK, NetPolicy
 from cdi.api.termination import TerminationMessage
 from datapath import TargetSpec, parse_checksum
 from importer.config import (
@@ -18,6 +23,8 @@ from importer.config import (
     build_plan,
 )
 from importer.runner import run_import
+
+LOOPBACK_ALLOWED = NetPolicy.parse(LOOPBACK)
 
 
 def http_config(
@@ -33,6 +40,7 @@ def http_config(
     spill_limit: int | None = None,
     **http: Any,
 ) -> ImportConfig:
+    http.setdefault("policy", LOOPBACK_ALLOWED)
     source: SourceOptions = (
         HttpOptions(url=url, backoff_initial=0.01, backoff_max=0.05, **http)
         if url.startswith("http")

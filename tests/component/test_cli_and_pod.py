@@ -126,6 +126,7 @@ async def test_pod_entry_point_reads_cdi_environment(
         "FILESYSTEM_OVERHEAD": "0",
         "IMPORTER_DATA_DIR": str(tmp_path / "data"),
         "IMPORTER_AUTH_DIR": str(tmp_path / "auth"),
+        "IMPORTER_ALLOWED_SOURCE_CIDRS": "127.0.0.0/8",  # the server is on loopback
     }
     (tmp_path / "data").mkdir()
     code, _, err = await _run(sys.executable, "-m", "importer", env=env)
@@ -148,6 +149,7 @@ def _pod_env(url: str, tmp_path: Path, **extra: str) -> dict[str, str]:
         "IMPORTER_METRICS_ADDR": "127.0.0.1",
         "IMPORTER_DATA_DIR": str(tmp_path / "data"),
         "FILESYSTEM_OVERHEAD": "0",
+        "IMPORTER_ALLOWED_SOURCE_CIDRS": "127.0.0.0/8",  # the server is on loopback
         **extra,
     }
 
@@ -229,3 +231,42 @@ async def test_killed_qcow2_import_restarts_and_says_so(
     assert "restarted from byte 0" in message.message
     assert same_content(data / "disk.img", image.reference, image.reference.stat().st_size)
     assert not (data / ".cdi-import-checkpoint").exists()
+
+
+async def test_cli_allows_loopback_by_default_and_refuses_it_with_allow_none(
+    server: Server, tmp_path: Path
+) -> None:
+    url = f"{server.url}/ok/nothing.img"
+    code, _, err = await _run(*CDI, "import", url, str(tmp_path / "a.img"))
+    assert code == 1 and "SourceNotFound" in err  # reached the server
+    code, _, err = await _run(
+        *CDI, "import", url, str(tmp_path / "b.img"), "--allow-source-cidr", "none"
+    )
+    assert code == 1 and "SourceForbidden" in err, err
+    assert len(server.recorder.requests) == 2  # HEAD and GET of the first import only
+
+
+async def test_pod_without_a_policy_refuses_a_loopback_source(
+    images: ImageFactory, server: Server, tmp_path: Path
+) -> None:
+    image = images.make("raw")
+    env = _pod_env(server.link("ok", image.path), tmp_path)
+    del env["IMPORTER_ALLOWED_SOURCE_CIDRS"]
+    (tmp_path / "data").mkdir()
+    code, _, err = await _run(sys.executable, "-m", "importer", env=env)
+    assert code != 0, err
+    message = TerminationMessage.from_json((tmp_path / "term").read_text())
+    assert message.reason == "SourceForbidden" and not message.transient, message
+    assert not server.recorder.requests
+
+
+async def test_pod_refuses_injected_or_forbidden_headers_with_a_typed_reason(
+    server: Server, tmp_path: Path
+) -> None:
+    for header in ("X-A: b\r\nX-Injected: 1", "Host: metadata.internal"):
+        env = _pod_env(f"{server.url}/ok/disk.img", tmp_path, IMPORTER_EXTRA_HEADER_0=header)
+        code, _, err = await _run(sys.executable, "-m", "importer", env=env)
+        assert code == 1, err
+        message = TerminationMessage.from_json((tmp_path / "term").read_text())
+        assert message.reason == "InvalidConfig" and "IMPORTER_EXTRA_HEADER_0" in message.message
+    assert not server.recorder.requests

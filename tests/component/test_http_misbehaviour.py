@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.component.conftest import ImageFactory, Server, same_content
-from tests.component.helpers import import_url
+from tests.component.helpers import LOOPBACK_ALLOWED, import_url
 
 
 @pytest.mark.parametrize(
@@ -203,6 +203,7 @@ async def _split_behind_slow_consumer(
             probe_bytes=8 * 1024 * 1024,
             segment_size=4 * 1024 * 1024,
             parallel_below=parallel_below,
+            policy=LOOPBACK_ALLOWED,
         )
     )
     try:

@@ -3,36 +3,13 @@ across origins, on loopback (127.0.0.1 and 127.0.0.2 are different origins)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-import pytest
 from aiohttp import encode_basic_auth, web
 
-from tests.component.conftest import ImageFactory, same_content
+from tests.component.conftest import Handler, ImageFactory, same_content
 from tests.component.helpers import import_url
-
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-@pytest.fixture
-async def serve() -> AsyncIterator[Callable[[str, Handler], Awaitable[str]]]:
-    runners: list[web.AppRunner] = []
-
-    async def start(host: str, handler: Handler) -> str:
-        app = web.Application()
-        app.router.add_route("*", "/{tail:.*}", handler)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, host, 0)
-        await site.start()
-        runners.append(runner)
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        return f"http://{host}:{port}"
-
-    yield start
-    for runner in runners:
-        await runner.cleanup()
 
 
 async def test_credentials_go_only_to_the_named_origin(

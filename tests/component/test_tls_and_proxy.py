@@ -210,3 +210,30 @@ async def test_https_goes_through_a_connect_tunnel_with_proxy_credentials(
     assert tunnels, "the import did not use the proxy"
     assert all(target == url.removeprefix("https://") for target, _ in tunnels)
     assert all(auth == aiohttp.encode_basic_auth("bob", "pr0xy") for _, auth in tunnels)
+
+
+async def test_https_redirect_to_http_is_refused_as_a_downgrade(
+    images: ImageFactory, tls_server: tuple[str, Path, Path], tmp_path: Path
+) -> None:
+    url, root, ca = tls_server
+    image = images.make("raw")
+    (root / image.path.name).symlink_to(image.path)
+    link = f"{url}/downgrade/{image.path.name}"
+    result = await import_url(link, tmp_path / "disk.img", ca_files=(str(ca),))
+    assert result.reason == "SourceForbidden" and not result.transient, result
+    assert "downgrade" in result.message and not (tmp_path / "disk.img").exists()
+
+
+async def test_certificate_is_checked_against_the_host_name_not_the_dialled_address(
+    images: ImageFactory, tls_server: tuple[str, Path, Path], tmp_path: Path
+) -> None:
+    """The client dials the checked address itself; TLS must still verify the name in the
+    URL: ``localhost`` resolves to 127.0.0.1, whose certificate does not name ``localhost``."""
+    url, root, ca = tls_server
+    image = images.make("raw")
+    (root / image.path.name).symlink_to(image.path)
+    port = url.rsplit(":", 1)[1]
+    link = f"https://localhost:{port}/ok/{image.path.name}"
+    result = await import_url(link, tmp_path / "disk.img", ca_files=(str(ca),))
+    assert result.reason == "SourceUnavailable" and not result.transient, result
+    assert "localhost" in result.message and "match" in result.message

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import json
 from typing import Any
 
 import pytest
@@ -11,6 +13,7 @@ from cdi.api.types import DataVolume
 from cdi.render import RenderError
 from cdi.render.importer_pod import ImporterPodConfig, render_importer_pod
 from cdi.render.naming import fnv32a, get_name, importer_pod_name, scratch_pvc_name
+from cdi.render.proxy_auth import render_proxy_auth_secret
 from cdi.render.pvc import render_pvc, required_space
 from cdi.render.worker_pod import Metrics
 
@@ -383,6 +386,70 @@ def test_sources_without_an_importer_are_refused() -> None:
     pvc = render_pvc(dv, profile(FS_RWO), CDIConfig())
     with pytest.raises(RenderError):
         render_importer_pod(dv, pvc, ImporterPodConfig(image="importer:dev"))
+
+
+def test_import_policy_reaches_the_importer_env_with_the_controllers_cluster_ranges() -> None:
+    cdi = CDIConfig.from_dict(
+        {"spec": {"importPolicy": {"allowedSourceCIDRs": ["10.20.0.0/16", "fd00::/8"]}}}
+    ).with_cluster_cidrs(("10.244.0.0/16", "10.96.0.0/12"))
+    env = env_of(pod_for(storage(), config=ImporterPodConfig(image="i", cdi_config=cdi)))
+    assert env["IMPORTER_ALLOWED_SOURCE_CIDRS"] == "10.20.0.0/16,fd00::/8"
+    assert env["IMPORTER_CLUSTER_CIDRS"] == "10.244.0.0/16,10.96.0.0/12"
+    plain = env_of(pod_for(storage()))
+    assert "IMPORTER_ALLOWED_SOURCE_CIDRS" not in plain and "IMPORTER_CLUSTER_CIDRS" not in plain
+    assert cdi.with_cluster_cidrs(("10.96.0.0/12",)).import_policy.cluster_cidrs == (
+        "10.244.0.0/16",
+        "10.96.0.0/12",
+    )
+
+
+def test_import_proxy_credentials_go_into_a_secret_never_into_the_pod() -> None:
+    cdi = CDIConfig.from_dict(
+        {
+            "spec": {
+                "importProxy": {
+                    "HTTPProxy": "http://al%40ice:pw-SECRET@proxy.corp:3128",
+                    "HTTPSProxy": "http://proxy.corp:3129",
+                    "noProxy": ".svc",
+                }
+            }
+        }
+    )
+    dv = datavolume(storage())
+    secret = render_proxy_auth_secret(dv, "disk", cdi)
+    assert secret is not None
+    assert secret["metadata"]["namespace"] == "vms"
+    assert secret["metadata"]["ownerReferences"][0]["uid"] == "dv-uid"
+    assert secret["data"] == {"http": base64.b64encode(b"al%40ice:pw-SECRET").decode()}
+    config = ImporterPodConfig(
+        image="i", cdi_config=cdi, proxy_auth_secret=secret["metadata"]["name"]
+    )
+    pod = pod_for(storage(), config=config)
+    assert "SECRET" not in json.dumps(pod)
+    env = env_of(pod)
+    assert env["http_proxy"] == "http://proxy.corp:3128"
+    assert env["https_proxy"] == "http://proxy.corp:3129"
+    assert env["IMPORTER_PROXY_AUTH_DIR"] == "/var/run/cdi/proxy-auth"
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    assert volumes["cdi-proxy-auth-vol"]["secret"]["secretName"] == secret["metadata"]["name"]
+    mounts = pod["spec"]["containers"][0]["volumeMounts"]
+    assert {
+        "name": "cdi-proxy-auth-vol",
+        "mountPath": "/var/run/cdi/proxy-auth",
+        "readOnly": True,
+    } in mounts
+
+
+def test_proxy_auth_secret_name_follows_its_content_and_is_absent_without_credentials() -> None:
+    def config(url: str) -> CDIConfig:
+        return CDIConfig.from_dict({"spec": {"importProxy": {"HTTPProxy": url}}})
+
+    dv = datavolume(storage())
+    a = render_proxy_auth_secret(dv, "disk", config("http://u:1@p:3128"))
+    b = render_proxy_auth_secret(dv, "disk", config("http://u:2@p:3128"))
+    assert a and b and a["metadata"]["name"] != b["metadata"]["name"]
+    assert render_proxy_auth_secret(dv, "disk", config("http://p:3128")) is None
+    assert render_proxy_auth_secret(dv, "disk", CDIConfig()) is None
 
 
 def test_attempt_labels_and_metrics_are_inputs_of_the_final_pod() -> None:

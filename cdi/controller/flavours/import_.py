@@ -3,7 +3,8 @@
 On a claim that is ready (bound, or bindable by the pod itself), one ``sync`` takes one step:
 
 1. no pod for the current attempt: create it (after the retry backoff, for a retry), having
-   first recorded its name on the PVC;
+   first recorded its name on the PVC and, when CDIConfig importProxy carries credentials,
+   created the Secret that brings them to the pod (``cdi.render.proxy_auth``);
 2. pod running: scrape progress, come back in ``progress_interval``;
 3. pod finished: the failure policy decides; the decision is recorded on the PVC first
    (``cdi.controller.record``) and acted on after (delete the pods after success, keep a failed
@@ -34,13 +35,14 @@ from cdi.controller.policy import Decision, FailurePolicy, Outcome, pod_outcome
 from cdi.controller.progress import Progress, parse_metrics
 from cdi.controller.record import OUTCOME_FAILED, OUTCOME_SUCCEEDED, ImportRecord
 from cdi.controller.status import ClaimProblem, FlavourPhases, View
-from cdi.kube.client import PODS, PVCS
+from cdi.kube.client import PODS, PVCS, SECRETS
 from cdi.kube.errors import Conflict, NotFound
 from cdi.kube.events import NORMAL, WARNING
 from cdi.kube.workqueue import Result
 from cdi.render import RenderError
 from cdi.render.importer_pod import ImporterPodConfig, render_importer_pod
 from cdi.render.naming import importer_pod_name
+from cdi.render.proxy_auth import render_proxy_auth_secret
 from cdi.render.worker_pod import Metrics
 
 IMPORT_PHASES = FlavourPhases(
@@ -157,6 +159,7 @@ class ImportFlavour:
             attempt=attempt,
             metrics=Metrics(on_pod_ip=True),
             cdi_config=claim.cdi_config,
+            proxy_auth_secret=await self._proxy_auth_secret(claim),
         )
         try:
             pod = render_importer_pod(dv, pvc, config)
@@ -169,6 +172,18 @@ class ImportFlavour:
             pass  # created before a restart, or by the previous reconcile: same pod
         view = dataclasses.replace(view, pod_phase="Pending")
         return view, Result(requeue_after=settings.progress_interval)
+
+    async def _proxy_auth_secret(self, claim: Claim) -> str | None:
+        """Create the Secret with the importProxy credentials (``cdi.render.proxy_auth``);
+        its name. The name is a digest of the content, so one that exists is the same."""
+        secret = render_proxy_auth_secret(claim.dv, claim.name, claim.cdi_config)
+        if secret is None:
+            return None
+        try:
+            await self.deps.kube.create(SECRETS, secret, claim.dv.namespace)
+        except Conflict:
+            pass  # an earlier attempt (or reconcile) created it
+        return str(secret["metadata"]["name"])
 
     def _backoff_left(self, previous: Mapping[str, Any] | None, attempt: int) -> float:
         delay = self.settings.policy.retry_delay(attempt)

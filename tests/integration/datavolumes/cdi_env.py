@@ -8,11 +8,15 @@ a replica's container (``Product.kill``) and the node restarts it, as a kubelet 
 that needs a controller process of its own starts one from the Deployment's own command and
 flags (``ControllerProcess``). Images are served from 127.0.0.1, which pods on the local node
 (127.N.x.y) reach directly.
+The import network policy refuses loopback by default, so the session's CDIConfig allows
+exactly 127.0.0.1/32 (the image server) and names the cluster's pod and service ranges, which
+stay refused: the same set-up an operator makes.
 """
 
 from __future__ import annotations
 
 import asyncio
+import copy
 import os
 import random
 import signal
@@ -68,6 +72,26 @@ def install_crds(kube: Kube) -> None:
         return True
 
     wait_until(established, "CDI CRDs established", 30)
+
+
+CDI_CONFIG = {
+    "apiVersion": "cdi.kubevirt.io/v1beta1",
+    "kind": "CDIConfig",
+    "metadata": {"name": "config"},
+    "spec": {"importPolicy": {"allowedSourceCIDRs": ["127.0.0.1/32"]}},
+}
+
+
+def ensure_cdi_config(kube: Kube, cluster_cidrs: list[str]) -> None:
+    """The session's CDIConfig policy, whether or not a controller created ``config`` first."""
+    config = copy.deepcopy(CDI_CONFIG)
+    config["spec"]["importPolicy"]["clusterCIDRs"] = cluster_cidrs
+    try:
+        kube.create(f"{DV_API}/cdiconfigs", config)
+    except ApiError as e:
+        if not e.conflict:
+            raise
+        kube.patch(f"{DV_API}/cdiconfigs/config", {"spec": config["spec"]})
 
 
 def ensure_namespace(kube: Kube, name: str) -> None:
@@ -202,9 +226,10 @@ class ImageServer:
 
 
 @pytest.fixture(scope="session")
-def cdi_crds(kube: Kube) -> None:
+def cdi_crds(kube: Kube, cluster: Cluster) -> None:
     install_crds(kube)
     ensure_namespace(kube, CDI_NAMESPACE)
+    ensure_cdi_config(kube, [cluster.pod_cidr, cluster.service_cidr])
 
 
 @pytest.fixture(scope="session")

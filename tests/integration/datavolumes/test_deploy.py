@@ -157,6 +157,7 @@ CONTROLLER_MAY = [
     ("delete", "pods", "", "some-ns", "importer-dv", None),
     ("list", "pods", "", None, None, None),
     ("create", "events", "", "some-ns", None, None),
+    ("create", "secrets", "", "some-ns", None, None),  # importProxy credentials, create only
     ("list", "storageclasses", "storage.k8s.io", None, None, None),
     ("watch", "storageprofiles", "cdi.kubevirt.io", None, None, None),
     ("get", "cdiconfigs", "cdi.kubevirt.io", None, "config", None),
@@ -172,6 +173,8 @@ CONTROLLER_MAY = [
 ]
 CONTROLLER_MUST_NOT = [
     ("get", "secrets", "", "some-ns", "x", None),
+    ("update", "secrets", "", "some-ns", "x", None),
+    ("list", "secrets", "", None, None, None),
     ("update", "datavolumes", "cdi.kubevirt.io", "some-ns", "dv", None),  # spec: users' only
     ("delete", "persistentvolumeclaims", "", "some-ns", "dv", None),  # GC's job
     ("delete", "namespaces", "", None, "some-ns", None),
@@ -207,6 +210,8 @@ WEBHOOK_MUST_NOT = [
     ("list", "secrets", "", "cdi", None, None),
     ("get", "secrets", "", "cdi", "some-other-secret", None),
     ("get", "secrets", "", "some-ns", "x", None),
+    ("update", "secrets", "", "some-ns", "x", None),
+    ("list", "secrets", "", None, None, None),
     (
         "patch",
         "validatingwebhookconfigurations",
