@@ -3,7 +3,8 @@
 Three cluster-facing pieces, each through the one gateway (``cdi.kube.client``):
 
 - ``KubeLookup``: the ``ClusterLookup`` the validation rules ask (PVCs, DataSources, the
-  claim-adoption feature gate) answered with GETs;
+  claim-adoption feature gate) answered with GETs, and the ``Authorizer`` that asks the API
+  server (a SubjectAccessReview) whether the requester may read an object in another namespace;
 - ``CertStore``: the CA and serving certificate live in one Secret, so every replica serves the
   same certificate; ``ensure`` rotates it when ``cdi.webhooks.certs.plan_rotation`` says so
   (compare-and-swap on the Secret's resourceVersion, so two replicas never fork the CA) and
@@ -39,13 +40,16 @@ from cdi.kube.client import (
     MUTATING_WEBHOOKS,
     PVCS,
     SECRETS,
+    SUBJECT_ACCESS_REVIEWS,
     VALIDATING_WEBHOOKS,
     Kube,
     Resource,
 )
 from cdi.kube.errors import Conflict, KubeError, NotFound
 from cdi.webhooks.certs import Bundle, KeyPair, rotate, service_names
+from cdi.webhooks.mutation import UserInfo
 from cdi.webhooks.server import make_app
+from cdi.webhooks.visibility import access_review
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +85,14 @@ class KubeLookup:
     def claim_adoption_enabled(self) -> bool:
         config = self.kube.get_or_none(CDI_CONFIGS, CDICONFIG_NAME) or {}
         return CLAIM_ADOPTION_GATE in ((config.get("spec") or {}).get("featureGates") or [])
+
+    def can_read(
+        self, user: UserInfo, namespace: str, group: str, resource: str, name: str
+    ) -> bool:
+        review = self.kube.create(
+            SUBJECT_ACCESS_REVIEWS, access_review(user, namespace, group, resource, name)
+        )
+        return bool((review.get("status") or {}).get("allowed"))
 
 
 def _b64(data: bytes) -> str:
@@ -207,7 +219,8 @@ async def serve_webhook(kube: Kube, config: WebhookConfig) -> None:
     files = TLSFiles()
     files.load(ctx, bundle.serving)
 
-    runner = web.AppRunner(make_app(KubeLookup(kube), run_blocking))
+    lookup = KubeLookup(kube)
+    runner = web.AppRunner(make_app(lookup, run_blocking, lookup))
     await runner.setup()
     await web.TCPSite(runner, config.host, config.port, ssl_context=ctx).start()
     log.info("serving admission webhooks on %s:%d", config.host, config.port)
