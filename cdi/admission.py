@@ -33,6 +33,7 @@ from typing import Any
 from aiohttp import web
 
 from cdi.api.constants import CDICONFIG_NAME
+from cdi.api.requester import RequesterSigner
 from cdi.kube.client import (
     CDI_CONFIGS,
     DATA_SOURCES,
@@ -67,6 +68,7 @@ class WebhookConfig:
     validating_config: str = "cdi-datavolume-validator"
     mutating_config: str = "cdi-datavolume-mutator"
     cert_check_interval: float = 3600.0
+    requester_key: bytes | None = None  # signs storage.requester.* (cdi.api.requester)
 
 
 class KubeLookup:
@@ -220,7 +222,8 @@ async def serve_webhook(kube: Kube, config: WebhookConfig) -> None:
     files.load(ctx, bundle.serving)
 
     lookup = KubeLookup(kube)
-    runner = web.AppRunner(make_app(lookup, run_blocking, lookup))
+    signer = RequesterSigner(config.requester_key) if config.requester_key else None
+    runner = web.AppRunner(make_app(lookup, run_blocking, lookup, signer))
     await runner.setup()
     await web.TCPSite(runner, config.host, config.port, ssl_context=ctx).start()
     log.info("serving admission webhooks on %s:%d", config.host, config.port)

@@ -27,7 +27,7 @@ from typing import Any
 
 from aiohttp import web
 
-from cdi.webhooks.mutation import UserInfo, mutate_datavolume
+from cdi.webhooks.mutation import Signer, UserInfo, mutate_datavolume
 from cdi.webhooks.validation import ClusterLookup, validate_datavolume
 from cdi.webhooks.verdict import ValidationResult
 from cdi.webhooks.visibility import Authorizer, NoCrossNamespaceReads, RequesterLookup
@@ -89,13 +89,17 @@ def validate_review(
     return verdict_response(uid, verdict)
 
 
-def mutate_review(request: Mapping[str, Any]) -> dict[str, Any]:
+def mutate_review(request: Mapping[str, Any], signer: Signer | None = None) -> dict[str, Any]:
     uid = str(request.get("uid", ""))
     if request.get("operation") not in ("CREATE", "UPDATE"):
         return review_response(uid, allowed=True)
     old = request.get("oldObject") if request.get("operation") == "UPDATE" else None
     patch = mutate_datavolume(
-        request.get("object") or {}, old, UserInfo.from_dict(request.get("userInfo") or {})
+        request.get("object") or {},
+        old,
+        UserInfo.from_dict(request.get("userInfo") or {}),
+        signer,
+        str(request.get("namespace") or ""),
     )
     if not patch:
         return review_response(uid, allowed=True)
@@ -118,9 +122,13 @@ async def _read_review(request: web.Request) -> Mapping[str, Any]:
 
 
 def make_app(
-    lookup: ClusterLookup, run_blocking: RunBlocking, authorizer: Authorizer | None = None
+    lookup: ClusterLookup,
+    run_blocking: RunBlocking,
+    authorizer: Authorizer | None = None,
+    signer: Signer | None = None,
 ) -> web.Application:
-    """``authorizer`` None: no requester may see objects in other namespaces."""
+    """``authorizer`` None: no requester may see objects in other namespaces. ``signer`` None:
+    the requester record is written unsigned (the controller will not trust it for clones)."""
 
     async def validate(request: web.Request) -> web.Response:
         review = await _read_review(request)
@@ -129,7 +137,7 @@ def make_app(
 
     async def mutate(request: web.Request) -> web.Response:
         review = await _read_review(request)
-        return web.json_response(mutate_review(review))
+        return web.json_response(mutate_review(review, signer))
 
     async def healthz(_: web.Request) -> web.Response:
         return web.Response(text="ok")
