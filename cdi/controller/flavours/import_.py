@@ -186,7 +186,11 @@ class ImportFlavour:
                 return await self._remove_impostor(claim, view, found)
             # ours, recorded, and not yet in the informer's cache
             return dataclasses.replace(view, pod_phase="Pending"), Result(requeue_after=1.0)
-        await self._record(pvc, dataclasses.replace(intent, pod_uid=pod_uid(created)))
+        # Unguarded: creating the pod may bind the claim (a new resourceVersion) before this
+        # write, and a lost UID would make our own pod look like an impostor. The guarded
+        # intent above already settled this attempt; only the leader writes these keys.
+        recorded = dataclasses.replace(intent, pod_uid=pod_uid(created))
+        await self._record(pvc, recorded, guarded=False)
         view = dataclasses.replace(view, pod_phase="Pending")
         return view, Result(requeue_after=settings.progress_interval)
 
@@ -229,16 +233,14 @@ class ImportFlavour:
         text = await self.deps.scraper(str(ip), self.settings.metrics.port)
         return parse_metrics(text, claim.dv.uid) if text else None
 
-    async def _record(self, pvc: JSON, record: ImportRecord) -> JSON:
+    async def _record(self, pvc: JSON, record: ImportRecord, *, guarded: bool = True) -> JSON:
+        """Write ``record`` on the PVC; ``guarded``: only over the version that was read."""
         if not record.differs_from(pvc):
             return pvc
         meta = pvc["metadata"]
-        patch = {
-            "metadata": {
-                "resourceVersion": meta.get("resourceVersion"),
-                "annotations": record.annotations(),
-            }
-        }
+        patch: JSON = {"metadata": {"annotations": record.annotations()}}
+        if guarded:
+            patch["metadata"]["resourceVersion"] = meta.get("resourceVersion")
         return await self.deps.kube.patch(PVCS, meta["name"], patch, meta.get("namespace"))
 
     async def finish(self, claim: Claim) -> None:
