@@ -3,7 +3,8 @@
 Three cluster-facing pieces, each through the one gateway (``cdi.kube.client``):
 
 - ``KubeLookup``: the ``ClusterLookup`` the validation rules ask (PVCs, DataSources, the
-  claim-adoption feature gate) answered with GETs;
+  claim-adoption feature gate) answered with GETs, and the ``Authorizer`` that asks the API
+  server (a SubjectAccessReview) whether the requester may read an object in another namespace;
 - ``CertStore``: the CA and serving certificate live in one Secret, so every replica serves the
   same certificate; ``ensure`` rotates it when ``cdi.webhooks.certs.plan_rotation`` says so
   (compare-and-swap on the Secret's resourceVersion, so two replicas never fork the CA) and
@@ -32,6 +33,7 @@ from typing import Any
 from aiohttp import web
 
 from cdi.api.constants import CDICONFIG_NAME
+from cdi.api.requester import RequesterSigner
 from cdi.kube.client import (
     CDI_CONFIGS,
     DATA_SOURCES,
@@ -39,13 +41,16 @@ from cdi.kube.client import (
     MUTATING_WEBHOOKS,
     PVCS,
     SECRETS,
+    SUBJECT_ACCESS_REVIEWS,
     VALIDATING_WEBHOOKS,
     Kube,
     Resource,
 )
 from cdi.kube.errors import Conflict, KubeError, NotFound
 from cdi.webhooks.certs import Bundle, KeyPair, rotate, service_names
+from cdi.webhooks.mutation import UserInfo
 from cdi.webhooks.server import make_app
+from cdi.webhooks.visibility import access_review
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +68,7 @@ class WebhookConfig:
     validating_config: str = "cdi-datavolume-validator"
     mutating_config: str = "cdi-datavolume-mutator"
     cert_check_interval: float = 3600.0
+    requester_key: bytes | None = None  # signs storage.requester.* (cdi.api.requester)
 
 
 class KubeLookup:
@@ -81,6 +87,14 @@ class KubeLookup:
     def claim_adoption_enabled(self) -> bool:
         config = self.kube.get_or_none(CDI_CONFIGS, CDICONFIG_NAME) or {}
         return CLAIM_ADOPTION_GATE in ((config.get("spec") or {}).get("featureGates") or [])
+
+    def can_read(
+        self, user: UserInfo, namespace: str, group: str, resource: str, name: str
+    ) -> bool:
+        review = self.kube.create(
+            SUBJECT_ACCESS_REVIEWS, access_review(user, namespace, group, resource, name)
+        )
+        return bool((review.get("status") or {}).get("allowed"))
 
 
 def _b64(data: bytes) -> str:
@@ -207,7 +221,9 @@ async def serve_webhook(kube: Kube, config: WebhookConfig) -> None:
     files = TLSFiles()
     files.load(ctx, bundle.serving)
 
-    runner = web.AppRunner(make_app(KubeLookup(kube), run_blocking))
+    lookup = KubeLookup(kube)
+    signer = RequesterSigner(config.requester_key) if config.requester_key else None
+    runner = web.AppRunner(make_app(lookup, run_blocking, lookup, signer))
     await runner.setup()
     await web.TCPSite(runner, config.host, config.port, ssl_context=ctx).start()
     log.info("serving admission webhooks on %s:%d", config.host, config.port)

@@ -70,6 +70,11 @@ def add_webhook_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore
     p.add_argument("--validating-config", default="cdi-datavolume-validator")
     p.add_argument("--mutating-config", default="cdi-datavolume-mutator")
     p.add_argument("--cert-check-interval", type=float, default=3600.0)
+    p.add_argument(
+        "--requester-key-file",
+        type=Path,
+        help="HMAC key (a mounted Secret) to sign the recorded requester; unset: unsigned",
+    )
     p.set_defaults(func=cmd_webhook)
 
 
@@ -142,6 +147,7 @@ def cmd_webhook(a: argparse.Namespace) -> int:
         validating_config=a.validating_config,
         mutating_config=a.mutating_config,
         cert_check_interval=a.cert_check_interval,
+        requester_key=a.requester_key_file.read_bytes().strip() if a.requester_key_file else None,
     )
     asyncio.run(serve_webhook(Kube(load_api_client(a.kubeconfig)), config))
     return 0

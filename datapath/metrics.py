@@ -3,18 +3,20 @@
 ``kubevirt_cdi_import_progress_total{ownerUID}`` is what CDI's controller scrapes (a percentage,
 exposed as a counter). The richer series let our controller show bytes and rate. Values are read
 from ``Progress`` at scrape time by a custom collector, so the hot path pays nothing per chunk.
-A private registry keeps process-global state out of the library's default one.
+A private registry keeps process-global state out of the library's default one. The page is
+served by ``datapath.metrics_server`` (bounded connections and timeouts), not by
+prometheus_client's unbounded ``start_http_server``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from datapath.metrics_server import BoundedMetricsServer, ServerLimits, start_metrics_server
 from datapath.taps import Progress
 
 PHASES = ("Pending", "Transferring", "Validating", "Converting", "Resizing", "Complete", "Failed")
@@ -52,9 +54,9 @@ class ProgressCollector(Collector):
 
 
 def serve_metrics(
-    progress: Progress, owner_uid: str, port: int, addr: str, **tls: Any
-) -> CollectorRegistry:
+    progress: Progress, owner_uid: str, port: int, addr: str, limits: ServerLimits | None = None
+) -> BoundedMetricsServer:
+    """Serve the worker's progress on ``addr:port`` from a daemon thread."""
     registry = CollectorRegistry()
     registry.register(ProgressCollector(progress, owner_uid))
-    start_http_server(port, addr=addr, registry=registry, **tls)
-    return registry
+    return start_metrics_server(registry, addr, port, limits)

@@ -6,11 +6,18 @@ function of (claim, attempt) (``cdi.render.naming.worker_pod_name``) and the att
 on the PVC (``cdi.controller.record``), so a controller that restarts finds the pod it created
 instead of creating a second one, and a create that races with another gets 409. Failed
 attempts' pods stay (their logs explain the failure) until the DataVolume goes.
+
+A name, labels and an owner reference are no proof of origin: a tenant who may create pods in
+the namespace can create ``importer-<claim>`` first, labelled and "owned" by the DataVolume, and
+its termination message would then decide the import. So ``claim_pod`` accepts the pod at the
+attempt's name only when its UID is the one the controller recorded from its own create
+(``cdi.controller.record``); any other pod there is an impostor, reported and never read.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 
@@ -25,9 +32,24 @@ def owned_pods(pods: Iterable[Mapping[str, Any]], owner_uid: str) -> dict[str, d
     return out
 
 
-def metrics_port(pod: Mapping[str, Any], default: int) -> int:
-    for container in (pod.get("spec") or {}).get("containers") or []:
-        for port in container.get("ports") or []:
-            if port.get("name") == "metrics":
-                return int(port.get("containerPort") or default)
-    return default
+@dataclass(frozen=True)
+class PodMatch:
+    """What stands at an attempt's pod name: the controller's pod, or an impostor, or nothing."""
+
+    pod: dict[str, Any] | None = None
+    impostor: dict[str, Any] | None = None
+
+
+def pod_uid(pod: Mapping[str, Any]) -> str | None:
+    return (pod.get("metadata") or {}).get("uid") or None
+
+
+def claim_pod(pods: Mapping[str, dict[str, Any]], name: str, recorded_uid: str | None) -> PodMatch:
+    """The pod named ``name`` if its UID is ``recorded_uid``; any other pod there is an impostor
+    (also when nothing is recorded: then the controller has not created one it knows of)."""
+    pod = pods.get(name)
+    if pod is None:
+        return PodMatch()
+    if recorded_uid is not None and pod_uid(pod) == recorded_uid:
+        return PodMatch(pod=pod)
+    return PodMatch(impostor=pod)

@@ -5,6 +5,12 @@ shows it as ``"%.2f%%"``; our importer also exports bytes done, bytes total and 
 which the controller shows in the Running condition's message. Parsing is a pure function of
 the exposition text; ``HttpScraper`` is the only I/O, injected into the reconciler so unit
 tests pass a function instead of a server.
+
+The scraped pod runs tenant-influenced code paths, so its answer is untrusted input: the
+scraper reads at most ``MAX_METRICS_BYTES`` (64 KiB; our importer's page is under 2 KiB),
+gives up after ``timeout`` seconds in total, follows no redirect, and turns every bad answer
+(too big, too slow, not 200, not UTF-8, unreachable) into None: no progress shown, nothing
+fatal.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from typing import Protocol
 import aiohttp
 
 PROGRESS_METRIC = "kubevirt_cdi_import_progress_total"
+MAX_METRICS_BYTES = 64 * 1024
 _LINE = re.compile(r"^(?P<name>[a-zA-Z_:][\w:]*)\{(?P<labels>[^}]*)\}\s+(?P<value>\S+)")
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 
@@ -76,10 +83,11 @@ class Scraper(Protocol):
 
 
 class HttpScraper:
-    """GET ``http://<podIP>:<port>/metrics`` with a short timeout; None when unreachable."""
+    """GET ``http://<podIP>:<port>/metrics``: bounded in time and size; None on any bad answer."""
 
-    def __init__(self, timeout: float = 2.0) -> None:
+    def __init__(self, timeout: float = 2.0, max_bytes: int = MAX_METRICS_BYTES) -> None:
         self.timeout = aiohttp.ClientTimeout(total=timeout)
+        self.max_bytes = max_bytes
         self._session: aiohttp.ClientSession | None = None
 
     async def __call__(self, pod_ip: str, port: int) -> str | None:
@@ -87,12 +95,23 @@ class HttpScraper:
             self._session = aiohttp.ClientSession(timeout=self.timeout)
         host = f"[{pod_ip}]" if ":" in pod_ip else pod_ip
         try:
-            async with self._session.get(f"http://{host}:{port}/metrics") as resp:
+            url = f"http://{host}:{port}/metrics"
+            async with self._session.get(url, allow_redirects=False) as resp:
                 if resp.status != 200:
                     return None
-                return await resp.text()
-        except (aiohttp.ClientError, TimeoutError, OSError):
+                return await self._bounded_text(resp)
+        except (aiohttp.ClientError, TimeoutError, OSError, UnicodeDecodeError):
             return None
+
+    async def _bounded_text(self, resp: aiohttp.ClientResponse) -> str | None:
+        if (resp.content_length or 0) > self.max_bytes:
+            return None
+        body = bytearray()
+        async for chunk in resp.content.iter_chunked(16 * 1024):
+            body += chunk
+            if len(body) > self.max_bytes:
+                return None
+        return body.decode("utf-8")
 
     async def close(self) -> None:
         if self._session is not None:

@@ -8,6 +8,11 @@ reads the same. ``ImportRecord`` parses and renders those annotations; the recon
 them with one merge patch per decision, before acting on the decision (bump the attempt count,
 then create the next pod), so a crash in between is repaired by the next reconcile.
 
+The record also names the pod the controller created for the current attempt by UID
+(``ANN_IMPORT_POD_UID``, ours, not CDI's): a pod is the import pod only when its UID is the one
+recorded from the create response, never because of its name, labels or owner reference, which
+any tenant allowed to create pods can copy (``cdi.controller.pods.claim_pod``).
+
 The keys are CDI's for every worker pod (its upload controller writes the same ones), so the
 reconciler reads this record whatever the flavour; only ``pod_name``
 (``storage.import.importPodName``) is the import flavour's own.
@@ -28,6 +33,7 @@ from cdi.api.constants import (
 
 ANN_RUNNING_REASON = "cdi.kubevirt.io/storage.condition.running.reason"
 ANN_RUNNING_MESSAGE = "cdi.kubevirt.io/storage.condition.running.message"
+ANN_IMPORT_POD_UID = "cdi.kubevirt.io/storage.import.importPodUID"
 ANN_BYTES_WRITTEN = "cdi.kubevirt.io/storage.import.bytesWritten"
 
 OUTCOME_SUCCEEDED = "Succeeded"
@@ -41,6 +47,7 @@ class ImportRecord:
     reason: str | None = None  # of the last finished attempt
     message: str | None = None
     pod_name: str | None = None
+    pod_uid: str | None = None  # of the pod the controller created for the current attempt
 
     @property
     def done(self) -> bool:
@@ -62,6 +69,7 @@ class ImportRecord:
             reason=ann.get(ANN_RUNNING_REASON) or None,
             message=ann.get(ANN_RUNNING_MESSAGE) or None,
             pod_name=ann.get(ANN_IMPORT_POD_NAME) or None,
+            pod_uid=ann.get(ANN_IMPORT_POD_UID) or None,
         )
 
     def annotations(self) -> dict[str, str | None]:
@@ -73,6 +81,7 @@ class ImportRecord:
             ANN_RUNNING_REASON: self.reason,
             ANN_RUNNING_MESSAGE: self.message,
             ANN_IMPORT_POD_NAME: self.pod_name,
+            ANN_IMPORT_POD_UID: self.pod_uid,
         }
 
     def differs_from(self, pvc: Mapping[str, Any] | None) -> bool:

@@ -18,29 +18,45 @@
 The claim is named after the DataVolume, owned by it (``cdi.render.owner``), labelled
 ``app: containerized-data-importer`` and annotated with CDI's bookkeeping annotations
 (``storage.import.*`` describe the source, as ``kubectl describe pvc`` users expect).
+
+The PVC's annotations are the controller's durable record (``cdi.controller.record``), so a
+DataVolume's own annotations reach it through an allow-list, not a deny-list: annotations
+outside CDI's domain (``*cdi.kubevirt.io/``) and the CDI annotations its documentation calls
+user-settable (``USER_SETTABLE``). Anything else in CDI's domain a tenant writes on a DataVolume
+(``storage.pod.phase``, ``storage.import.*``, ``storage.requester.*``, clone tokens, a new
+internal key added tomorrow) is dropped, so it can never be read back as state.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
 from cdi.api.config import CDIConfig, StorageProfile
 from cdi.api.constants import (
+    ANN_ALLOW_CLAIM_ADOPTION,
     ANN_CERT_CONFIG_MAP,
+    ANN_CHECK_STATIC_VOLUME,
     ANN_CHECKSUM,
     ANN_CONTENT_TYPE,
     ANN_CREATED_FOR_DATAVOLUME,
+    ANN_DELETE_AFTER_COMPLETION,
     ANN_ENDPOINT,
+    ANN_IMMEDIATE_BINDING,
     ANN_INSECURE_SKIP_VERIFY,
     ANN_POD_RESTARTS,
+    ANN_PRE_POPULATED,
     ANN_PREALLOCATION_REQUESTED,
     ANN_PRIORITY_CLASS,
     ANN_REGISTRY_ARCHITECTURE,
     ANN_REGISTRY_IMPORT_METHOD,
+    ANN_RETAIN_AFTER_COMPLETION,
     ANN_SECRET,
     ANN_SERVICE_ACCOUNT,
     ANN_SOURCE,
+    ANN_USE_POPULATOR,
+    GROUP,
     IMPORT_SOURCE_NONE,
     LABEL_APP,
     LABEL_APP_VALUE,
@@ -55,6 +71,22 @@ from cdi.render.naming import pvc_name
 from cdi.render.owner import datavolume_reference
 
 SKIPPED_ANNOTATIONS = ("kubectl.kubernetes.io/last-applied-configuration",)
+# The CDI annotations CDI documents as set by users on a DataVolume (reference "DataVolume
+# annotations"); every other key in CDI's domain is the controller's to write.
+USER_SETTABLE: frozenset[str] = frozenset(
+    {
+        ANN_IMMEDIATE_BINDING,
+        ANN_USE_POPULATOR,
+        ANN_RETAIN_AFTER_COMPLETION,
+        ANN_DELETE_AFTER_COMPLETION,
+        ANN_PREALLOCATION_REQUESTED,
+        ANN_CHECK_STATIC_VOLUME,
+        ANN_ALLOW_CLAIM_ADOPTION,
+        ANN_PRE_POPULATED,
+        f"{GROUP}/storage.pod.vddk.extraargs",
+        f"{GROUP}/storage.pod.vddk.initimageurl",
+    }
+)
 # CDI's messages (pkg/controller/datavolume/util.go) for a claim that cannot be completed.
 NO_STORAGE_CLASS = "PVC spec is missing accessMode and no storageClass to choose profile"
 
@@ -188,7 +220,7 @@ def required_space(overhead: float, requested: int) -> int:
 
 def pvc_annotations(dv: DataVolume, cdi_config: CDIConfig) -> dict[str, str]:
     spec = dv.spec
-    out = {k: v for k, v in dv.annotations.items() if k not in SKIPPED_ANNOTATIONS}
+    out = user_annotations(dv.annotations)
     out[ANN_POD_RESTARTS] = "0"
     out[ANN_CONTENT_TYPE] = str(spec.effective_content_type)
     out[ANN_CREATED_FOR_DATAVOLUME] = dv.uid
@@ -203,6 +235,21 @@ def pvc_annotations(dv: DataVolume, cdi_config: CDIConfig) -> dict[str, str]:
     if spec.source is not None:
         out.update(source_annotations(spec.source))
     return out
+
+
+def is_internal(key: str) -> bool:
+    """Whether ``key`` is in CDI's annotation domain (``cdi.kubevirt.io/`` or a subdomain of it,
+    e.g. ``upload.cdi.kubevirt.io/``) and not one CDI lets users set."""
+    prefix, slash, _ = key.rpartition("/")
+    in_domain = bool(slash) and (prefix == GROUP or prefix.endswith("." + GROUP))
+    return in_domain and key not in USER_SETTABLE
+
+
+def user_annotations(annotations: Mapping[str, str]) -> dict[str, str]:
+    """The DataVolume annotations the PVC may carry: never an internal CDI key."""
+    return {
+        k: v for k, v in annotations.items() if k not in SKIPPED_ANNOTATIONS and not is_internal(k)
+    }
 
 
 def source_annotations(source: DataVolumeSource) -> dict[str, str]:

@@ -6,6 +6,9 @@ we also keep the requester's username and groups in two annotations the controll
 with a SubjectAccessReview (``ANN_REQUESTER_USERNAME`` / ``ANN_REQUESTER_GROUPS``, groups as a
 JSON list). The webhook owns those keys: on create it overwrites whatever the user wrote, on
 update it restores the values recorded at creation, so nobody can claim to be someone else.
+With a signing key (``cdi.api.requester``) it also writes ``storage.requester.signature``, so
+the controller can tell a record the webhook wrote from one a tenant wrote while the webhook
+was not in the path; without a key it removes any signature the user supplied.
 
 Defaults filled (on create and update alike, so an update that omits them is no spec change):
 ``spec.contentType: kubevirt`` and, for a registry URL source, ``pullMethod: pod``.
@@ -17,7 +20,7 @@ the patch list for ``AdmissionResponse.patch`` (empty when nothing changes).
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,8 +30,11 @@ from cdi.api.constants import (
     ContentType,
     RegistryPullMethod,
 )
+from cdi.api.requester import ANN_REQUESTER_SIGNATURE, signed_name
 
 Patch = list[dict[str, Any]]
+Signer = Callable[[str, str, str, str], str]  # (namespace, name, username, groups) -> signature
+REQUESTER_KEYS = (ANN_REQUESTER_USERNAME, ANN_REQUESTER_GROUPS, ANN_REQUESTER_SIGNATURE)
 
 
 @dataclass(frozen=True)
@@ -49,24 +55,38 @@ def escape(key: str) -> str:
 
 
 def mutate_datavolume(
-    new: Mapping[str, Any], old: Mapping[str, Any] | None, user: UserInfo
+    new: Mapping[str, Any],
+    old: Mapping[str, Any] | None,
+    user: UserInfo,
+    signer: Signer | None = None,
+    namespace: str = "",
 ) -> Patch:
-    return _requester_patch(new, old, user) + _defaults_patch(new)
+    """``namespace``: the admission request's, for an object that does not name its own."""
+    return _requester_patch(new, old, user, signer, namespace) + _defaults_patch(new)
 
 
 def _requester_patch(
-    new: Mapping[str, Any], old: Mapping[str, Any] | None, user: UserInfo
+    new: Mapping[str, Any],
+    old: Mapping[str, Any] | None,
+    user: UserInfo,
+    signer: Signer | None,
+    namespace: str,
 ) -> Patch:
-    annotations = (new.get("metadata") or {}).get("annotations")
+    meta = new.get("metadata") or {}
+    annotations = meta.get("annotations")
     current = dict(annotations or {})
     if old is None:
+        groups = json.dumps(list(user.groups))
+        ns = str(meta.get("namespace") or namespace)
+        signature = signer(ns, signed_name(meta), user.username, groups) if signer else None
         wanted: dict[str, str | None] = {
             ANN_REQUESTER_USERNAME: user.username,
-            ANN_REQUESTER_GROUPS: json.dumps(list(user.groups)),
+            ANN_REQUESTER_GROUPS: groups,
+            ANN_REQUESTER_SIGNATURE: signature,
         }
     else:
         recorded = (old.get("metadata") or {}).get("annotations") or {}
-        wanted = {key: recorded.get(key) for key in (ANN_REQUESTER_USERNAME, ANN_REQUESTER_GROUPS)}
+        wanted = {key: recorded.get(key) for key in REQUESTER_KEYS}
     patch: Patch = []
     if annotations is None and any(v is not None for v in wanted.values()):
         patch.append({"op": "add", "path": "/metadata/annotations", "value": {}})

@@ -1,11 +1,13 @@
 """The admission webhook HTTP server: AdmissionReview in, AdmissionReview out.
 
-``make_app(lookup, run_blocking)`` is an aiohttp app factory with three routes:
+``make_app(lookup, run_blocking, authorizer)`` is an aiohttp app factory with three routes:
 
 - ``POST /datavolume-validate``: ``validate_datavolume`` (the pure CDI rules) on the request's
   object and old object; a rejection is ``allowed: false`` with a 422 ``Status`` whose message
   is the causes' messages (the API server shows it after "denied the request:") and whose
-  ``details.causes`` carry the fields; warnings travel either way;
+  ``details.causes`` carry the fields; warnings travel either way. The rules see the cluster
+  as the requester may (``cdi.webhooks.visibility``): objects in other namespaces exist for
+  them only when a SubjectAccessReview (the ``authorizer``) says they may read them;
 - ``POST /datavolume-mutate``: ``mutate_datavolume`` as a base64 JSON patch;
 - ``GET /healthz``.
 
@@ -25,9 +27,10 @@ from typing import Any
 
 from aiohttp import web
 
-from cdi.webhooks.mutation import UserInfo, mutate_datavolume
+from cdi.webhooks.mutation import Signer, UserInfo, mutate_datavolume
 from cdi.webhooks.validation import ClusterLookup, validate_datavolume
 from cdi.webhooks.verdict import ValidationResult
+from cdi.webhooks.visibility import Authorizer, NoCrossNamespaceReads, RequesterLookup
 
 log = logging.getLogger(__name__)
 
@@ -65,23 +68,38 @@ def verdict_response(uid: str, verdict: ValidationResult) -> dict[str, Any]:
     return out
 
 
-def validate_review(request: Mapping[str, Any], lookup: ClusterLookup) -> dict[str, Any]:
+def validate_review(
+    request: Mapping[str, Any],
+    lookup: ClusterLookup,
+    authorizer: Authorizer | None = None,
+) -> dict[str, Any]:
     uid = str(request.get("uid", ""))
     if request.get("operation") not in ("CREATE", "UPDATE"):
         return review_response(uid, allowed=True)
     new = request.get("object") or {}
     old = request.get("oldObject") if request.get("operation") == "UPDATE" else None
-    verdict = validate_datavolume(new, old, lookup, namespace=request.get("namespace"))
+    namespace = (new.get("metadata") or {}).get("namespace") or request.get("namespace") or ""
+    seen = RequesterLookup(
+        lookup,
+        authorizer or NoCrossNamespaceReads(),
+        UserInfo.from_dict(request.get("userInfo") or {}),
+        str(namespace),
+    )
+    verdict = validate_datavolume(new, old, seen, namespace=request.get("namespace"))
     return verdict_response(uid, verdict)
 
 
-def mutate_review(request: Mapping[str, Any]) -> dict[str, Any]:
+def mutate_review(request: Mapping[str, Any], signer: Signer | None = None) -> dict[str, Any]:
     uid = str(request.get("uid", ""))
     if request.get("operation") not in ("CREATE", "UPDATE"):
         return review_response(uid, allowed=True)
     old = request.get("oldObject") if request.get("operation") == "UPDATE" else None
     patch = mutate_datavolume(
-        request.get("object") or {}, old, UserInfo.from_dict(request.get("userInfo") or {})
+        request.get("object") or {},
+        old,
+        UserInfo.from_dict(request.get("userInfo") or {}),
+        signer,
+        str(request.get("namespace") or ""),
     )
     if not patch:
         return review_response(uid, allowed=True)
@@ -103,14 +121,23 @@ async def _read_review(request: web.Request) -> Mapping[str, Any]:
     return dict(review["request"])
 
 
-def make_app(lookup: ClusterLookup, run_blocking: RunBlocking) -> web.Application:
+def make_app(
+    lookup: ClusterLookup,
+    run_blocking: RunBlocking,
+    authorizer: Authorizer | None = None,
+    signer: Signer | None = None,
+) -> web.Application:
+    """``authorizer`` None: no requester may see objects in other namespaces. ``signer`` None:
+    the requester record is written unsigned (the controller will not trust it for clones)."""
+
     async def validate(request: web.Request) -> web.Response:
         review = await _read_review(request)
-        return web.json_response(await run_blocking(validate_review, review, lookup))
+        verdict = await run_blocking(validate_review, review, lookup, authorizer)
+        return web.json_response(verdict)
 
     async def mutate(request: web.Request) -> web.Response:
         review = await _read_review(request)
-        return web.json_response(mutate_review(review))
+        return web.json_response(mutate_review(review, signer))
 
     async def healthz(_: web.Request) -> web.Response:
         return web.Response(text="ok")

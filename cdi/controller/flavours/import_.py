@@ -12,7 +12,12 @@ On a claim that is ready (bound, or bindable by the pod itself), one ``sync`` ta
 
 The attempt number is the record's count of failed attempts, and the pod's name, labels and
 metrics address are inputs of ``render_importer_pod``, so the pod created is exactly the pure
-renderer's output and a restarted controller finds it by name (409 means "already there").
+renderer's output. The UID of the pod the create returned is recorded on the PVC at once, and
+only the pod with that UID is followed (``cdi.controller.pods.claim_pod``): any other pod at the
+attempt's name (a tenant's look-alike, or our own orphan from a crash between create and
+record) gets a Warning event and is deleted, never read for its phase, termination message or
+metrics; the attempt's pod is then created afresh. Progress is scraped from the podIP the
+kubelet reports for the recorded pod, on the port this flavour rendered.
 """
 
 from __future__ import annotations
@@ -25,12 +30,11 @@ from typing import Any
 
 from cdi.api.constants import (
     ANN_RETAIN_AFTER_COMPLETION,
-    METRICS_PORT,
     ConditionReason,
     Phase,
 )
 from cdi.controller.flavours import JSON, Claim, FlavourDeps, PhaseEvent
-from cdi.controller.pods import metrics_port
+from cdi.controller.pods import claim_pod, pod_uid
 from cdi.controller.policy import Decision, FailurePolicy, Outcome, pod_outcome
 from cdi.controller.progress import Progress, parse_metrics
 from cdi.controller.record import OUTCOME_FAILED, OUTCOME_SUCCEEDED, ImportRecord
@@ -65,6 +69,9 @@ IMPORT_EVENTS: Mapping[str, PhaseEvent] = {
     Phase.FAILED: PhaseEvent(WARNING, ConditionReason.IMPORT_FAILED),
 }
 
+# The event reason for a pod at the importer's name that the controller did not record.
+REASON_UNRECORDED_POD = "UnrecordedImporterPod"
+
 
 @dataclass(frozen=True)
 class ImportSettings:
@@ -74,6 +81,7 @@ class ImportSettings:
     pull_policy: str = "IfNotPresent"
     policy: FailurePolicy = field(default_factory=FailurePolicy)
     progress_interval: float = 2.0
+    metrics: Metrics = field(default_factory=lambda: Metrics(on_pod_ip=True))
 
 
 def parse_time(text: str | None) -> float | None:
@@ -98,7 +106,10 @@ class ImportFlavour:
     async def sync(self, claim: Claim, view: View) -> tuple[View, Result]:
         attempt = claim.record.failed_attempts
         view = dataclasses.replace(view, max_attempts=self.settings.policy.max_attempts)
-        pod = claim.pods.get(importer_pod_name(claim.name, attempt))
+        match = claim_pod(claim.pods, importer_pod_name(claim.name, attempt), claim.record.pod_uid)
+        if match.impostor is not None:
+            return await self._remove_impostor(claim, view, match.impostor)
+        pod = match.pod
         if pod is None:
             return await self._start_attempt(claim, view, attempt)
         pod_phase = (pod.get("status") or {}).get("phase") or "Pending"
@@ -149,15 +160,16 @@ class ImportFlavour:
             if wait > 0:
                 return dataclasses.replace(view, retry_in=wait), Result(requeue_after=wait)
         name = importer_pod_name(claim.name, attempt)
-        pvc = claim.pvc
-        if claim.record.pod_name != name:
-            pvc = await self._record(pvc, dataclasses.replace(claim.record, pod_name=name))
+        intent = claim.record
+        if intent.pod_name != name:
+            intent = dataclasses.replace(intent, pod_name=name, pod_uid=None)
+        pvc = await self._record(claim.pvc, intent)
         config = ImporterPodConfig(
             image=settings.image,
             command=(),
             pull_policy=settings.pull_policy,
             attempt=attempt,
-            metrics=Metrics(on_pod_ip=True),
+            metrics=settings.metrics,
             cdi_config=claim.cdi_config,
             proxy_auth_secret=await self._proxy_auth_secret(claim),
         )
@@ -167,9 +179,21 @@ class ImportFlavour:
             problem = ClaimProblem(exc.reason, exc.message)
             return dataclasses.replace(view, problem=problem), Result(requeue_after=30.0)
         try:
-            await self.deps.kube.create(PODS, pod, dv.namespace)
+            created = await self.deps.kube.create(PODS, pod, dv.namespace)
         except Conflict:
-            pass  # created before a restart, or by the previous reconcile: same pod
+            # Someone's pod holds the name, and it is not one we recorded: never adopt it.
+            found = await self.deps.kube.get_or_none(PODS, name, dv.namespace)
+            if found is None:
+                return view, Result(requeue_after=1.0)
+            if intent.pod_uid is None or pod_uid(found) != intent.pod_uid:
+                return await self._remove_impostor(claim, view, found)
+            # ours, recorded, and not yet in the informer's cache
+            return dataclasses.replace(view, pod_phase="Pending"), Result(requeue_after=1.0)
+        # Unguarded: creating the pod may bind the claim (a new resourceVersion) before this
+        # write, and a lost UID would make our own pod look like an impostor. The guarded
+        # intent above already settled this attempt; only the leader writes these keys.
+        recorded = dataclasses.replace(intent, pod_uid=pod_uid(created))
+        await self._record(pvc, recorded, guarded=False)
         view = dataclasses.replace(view, pod_phase="Pending")
         return view, Result(requeue_after=settings.progress_interval)
 
@@ -185,6 +209,30 @@ class ImportFlavour:
             pass  # an earlier attempt (or reconcile) created it
         return str(secret["metadata"]["name"])
 
+    async def _remove_impostor(
+        self, claim: Claim, view: View, pod: Mapping[str, Any]
+    ) -> tuple[View, Result]:
+        """A pod at the attempt's name the controller did not record: say so, delete it (by UID,
+        so a pod created meanwhile is spared) and create the attempt's pod when it is gone."""
+        meta = pod.get("metadata") or {}
+        uid = meta.get("uid")
+        if not meta.get("deletionTimestamp"):
+            await self.deps.events.emit(
+                dict(claim.obj),
+                WARNING,
+                REASON_UNRECORDED_POD,
+                f"Pod {meta.get('name')} (uid {uid}) was not created by the controller for "
+                "this import; it is ignored and deleted",
+            )
+            try:
+                await self.deps.kube.delete(
+                    PODS, str(meta.get("name")), claim.dv.namespace, uid=uid
+                )
+            except (NotFound, Conflict):
+                pass
+        view = dataclasses.replace(view, pod_phase=None)
+        return view, Result(requeue_after=self.settings.progress_interval)
+
     def _backoff_left(self, previous: Mapping[str, Any] | None, attempt: int) -> float:
         delay = self.settings.policy.retry_delay(attempt)
         outcome = pod_outcome(dict(previous)) if previous else None
@@ -197,19 +245,17 @@ class ImportFlavour:
         ip = (pod.get("status") or {}).get("podIP")
         if not ip:
             return None
-        text = await self.deps.scraper(str(ip), metrics_port(pod, METRICS_PORT))
+        text = await self.deps.scraper(str(ip), self.settings.metrics.port)
         return parse_metrics(text, claim.dv.uid) if text else None
 
-    async def _record(self, pvc: JSON, record: ImportRecord) -> JSON:
+    async def _record(self, pvc: JSON, record: ImportRecord, *, guarded: bool = True) -> JSON:
+        """Write ``record`` on the PVC; ``guarded``: only over the version that was read."""
         if not record.differs_from(pvc):
             return pvc
         meta = pvc["metadata"]
-        patch = {
-            "metadata": {
-                "resourceVersion": meta.get("resourceVersion"),
-                "annotations": record.annotations(),
-            }
-        }
+        patch: JSON = {"metadata": {"annotations": record.annotations()}}
+        if guarded:
+            patch["metadata"]["resourceVersion"] = meta.get("resourceVersion")
         return await self.deps.kube.patch(PVCS, meta["name"], patch, meta.get("namespace"))
 
     async def finish(self, claim: Claim) -> None:
