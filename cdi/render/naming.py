@@ -60,3 +60,8 @@ def scratch_pvc_name(pvc: str) -> str:
 
 def proxy_ca_config_map_name(pvc: str) -> str:
     return resource_name("import-proxy-cm", pvc)
+
+
+def upload_service_name(pvc: str) -> str:
+    """The upload server's Service (and pod) name, a DNS label: CDI's ``cdi-upload-<pvc>``."""
+    return label_value_name(resource_name("cdi-upload", pvc))

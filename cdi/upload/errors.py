@@ -46,3 +46,15 @@ class UploadServerUnreachable(UploadError):
     reason = "UploadServerUnreachable"
     status = 502
     transient = True
+
+
+class UploadInterrupted(UploadError):
+    """The uploader's body stopped: idle for too long, or its connection was cut."""
+
+    reason = "UploadInterrupted"
+    status = 408
+    transient = True
+
+
+class UnknownSigningKey(InvalidToken):
+    """The token names a key we do not have (yet): worth reloading the keys once."""

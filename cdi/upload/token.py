@@ -21,13 +21,14 @@ token that is not an upload token), the split CDI's proxy makes.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Mapping
+import time
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import jwt
 
-from cdi.upload.errors import BadUploadRequest, InvalidToken
+from cdi.upload.errors import BadUploadRequest, InvalidToken, UnknownSigningKey
 from cdi.upload.keys import KeyRing
 
 ISSUER = "cdi-apiserver"
@@ -73,7 +74,7 @@ def _signed_payload(token: str, public_keys: Mapping[str, bytes]) -> dict[str, A
         raise InvalidToken("the token is not a JWT") from exc
     pem = public_keys.get(str(kid))
     if pem is None:
-        raise InvalidToken("the token is signed with an unknown key")
+        raise UnknownSigningKey("the token is signed with an unknown key")
     try:
         return dict(
             jwt.decode(
@@ -121,3 +122,41 @@ def verify(
         raise BadUploadRequest("the token is not an upload token for a PVC")
     uid = params.get("uid") if isinstance(params, dict) else None
     return UploadGrant(namespace, name, uid if isinstance(uid, str) else "")
+
+
+PublicKeys = Mapping[str, bytes]
+
+
+class Verifier:
+    """``verify`` with public keys from ``load`` (a Secret read, say), cached; reloaded when
+    a token names a key not in the cache (a rotation elsewhere), at most every
+    ``min_reload`` seconds so garbage tokens cannot hammer the API server."""
+
+    def __init__(
+        self,
+        load: Callable[[], Awaitable[PublicKeys]],
+        clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
+        min_reload: float = 5.0,
+    ) -> None:
+        self.load = load
+        self.clock = clock
+        self.min_reload = min_reload
+        self._keys: PublicKeys = {}
+        self._loaded_at = float("-inf")
+
+    async def _reload(self) -> bool:
+        if time.monotonic() - self._loaded_at < self.min_reload:
+            return False
+        self._keys = await self.load()
+        self._loaded_at = time.monotonic()
+        return True
+
+    async def __call__(self, token: str) -> UploadGrant:
+        if not self._keys:
+            await self._reload()
+        try:
+            return verify(token, self._keys, self.clock())
+        except UnknownSigningKey:
+            if not await self._reload():
+                raise
+            return verify(token, self._keys, self.clock())
