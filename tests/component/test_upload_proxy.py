@@ -3,6 +3,7 @@ statuses and messages (each its own test), mutual TLS, CORS, HTML escaping, tus 
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import ssl
 from collections.abc import AsyncIterator, Mapping
@@ -347,8 +348,6 @@ async def test_a_stalled_body_ends_with_408_and_the_proxy_keeps_serving(env: Env
 
     async def trickle() -> AsyncIterator[bytes]:
         yield b"z" * 1000
-        import asyncio
-
         await asyncio.sleep(3)  # longer than the proxy's 1 s idle timeout
         yield b"z"
 
