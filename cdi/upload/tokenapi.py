@@ -73,6 +73,10 @@ def user_from_headers(
     return User(name, groups, extra)
 
 
+class LookupFailed(Exception):
+    """The cluster could not answer a review or a PVC lookup (the caller gets a 500)."""
+
+
 @dataclass(frozen=True)
 class Decision:
     allowed: bool
@@ -81,12 +85,15 @@ class Decision:
 
 class AccessReviewer(Protocol):
     async def review(self, user: User, namespace: str) -> Decision:
-        """A SubjectAccessReview for ``create uploadtokenrequests`` in ``namespace``."""
+        """A SubjectAccessReview for ``create uploadtokenrequests`` in ``namespace``;
+        ``LookupFailed`` when the API server cannot answer."""
         ...
 
 
 class PvcLookup(Protocol):
-    async def get_pvc(self, namespace: str, name: str) -> Mapping[str, Any] | None: ...
+    async def get_pvc(self, namespace: str, name: str) -> Mapping[str, Any] | None:
+        """The PVC, None if it does not exist, ``LookupFailed`` if the cluster cannot say."""
+        ...
 
 
 def access_review(user: User, namespace: str) -> JSON:
@@ -143,6 +150,12 @@ class TokenApi:
     clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC)
 
     async def create(self, user: User | None, namespace: str, body: bytes) -> tuple[int, JSON]:
+        try:
+            return await self._create(user, namespace, body)
+        except LookupFailed as exc:
+            return 500, status(500, "InternalError", str(exc))
+
+    async def _create(self, user: User | None, namespace: str, body: bytes) -> tuple[int, JSON]:
         if user is None:
             return 401, status(401, "Unauthorized", "request is not authenticated")
         decision = await self.reviewer.review(user, namespace)
