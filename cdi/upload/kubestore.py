@@ -7,8 +7,9 @@
   private keys;
 - ``KubeAccessReviewer``: SubjectAccessReviews for the token API;
 - ``KubeUploadTargets``: PVC lookups for the proxy and the token API, and the upload server's
-  address: the Service ``cdi-upload-<pvc>`` in the PVC's namespace (``naming.
-  upload_service_name``, created by the upload flavour of the controller);
+  address: the ClusterIP of Service ``cdi-upload-<pvc>`` in the PVC's namespace (``naming.
+  upload_service_name``, created by the upload flavour of the controller), its certificate
+  verified for ``cdi-upload-<pvc>.<ns>.svc``: no cluster DNS needed, the name still checked;
 - ``ensure_ca``: a CA key pair kept in a Secret, created once by whoever comes first (the
   upload servers' CA and the CA of the proxy's client certificates);
 - ``requestheader_settings``: the front-proxy settings the kube-apiserver publishes in
@@ -41,14 +42,16 @@ from cdi.kube.client import (
 )
 from cdi.kube.errors import Conflict, KubeError, NotFound
 from cdi.render.naming import upload_service_name
-from cdi.upload.errors import UploadNotReady
+from cdi.upload.errors import UploadNotReady, UploadServerUnreachable
 from cdi.upload.keys import KeyRing, SigningKey, StoreConflict, key_id
+from cdi.upload.readiness import UploadServer
 from cdi.upload.tokenapi import Decision, LookupFailed, RequestHeaderConfig, User, access_review
 from cdi.webhooks.certs import KeyPair, new_ca
 
 log = logging.getLogger(__name__)
 
 CONFIG_MAPS = Resource("", "v1", "configmaps", "ConfigMap")
+SERVICES = Resource("", "v1", "services", "Service")
 API_SERVICES = Resource("apiregistration.k8s.io", "v1", "apiservices", "APIService", False)
 AUTH_CONFIG_MAP = ("kube-system", "extension-apiserver-authentication")
 
@@ -155,8 +158,20 @@ class KubeUploadTargets:
                 raise UploadNotReady(str(exc)) from exc
             raise LookupFailed(str(exc)) from exc
 
-    def server_url(self, namespace: str, pvc_name: str) -> str:
-        return f"https://{upload_service_name(pvc_name)}.{namespace}.svc:{self.port}"
+    async def upload_server(self, namespace: str, pvc_name: str) -> UploadServer:
+        """The Service's ClusterIP, verified as ``<svc>.<ns>.svc`` (no cluster DNS needed)."""
+        name = upload_service_name(pvc_name)
+        host = f"{name}.{namespace}.svc"
+        try:
+            svc = await self.kube.get_or_none(SERVICES, name, namespace)
+        except KubeError as exc:
+            raise UploadServerUnreachable(f"error in upload-proxy: {exc}") from exc
+        ip = ((svc or {}).get("spec") or {}).get("clusterIP")
+        if not ip or ip == "None":
+            raise UploadServerUnreachable(
+                f"error in upload-proxy: http: proxy error: dial tcp: lookup {host}: no such host"
+            )
+        return UploadServer(f"https://{ip}:{self.port}", host)
 
 
 def ensure_ca(kube: Kube, namespace: str, name: str, common_name: str) -> KeyPair:

@@ -172,7 +172,9 @@ class Relay:
             total=None, sock_connect=c.connect_timeout, sock_read=c.response_timeout
         )
 
-    async def __call__(self, request: web.Request, url: str) -> web.StreamResponse:
+    async def __call__(
+        self, request: web.Request, url: str, server_hostname: str | None = None
+    ) -> web.StreamResponse:
         body = _Body(request, self.config.idle_timeout)
         async with contextlib.AsyncExitStack() as stack:
             try:
@@ -185,6 +187,7 @@ class Relay:
                         timeout=self._timeout(),
                         allow_redirects=False,
                         auto_decompress=False,
+                        server_hostname=server_hostname,
                     )
                 )
             except (aiohttp.ClientError, TimeoutError, UploadInterrupted) as exc:
@@ -253,9 +256,10 @@ def make_proxy_app(
             )
             path = upload_path(pvc, grant.name, request.path)
             pvc_name = str((pvc.get("metadata") or {}).get("name") or grant.name)
-            url = targets.server_url(grant.namespace, pvc_name) + path
-            log.info("upload to PVC %s/%s via %s", grant.namespace, grant.name, url)
-            return await Relay(request.app[SESSION], config)(request, url)
+            server = await targets.upload_server(grant.namespace, pvc_name)
+            log.info("upload to PVC %s/%s via %s", grant.namespace, grant.name, server.url)
+            relay = Relay(request.app[SESSION], config)
+            return await relay(request, server.url + path, server.server_hostname)
         except UploadError as err:
             return _refusal(err)
 

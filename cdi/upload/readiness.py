@@ -9,14 +9,16 @@ injected ``UploadTargets`` (1 s interval, 10 s limit by default, like CDI) and a
 
 ``UploadTargets`` is the seam to the cluster: it finds PVCs and says where a PVC's upload
 server listens (the Service ``cdi-upload-<pvc>`` in the PVC's namespace, created by the
-upload flavour). ``cdi.upload.kubestore.KubeUploadTargets`` is the cluster implementation;
-tests pass a table.
+upload flavour). ``cdi.upload.kubestore.KubeUploadTargets`` is the cluster implementation
+(it dials the Service's ClusterIP and verifies the certificate for ``cdi-upload-<pvc>.<ns>.svc``,
+so no cluster DNS is needed); tests pass a table.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from cdi.api.constants import (
@@ -33,11 +35,20 @@ PVC = Mapping[str, Any]
 _TRUE = {"1", "t", "T", "true", "TRUE", "True"}  # Go's strconv.ParseBool
 
 
+@dataclass(frozen=True)
+class UploadServer:
+    """Where a PVC's upload server listens: ``url`` is ``https://host:port`` (no path);
+    ``server_hostname`` the name its certificate must carry when ``url`` holds an address."""
+
+    url: str
+    server_hostname: str | None = None
+
+
 class UploadTargets(Protocol):
     async def get_pvc(self, namespace: str, name: str) -> PVC | None: ...
 
-    def server_url(self, namespace: str, pvc_name: str) -> str:
-        """``scheme://host:port`` of the upload server for this PVC (no path)."""
+    async def upload_server(self, namespace: str, pvc_name: str) -> UploadServer:
+        """The PVC's upload server, or ``UploadServerUnreachable`` if it has none."""
         ...
 
 

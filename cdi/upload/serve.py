@@ -27,7 +27,9 @@ from aiohttp import web
 
 from cdi.admission import CertStore, WebhookConfig
 from cdi.kube.client import AsyncKube, Kube
+from cdi.kube.errors import KubeError
 from cdi.upload.apiserver import make_api_app
+from cdi.upload.errors import UploadNotReady
 from cdi.upload.keys import KeyRing, ensure_ring
 from cdi.upload.kubestore import (
     ApiServiceCertStore,
@@ -219,9 +221,12 @@ async def serve_upload_proxy(kube: Kube, config: UploadProxyConfig) -> None:
     async_kube = AsyncKube(kube)
 
     async def keys() -> Mapping[str, bytes]:
-        return await asyncio.to_thread(
-            read_public_keys, kube, plane.namespace, plane.public_keys_config_map
-        )
+        try:
+            return await asyncio.to_thread(
+                read_public_keys, kube, plane.namespace, plane.public_keys_config_map
+            )
+        except KubeError as exc:
+            raise UploadNotReady(f"the token keys cannot be read: {exc}") from exc
 
     targets = KubeUploadTargets(async_kube, config.upload_server_port)
     app = make_proxy_app(targets, Verifier(keys), upstream, config.proxy)

@@ -23,6 +23,7 @@ from cdi.api.constants import (
     ANN_UPLOAD_REQUEST,
 )
 from cdi.upload.proxy import UPLOAD_PATHS, ProxyConfig, make_proxy_app
+from cdi.upload.readiness import UploadServer
 from cdi.upload.token import UploadGrant, Verifier, issue
 from tests.component.upload_peers import NOW, Pki, UploadPeer, make_pki
 
@@ -48,13 +49,15 @@ class TableTargets:
 
     pvcs: dict[str, dict[str, Any]] = field(default_factory=dict)
     ports: dict[str, int] = field(default_factory=dict)
+    hostnames: dict[str, str] = field(default_factory=dict)
     default_port: int = 0
 
     async def get_pvc(self, namespace: str, name: str) -> Mapping[str, Any] | None:
         return self.pvcs.get(f"{namespace}/{name}")
 
-    def server_url(self, namespace: str, pvc_name: str) -> str:
-        return f"https://127.0.0.1:{self.ports.get(pvc_name, self.default_port)}"
+    async def upload_server(self, namespace: str, pvc_name: str) -> UploadServer:
+        port = self.ports.get(pvc_name, self.default_port)
+        return UploadServer(f"https://127.0.0.1:{port}", self.hostnames.get(pvc_name))
 
     def add(self, obj: dict[str, Any]) -> None:
         self.pvcs[f"{NS}/{obj['metadata']['name']}"] = obj
@@ -296,6 +299,18 @@ async def test_an_unreachable_upload_server_is_502(env: Env) -> None:
         "error in upload-proxy: http: proxy error: dial tcp 127.0.0.1:1: "
         "connect: connection refused"
     )
+
+
+async def test_the_upload_server_is_verified_by_its_service_name_on_an_address(
+    env: Env,
+) -> None:
+    env.targets.add(pvc("disk"))
+    env.targets.hostnames["disk"] = "cdi-upload-disk.tenant.svc"
+    assert (await post(env))[0] == 200
+    env.targets.hostnames["disk"] = "cdi-upload-other.tenant.svc"  # not in its certificate
+    status, body, _ = await post(env)
+    assert status == 502 and body.startswith("error in upload-proxy: http: proxy error:")
+    assert len(env.peer.seen) == 1
 
 
 async def test_head_and_patch_pass_through_for_tus_resume(env: Env) -> None:

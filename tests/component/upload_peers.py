@@ -50,7 +50,7 @@ def make_pki() -> Pki:
     return Pki(
         server_ca,
         client_ca,
-        issue_serving(server_ca, ("127.0.0.1",), NOW),
+        issue_serving(server_ca, ("127.0.0.1", "cdi-upload-disk.tenant.svc"), NOW),
         issue_client(client_ca, UPLOAD_CLIENT_NAME, NOW),
         issue_serving(proxy_ca, ("127.0.0.1",), NOW),
         proxy_ca,

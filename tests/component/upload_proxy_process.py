@@ -18,6 +18,7 @@ from typing import Any
 from aiohttp import web
 
 from cdi.upload.proxy import make_proxy_app
+from cdi.upload.readiness import UploadServer
 from cdi.upload.tls import serving_context, upstream_context
 from cdi.upload.token import Verifier
 from cdi.webhooks.certs import KeyPair
@@ -31,8 +32,8 @@ class FixedTargets:
     async def get_pvc(self, namespace: str, name: str) -> Mapping[str, Any] | None:
         return self.pvcs.get(f"{namespace}/{name}")
 
-    def server_url(self, namespace: str, pvc_name: str) -> str:
-        return self.peer
+    async def upload_server(self, namespace: str, pvc_name: str) -> UploadServer:
+        return UploadServer(self.peer)
 
 
 async def serve(config: dict[str, Any]) -> None:
