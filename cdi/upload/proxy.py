@@ -27,7 +27,6 @@ Why it is shaped so:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import html
 import logging
 import re
@@ -103,11 +102,8 @@ def upload_path(pvc: PVC, name: str, path: str) -> str:
     if not content_type or content_type == "kubevirt":
         return path
     if content_type == "archive":
-        return (
-            "/v1alpha1/upload-archive"
-            if path.startswith("/v1alpha1/")
-            else ("/v1beta1/upload-archive")
-        )
+        version = "v1alpha1" if path.startswith("/v1alpha1/") else "v1beta1"
+        return f"/{version}/upload-archive"
     raise UploadNotReady(
         f"rejecting upload request for PVC {name} - upload content-type {content_type} is invalid"
     )
@@ -176,26 +172,25 @@ class Relay:
         self, request: web.Request, url: str, server_hostname: str | None = None
     ) -> web.StreamResponse:
         body = _Body(request, self.config.idle_timeout)
-        async with contextlib.AsyncExitStack() as stack:
-            try:
-                upstream = await stack.enter_async_context(
-                    self.session.request(
-                        request.method,
-                        url,
-                        data=body.pieces() if request.method != "HEAD" else None,
-                        headers=_forwarded(request.headers),
-                        timeout=self._timeout(),
-                        allow_redirects=False,
-                        auto_decompress=False,
-                        server_hostname=server_hostname,
-                    )
-                )
-            except (aiohttp.ClientError, TimeoutError, UploadInterrupted) as exc:
-                if body.failure is not None:
-                    raise body.failure from exc
-                raise _unreachable(url, exc) from exc
+        try:
+            upstream = await self.session.request(
+                request.method,
+                url,
+                data=body.pieces() if request.method != "HEAD" else None,
+                headers=_forwarded(request.headers),
+                timeout=self._timeout(),
+                allow_redirects=False,
+                auto_decompress=False,
+                server_hostname=server_hostname,
+            )
+        except (aiohttp.ClientError, TimeoutError, UploadInterrupted) as exc:
+            if body.failure is not None:
+                raise body.failure from exc
+            raise _unreachable(url, exc) from exc
+        try:
             return await self._answer(request, upstream)
-        raise AssertionError("unreachable")  # pragma: no cover (mypy: the stack may swallow)
+        finally:
+            upstream.release()
 
     async def _answer(
         self, request: web.Request, upstream: aiohttp.ClientResponse

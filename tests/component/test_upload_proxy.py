@@ -371,3 +371,32 @@ async def test_a_stalled_body_ends_with_408_and_the_proxy_keeps_serving(env: Env
     assert env.peer.seen[0].complete is False
     async with env.session() as s, s.get(env.url + "/healthz") as r:
         assert r.status == 200
+
+
+async def test_a_cut_upload_reaches_the_server_cut_and_a_retry_with_the_same_token_works(
+    env: Env,
+) -> None:
+    """CDI's "[test_id:1985] should succeed on retry after failure", at the proxy."""
+    env.targets.add(pvc("disk"))
+    token = env.token()
+    host, port = env.url.removeprefix("https://").split(":")
+    _, writer = await asyncio.open_connection(host, int(port), ssl=env.pki.client_trusting_proxy())
+    head = (
+        f"POST /v1beta1/upload HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {token}\r\n"
+        "Content-Length: 10000000\r\n\r\n"
+    )
+    writer.write(head.encode() + b"c" * 1_000_000)
+    await writer.drain()
+    for _ in range(100):  # the relay has started: the peer is receiving
+        if env.peer.seen and env.peer.seen[0].received:
+            break
+        await asyncio.sleep(0.05)
+    writer.transport.abort()  # the client's connection is cut mid-body
+    for _ in range(100):
+        if env.peer.seen[0].ended:
+            break
+        await asyncio.sleep(0.05)
+    cut = env.peer.seen[0]
+    assert not cut.complete and 0 < cut.received < 10_000_000
+    status, _, _ = await post(env, auth=f"Bearer {token}", data=b"d" * 1000)
+    assert status == 200 and env.peer.seen[1].complete and env.peer.seen[1].received == 1000

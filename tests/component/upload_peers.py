@@ -65,7 +65,8 @@ class Seen:
     port: int
     headers: dict[str, str]
     received: int = 0
-    complete: bool = False
+    complete: bool = False  # the whole body arrived
+    ended: bool = False  # the peer stopped reading (whole body or cut)
 
 
 @dataclass
@@ -93,6 +94,8 @@ class UploadPeer:
                 seen.received += len(piece)
         except Exception:  # a cut body: the real upload server answers 500 and stays ready
             return web.Response(status=500, text="Saving stream failed: body cut")
+        finally:
+            seen.ended = True
         seen.complete = True
         status, body, headers = self.replies.get(request.path, (200, "", {}))
         return web.Response(status=status, text=body, headers=headers)
