@@ -54,6 +54,7 @@ CONFIG_MAPS = Resource("", "v1", "configmaps", "ConfigMap")
 SERVICES = Resource("", "v1", "services", "Service")
 API_SERVICES = Resource("apiregistration.k8s.io", "v1", "apiservices", "APIService", False)
 AUTH_CONFIG_MAP = ("kube-system", "extension-apiserver-authentication")
+MAX_PUBLISHED_KEYS = 3
 
 
 def _b64(data: bytes) -> str:
@@ -107,10 +108,17 @@ class SecretKeyStore:
         return ring.public_keys() if ring else {}
 
 
-def publish_public_keys(kube: Kube, namespace: str, name: str, ring: KeyRing) -> None:
-    """Write ``kid -> public PEM`` into the ConfigMap (create or replace; idempotent)."""
+def publish_public_keys(
+    kube: Kube, namespace: str, name: str, ring: KeyRing, keep: int = MAX_PUBLISHED_KEYS
+) -> None:
+    """Write ``kid -> public PEM`` into the ConfigMap: the ring's keys first, then keys already
+    published, up to ``keep``. Merging means a replica that read the ring just before another
+    rotated it cannot unpublish the new key; old keys fall off as new ones arrive."""
     data = {f"{kid}.pem": pem.decode() for kid, pem in ring.public_keys().items()}
     current = kube.get_or_none(CONFIG_MAPS, name, namespace)
+    for key, value in ((current or {}).get("data") or {}).items():
+        if len(data) < keep and key.endswith(".pem"):
+            data.setdefault(key, value)
     if current is not None and (current.get("data") or {}) == data:
         return
     meta: dict[str, Any] = {"name": name, "namespace": namespace}

@@ -72,6 +72,9 @@ _HOP_BY_HOP = frozenset(
         "Upgrade",
         "Host",
         "Authorization",
+        # CDI's clone marker: only the cloner, talking to the upload server directly, may ask
+        # for the clone stream decoding; an uploader must not select it through the proxy.
+        "X-Cdi-Content-Type",
     )
 )
 CORS_EXPOSED = "Upload-Offset, Upload-Length, Tus-Resumable, Tus-Version, Location"

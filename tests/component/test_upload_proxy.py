@@ -266,12 +266,15 @@ async def test_the_upload_servers_status_and_body_pass_through(
 ) -> None:
     env.targets.add(pvc("disk"))
     env.peer.replies[path] = (status, f"answer {status}", {"X-Peer": "yes"})
-    got, body, headers = await post(env, path, data=b"x" * 100_000, Origin="https://ui")
+    got, body, headers = await post(
+        env, path, data=b"x" * 100_000, Origin="https://ui", **{"X-Cdi-Content-Type": "x"}
+    )
     assert (got, body, headers["X-Peer"]) == (status, f"answer {status}", "yes")
     assert headers["Access-Control-Allow-Origin"] == "*"
     seen = env.peer.seen[0]
     assert (seen.method, seen.path, seen.received, seen.complete) == ("POST", path, 100_000, True)
     assert seen.headers["Content-Length"] == "100000" and "Authorization" not in seen.headers
+    assert "X-Cdi-Content-Type" not in seen.headers
 
 
 @pytest.mark.parametrize(

@@ -68,6 +68,15 @@ def test_public_keys_reach_the_proxy_through_a_config_map(gateway: Kube, namespa
     assert read_public_keys(gateway, namespace, "cdi-api-signing-public-keys") == (
         ring.public_keys()
     )
+    newer = KeyRing(new_key(NOW), previous=ring.current)
+    publish_public_keys(gateway, namespace, "cdi-api-signing-public-keys", newer)
+    publish_public_keys(gateway, namespace, "cdi-api-signing-public-keys", ring)  # a stale replica
+    published = read_public_keys(gateway, namespace, "cdi-api-signing-public-keys")
+    assert newer.current.kid in published and ring.current.kid in published
+    newest = KeyRing(new_key(NOW), previous=newer.current)
+    publish_public_keys(gateway, namespace, "cdi-api-signing-public-keys", newest)
+    published = read_public_keys(gateway, namespace, "cdi-api-signing-public-keys")
+    assert len(published) == 3 and newest.current.kid in published
 
 
 def test_a_ca_is_created_once_and_then_reused(gateway: Kube, namespace: str) -> None:
