@@ -15,10 +15,8 @@ pairs into the live ``SSLContext`` objects (new handshakes use them):
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import datetime as dt
 import logging
-import signal
 import ssl
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -28,6 +26,7 @@ from aiohttp import web
 from cdi.admission import CertStore, WebhookConfig
 from cdi.kube.client import AsyncKube, Kube
 from cdi.kube.errors import KubeError
+from cdi.lifecycle import run_until_stopped
 from cdi.upload.apiserver import make_api_app
 from cdi.upload.errors import UploadNotReady
 from cdi.upload.keys import KeyRing, ensure_ring
@@ -107,20 +106,8 @@ async def _serve(
     await runner.setup()
     await web.TCPSite(runner, plane.host, plane.port, ssl_context=ctx).start()
     log.info("serving on %s:%d", plane.host, plane.port)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(sig, stop.set)
     try:
-        while not stop.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), plane.check_interval)
-            if not stop.is_set():
-                try:
-                    await periodic()
-                except Exception as exc:  # keep serving with what we have; retry later
-                    log.warning("rotation check failed: %s", exc)
+        await run_until_stopped(plane.check_interval, periodic)
     finally:
         await runner.cleanup()
 
