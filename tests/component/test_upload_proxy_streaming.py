@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import subprocess
 import sys
@@ -15,7 +16,7 @@ from aiohttp import web
 
 from cdi.upload.token import UploadGrant, issue
 from tests.component.test_upload_proxy import pvc
-from tests.component.upload_peers import NOW, UploadPeer, make_pki
+from tests.component.upload_peers import UploadPeer, make_pki
 
 GiB = 1 << 30
 PIECE = b"\xa5" * (1 << 20)
@@ -60,7 +61,8 @@ async def test_one_gib_streams_through_the_proxy_in_flat_memory(tmp_path: Path) 
     try:
         assert proc.stdout is not None
         port = int(proc.stdout.readline())
-        token = issue(pki.ring, UploadGrant("tenant", "disk", "uid-disk"), NOW)
+        # the proxy process checks expiry with the wall clock: issue the token now
+        token = issue(pki.ring, UploadGrant("tenant", "disk", "uid-disk"), dt.datetime.now(dt.UTC))
 
         async def body() -> AsyncIterator[bytes]:
             for _ in range(GiB // len(PIECE)):
@@ -78,7 +80,11 @@ async def test_one_gib_streams_through_the_proxy_in_flat_memory(tmp_path: Path) 
         peak = peak_rss_mb(proc.pid)
     finally:
         proc.terminate()
-        proc.wait(10)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
         await runner.cleanup()
     print(f"1 GiB through the proxy in {elapsed:.1f} s, proxy peak RSS {peak:.0f} MB")
     assert (peer.seen[0].received, peer.seen[0].complete) == (GiB, True)
