@@ -17,10 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import datetime as dt
 import logging
-import signal
 import ssl
 import tempfile
 from collections.abc import Mapping
@@ -47,6 +45,7 @@ from cdi.kube.client import (
     Resource,
 )
 from cdi.kube.errors import Conflict, KubeError, NotFound
+from cdi.lifecycle import run_until_stopped
 from cdi.webhooks.certs import Bundle, KeyPair, rotate, service_names
 from cdi.webhooks.mutation import UserInfo
 from cdi.webhooks.server import make_app
@@ -228,25 +227,16 @@ async def serve_webhook(kube: Kube, config: WebhookConfig) -> None:
     await web.TCPSite(runner, config.host, config.port, ssl_context=ctx).start()
     log.info("serving admission webhooks on %s:%d", config.host, config.port)
 
-    stop = asyncio.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(sig, stop.set)
+    async def rotate() -> None:
+        nonlocal bundle
+        fresh: Bundle = await run_blocking(store.ensure)
+        if fresh.serving != bundle.serving:
+            files.load(ctx, fresh.serving)
+            bundle = fresh
+            log.info("serving the rotated certificate")
+
     try:
-        while not stop.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), config.cert_check_interval)
-            if stop.is_set():
-                break
-            try:
-                fresh: Bundle = await run_blocking(store.ensure)
-            except KubeError as exc:
-                log.warning("certificate check failed: %s", exc)
-                continue
-            if fresh.serving != bundle.serving:
-                files.load(ctx, fresh.serving)
-                bundle = fresh
-                log.info("serving the rotated certificate")
+        await run_until_stopped(config.cert_check_interval, rotate)
     finally:
         await runner.cleanup()
         files.close()

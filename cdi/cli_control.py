@@ -1,4 +1,5 @@
-"""``cdi controller`` and ``cdi webhook``: the control-plane processes' command lines.
+"""``cdi controller``, ``cdi webhook``, ``cdi uploadproxy``, ``cdi upload-apiserver``: the
+control-plane processes' command lines.
 
 The process edge: flags (and nothing else) become frozen config dataclasses here, once; the
 components below never read the environment. Both run until SIGTERM and shut down gracefully.
@@ -12,6 +13,10 @@ import logging
 import socket
 import uuid
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from cdi.upload.serve import UploadPlaneConfig
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -78,9 +83,45 @@ def add_webhook_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore
     p.set_defaults(func=cmd_webhook)
 
 
+def _upload_plane(p: argparse.ArgumentParser, service: str, cert_secret: str) -> None:
+    _common(p)
+    p.add_argument("--host", default="0.0.0.0")
+    p.add_argument("--port", type=int, default=8443)
+    p.add_argument("--namespace", default="cdi", help="where the Secrets live")
+    p.add_argument("--service", default=service, help="Service name in the certificate")
+    p.add_argument("--cert-secret", default=cert_secret, help="serving certificate Secret")
+    p.add_argument("--extra-san", action="append", default=[], help="extra DNS name or IP")
+    p.add_argument("--public-keys-config-map", default="cdi-api-signing-public-keys")
+    p.add_argument("--check-interval", type=float, default=3600.0, help="rotation checks, s")
+
+
+def add_upload_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("uploadproxy", help="serve the upload proxy (CDI's cdi-uploadproxy)")
+    _upload_plane(p, "cdi-uploadproxy", "cdi-uploadproxy-server-cert")
+    p.add_argument("--server-ca-secret", default="cdi-uploadserver-ca")
+    p.add_argument("--client-ca-secret", default="cdi-uploadserver-client-ca")
+    p.add_argument("--upload-server-port", type=int, default=443)
+    p.add_argument("--idle-timeout", type=float, default=300.0, help="s without body bytes")
+    p.add_argument("--ready-timeout", type=float, default=10.0, help="s to wait for the pod")
+    p.set_defaults(func=cmd_uploadproxy)
+    p = sub.add_parser("upload-apiserver", help="serve the UploadTokenRequest aggregated API")
+    _upload_plane(p, "cdi-api", "cdi-apiserver-server-cert")
+    p.add_argument("--signing-secret", default="cdi-api-signing-key")
+    p.add_argument("--api-service", default="v1beta1.upload.cdi.kubevirt.io")
+    p.add_argument("--key-rotation-days", type=float, default=7.0)
+    p.add_argument(
+        "--requestheader-client-ca-file",
+        type=Path,
+        help="front-proxy CA (default: kube-system/extension-apiserver-authentication)",
+    )
+    p.add_argument("--requestheader-allowed-names", default="", help="comma-separated CNs")
+    p.set_defaults(func=cmd_upload_apiserver)
+
+
 def add_control_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     add_controller_parser(sub)
     add_webhook_parser(sub)
+    add_upload_parsers(sub)
 
 
 def _logging(level: str) -> None:
@@ -150,4 +191,60 @@ def cmd_webhook(a: argparse.Namespace) -> int:
         requester_key=a.requester_key_file.read_bytes().strip() if a.requester_key_file else None,
     )
     asyncio.run(serve_webhook(Kube(load_api_client(a.kubeconfig)), config))
+    return 0
+
+
+def _plane(a: argparse.Namespace) -> UploadPlaneConfig:
+    from cdi.upload.serve import UploadPlaneConfig
+
+    return UploadPlaneConfig(
+        host=a.host,
+        port=a.port,
+        namespace=a.namespace,
+        extra_sans=tuple(a.extra_san),
+        public_keys_config_map=a.public_keys_config_map,
+        check_interval=a.check_interval,
+        **({"signing_secret": a.signing_secret} if "signing_secret" in a else {}),
+    )
+
+
+def cmd_uploadproxy(a: argparse.Namespace) -> int:
+    from cdi.kube.client import Kube, load_api_client
+    from cdi.upload.proxy import ProxyConfig
+    from cdi.upload.serve import UploadProxyConfig, serve_upload_proxy
+
+    _logging(a.log_level)
+    config = UploadProxyConfig(
+        plane=_plane(a),
+        service=a.service,
+        cert_secret=a.cert_secret,
+        server_ca_secret=a.server_ca_secret,
+        client_ca_secret=a.client_ca_secret,
+        upload_server_port=a.upload_server_port,
+        proxy=ProxyConfig(ready_timeout=a.ready_timeout, idle_timeout=a.idle_timeout),
+    )
+    asyncio.run(serve_upload_proxy(Kube(load_api_client(a.kubeconfig)), config))
+    return 0
+
+
+def cmd_upload_apiserver(a: argparse.Namespace) -> int:
+    import datetime as dt
+
+    from cdi.kube.client import Kube, load_api_client
+    from cdi.upload.serve import ApiServerConfig, serve_upload_api
+    from cdi.upload.tokenapi import RequestHeaderConfig
+
+    _logging(a.log_level)
+    ca = a.requestheader_client_ca_file.read_bytes() if a.requestheader_client_ca_file else b""
+    names = tuple(n for n in a.requestheader_allowed_names.split(",") if n)
+    config = ApiServerConfig(
+        plane=_plane(a),
+        service=a.service,
+        cert_secret=a.cert_secret,
+        api_service=a.api_service,
+        key_rotation=dt.timedelta(days=a.key_rotation_days),
+        requestheader_ca=ca,
+        requestheader=RequestHeaderConfig(allowed_names=names) if ca else None,
+    )
+    asyncio.run(serve_upload_api(Kube(load_api_client(a.kubeconfig)), config))
     return 0

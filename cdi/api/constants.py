@@ -212,6 +212,10 @@ ANN_REQUIRES_SCRATCH: Final = _A + "storage.import.requiresScratch"
 ANN_REQUIRES_DIRECT_IO: Final = _A + "storage.import.requiresDirectIo"
 ANN_FATAL_ERROR: Final = _A + "storage.import.fatalError"
 ANN_MINIMUM_SUPPORTED_PVC_SIZE: Final = _A + "minimumSupportedPvcSize"  # on StorageProfile
+# Upload: on the PVC (the upload proxy reads them; the upload flavour writes them).
+ANN_UPLOAD_REQUEST: Final = _A + "storage.upload.target"
+ANN_PVC_PRIME_NAME: Final = _A + "storage.populator.pvcPrime"
+KIND_VOLUME_UPLOAD_SOURCE: Final = "VolumeUploadSource"
 
 # Source values of ANN_SOURCE (and of the importer's IMPORTER_SOURCE).
 IMPORT_SOURCE_HTTP: Final = "http"

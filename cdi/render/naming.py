@@ -75,3 +75,8 @@ def proxy_auth_secret_name(pvc: str, digest: str) -> str:
     """Named after its content's digest: a changed importProxy gets a new Secret, and one a
     tenant created in advance under the name never holds the operator's credentials."""
     return resource_name("import-proxy-auth", f"{pvc}-{digest}")
+
+
+def upload_service_name(pvc: str) -> str:
+    """The upload server's Service (and pod) name, a DNS label: CDI's ``cdi-upload-<pvc>``."""
+    return label_value_name(resource_name("cdi-upload", pvc))

@@ -5,6 +5,7 @@ without a cluster or a clock:
 
 - ``new_ca`` / ``issue_serving``: ECDSA P-256 keys, a CA valid for ``ca_validity`` and a serving
   certificate (SANs: the Service DNS names plus any extra names/IPs) valid for ``validity``;
+  ``issue_client`` the same for a client certificate (the upload proxy's mutual TLS);
 - ``plan_rotation`` decides, from what is stored, whether to keep everything, re-issue the
   serving certificate (near expiry, or SANs changed) or start a new CA (near expiry);
 - while a CA is replaced, the published bundle holds both the new and the old CA, so an API
@@ -112,30 +113,54 @@ def _san(names: tuple[str, ...]) -> x509.SubjectAlternativeName:
     return x509.SubjectAlternativeName(entries)
 
 
+def _issue(
+    ca: KeyPair,
+    subject: x509.Name,
+    usage: x509.ObjectIdentifier,
+    now: dt.datetime,
+    validity: dt.timedelta,
+) -> tuple[x509.CertificateBuilder, ec.EllipticCurvePrivateKey, ec.EllipticCurvePrivateKey]:
+    """A leaf builder signed by ``ca`` (not yet signed), its new key and the CA key."""
+    ca_cert = ca.cert
+    ca_key = serialization.load_pem_private_key(ca.key_pem, None)
+    assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
+    key = _key()
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(min(now + validity, ca_cert.not_valid_after_utc))
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([usage]), False)
+    )
+    return builder, key, ca_key
+
+
 def issue_serving(
     ca: KeyPair,
     names: tuple[str, ...],
     now: dt.datetime,
     validity: dt.timedelta = SERVING_VALIDITY,
 ) -> KeyPair:
-    ca_cert = ca.cert
-    ca_key = serialization.load_pem_private_key(ca.key_pem, None)
-    assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
-    key = _key()
-    not_after = min(now + validity, ca_cert.not_valid_after_utc)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, names[0])]))
-        .issuer_name(ca_cert.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(not_after)
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), False)
-        .add_extension(_san(names), critical=False)
-        .sign(ca_key, hashes.SHA256())
-    )
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, names[0])])
+    builder, key, ca_key = _issue(ca, subject, ExtendedKeyUsageOID.SERVER_AUTH, now, validity)
+    cert = builder.add_extension(_san(names), critical=False).sign(ca_key, hashes.SHA256())
+    return KeyPair(cert.public_bytes(serialization.Encoding.PEM), _pem(key))
+
+
+def issue_client(
+    ca: KeyPair,
+    common_name: str,
+    now: dt.datetime,
+    validity: dt.timedelta = SERVING_VALIDITY,
+) -> KeyPair:
+    """A client certificate (for mutual TLS, e.g. upload proxy -> upload server)."""
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+    builder, key, ca_key = _issue(ca, subject, ExtendedKeyUsageOID.CLIENT_AUTH, now, validity)
+    cert = builder.sign(ca_key, hashes.SHA256())
     return KeyPair(cert.public_bytes(serialization.Encoding.PEM), _pem(key))
 
 

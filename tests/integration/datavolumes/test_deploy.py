@@ -22,6 +22,7 @@ PLURALS = {
     "ServiceAccount": ("/api/v1", "serviceaccounts", True),
     "Service": ("/api/v1", "services", True),
     "Deployment": ("/apis/apps/v1", "deployments", True),
+    "APIService": ("/apis/apiregistration.k8s.io/v1", "apiservices", False),
     "ClusterRole": ("/apis/rbac.authorization.k8s.io/v1", "clusterroles", False),
     "ClusterRoleBinding": ("/apis/rbac.authorization.k8s.io/v1", "clusterrolebindings", False),
     "Role": ("/apis/rbac.authorization.k8s.io/v1", "roles", True),

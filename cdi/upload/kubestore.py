@@ -1,0 +1,272 @@
+"""The upload control plane's cluster side, all through the one gateway (``cdi.kube.client``).
+
+- ``SecretKeyStore``: the token signing ring in Secret ``cdi-api-signing-key`` (CDI's name),
+  compare-and-swap on the Secret's resourceVersion (``keys.KeyStore``);
+- ``publish_public_keys`` / ``read_public_keys``: the ring's public keys in ConfigMap
+  ``cdi-api-signing-public-keys``, so the proxy verifies tokens without read access to the
+  private keys;
+- ``KubeAccessReviewer``: SubjectAccessReviews for the token API;
+- ``KubeUploadTargets``: PVC lookups for the proxy and the token API, and the upload server's
+  address: the ClusterIP of Service ``cdi-upload-<pvc>`` in the PVC's namespace (``naming.
+  upload_service_name``, created by the upload flavour of the controller), its certificate
+  verified for ``cdi-upload-<pvc>.<ns>.svc``: no cluster DNS needed, the name still checked;
+- ``ensure_ca``: a CA key pair kept in a Secret, created once by whoever comes first (the
+  upload servers' CA and the CA of the proxy's client certificates);
+- ``requestheader_settings``: the front-proxy settings the kube-apiserver publishes in
+  ConfigMap ``kube-system/extension-apiserver-authentication``;
+- ``ApiServiceCertStore`` / ``SecretOnlyCertStore``: the webhook's ``CertStore`` (serving
+  certificate rotated in a Secret) publishing its CA bundle to our APIService, or nowhere.
+
+The ``Kube`` calls are synchronous; the async servers reach them through ``AsyncKube`` or
+``asyncio.to_thread``.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import json
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from cdi.admission import CertStore, WebhookConfig
+from cdi.kube.client import (
+    JSON_PATCH,
+    PVCS,
+    SECRETS,
+    SUBJECT_ACCESS_REVIEWS,
+    AsyncKube,
+    Kube,
+    Resource,
+)
+from cdi.kube.errors import Conflict, KubeError, NotFound
+from cdi.render.naming import upload_service_name
+from cdi.upload.errors import UploadNotReady, UploadServerUnreachable
+from cdi.upload.keys import KeyRing, SigningKey, StoreConflict, key_id
+from cdi.upload.readiness import UploadServer
+from cdi.upload.tokenapi import Decision, LookupFailed, RequestHeaderConfig, User, access_review
+from cdi.webhooks.certs import KeyPair, new_ca
+
+log = logging.getLogger(__name__)
+
+CONFIG_MAPS = Resource("", "v1", "configmaps", "ConfigMap")
+SERVICES = Resource("", "v1", "services", "Service")
+API_SERVICES = Resource("apiregistration.k8s.io", "v1", "apiservices", "APIService", False)
+AUTH_CONFIG_MAP = ("kube-system", "extension-apiserver-authentication")
+MAX_PUBLISHED_KEYS = 3
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def _secret_data(secret: Mapping[str, Any]) -> dict[str, bytes]:
+    return {k: base64.b64decode(v) for k, v in (secret.get("data") or {}).items()}
+
+
+def _key(data: Mapping[str, bytes], slot: str) -> SigningKey | None:
+    pem, created = data.get(f"{slot}.key"), data.get(f"{slot}.created")
+    if not pem or not created:
+        return None
+    key = SigningKey("", pem, dt.datetime.fromisoformat(created.decode()))
+    return SigningKey(key_id(key.public_pem()), pem, key.created)
+
+
+class SecretKeyStore:
+    def __init__(self, kube: Kube, namespace: str, name: str = "cdi-api-signing-key") -> None:
+        self.kube, self.namespace, self.name = kube, namespace, name
+
+    def read(self) -> tuple[KeyRing | None, str | None]:
+        secret = self.kube.get_or_none(SECRETS, self.name, self.namespace)
+        if secret is None:
+            return None, None
+        data = _secret_data(secret)
+        current = _key(data, "current")
+        version = str(secret["metadata"]["resourceVersion"])
+        return (KeyRing(current, _key(data, "previous")) if current else None), version
+
+    def write(self, ring: KeyRing, version: str | None) -> None:
+        data: dict[str, str] = {}
+        for slot, key in (("current", ring.current), ("previous", ring.previous)):
+            if key is not None:
+                data[f"{slot}.key"] = _b64(key.private_pem)
+                data[f"{slot}.created"] = _b64(key.created.isoformat().encode())
+        meta: dict[str, Any] = {"name": self.name, "namespace": self.namespace}
+        body = {"apiVersion": "v1", "kind": "Secret", "metadata": meta, "data": data}
+        try:
+            if version is None:
+                self.kube.create(SECRETS, body)
+            else:
+                meta["resourceVersion"] = version
+                self.kube.replace(SECRETS, body)
+        except Conflict as exc:
+            raise StoreConflict(str(exc)) from exc
+
+    def public_keys(self) -> dict[str, bytes]:
+        ring, _ = self.read()
+        return ring.public_keys() if ring else {}
+
+
+def publish_public_keys(
+    kube: Kube, namespace: str, name: str, ring: KeyRing, keep: int = MAX_PUBLISHED_KEYS
+) -> None:
+    """Write ``kid -> public PEM`` into the ConfigMap: the ring's keys first, then keys already
+    published, up to ``keep``. Merging means a replica that read the ring just before another
+    rotated it cannot unpublish the new key; old keys fall off as new ones arrive."""
+    data = {f"{kid}.pem": pem.decode() for kid, pem in ring.public_keys().items()}
+    current = kube.get_or_none(CONFIG_MAPS, name, namespace)
+    for key, value in ((current or {}).get("data") or {}).items():
+        if len(data) < keep and key.endswith(".pem"):
+            data.setdefault(key, value)
+    if current is not None and (current.get("data") or {}) == data:
+        return
+    meta: dict[str, Any] = {"name": name, "namespace": namespace}
+    body = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": data}
+    if current is None:
+        kube.create(CONFIG_MAPS, body)
+    else:
+        meta["resourceVersion"] = current["metadata"]["resourceVersion"]
+        kube.replace(CONFIG_MAPS, body)
+
+
+def read_public_keys(kube: Kube, namespace: str, name: str) -> dict[str, bytes]:
+    cm = kube.get_or_none(CONFIG_MAPS, name, namespace) or {}
+    return {
+        k.removesuffix(".pem"): str(v).encode()
+        for k, v in (cm.get("data") or {}).items()
+        if k.endswith(".pem")
+    }
+
+
+class KubeAccessReviewer:
+    def __init__(self, kube: AsyncKube) -> None:
+        self.kube = kube
+
+    async def review(self, user: User, namespace: str) -> Decision:
+        try:
+            out = await self.kube.create(SUBJECT_ACCESS_REVIEWS, access_review(user, namespace))
+        except KubeError as exc:
+            raise LookupFailed(f"SubjectAccessReview failed: {exc}") from exc
+        result = out.get("status") or {}
+        return Decision(bool(result.get("allowed")), str(result.get("reason") or ""))
+
+
+class KubeUploadTargets:
+    """PVC lookups (for the proxy: errors are 503s, as CDI's) and upload server URLs."""
+
+    def __init__(self, kube: AsyncKube, port: int = 443, for_proxy: bool = True) -> None:
+        self.kube, self.port, self.for_proxy = kube, port, for_proxy
+
+    async def get_pvc(self, namespace: str, name: str) -> Mapping[str, Any] | None:
+        try:
+            return await self.kube.get_or_none(PVCS, name, namespace)
+        except KubeError as exc:
+            if self.for_proxy:
+                raise UploadNotReady(str(exc)) from exc
+            raise LookupFailed(str(exc)) from exc
+
+    async def upload_server(self, namespace: str, pvc_name: str) -> UploadServer:
+        """The Service's ClusterIP, verified as ``<svc>.<ns>.svc`` (no cluster DNS needed)."""
+        name = upload_service_name(pvc_name)
+        host = f"{name}.{namespace}.svc"
+        try:
+            svc = await self.kube.get_or_none(SERVICES, name, namespace)
+        except KubeError as exc:
+            raise UploadServerUnreachable(f"error in upload-proxy: {exc}") from exc
+        ip = ((svc or {}).get("spec") or {}).get("clusterIP")
+        if not ip or ip == "None":
+            raise UploadServerUnreachable(
+                f"error in upload-proxy: http: proxy error: dial tcp: lookup {host}: no such host"
+            )
+        return UploadServer(f"https://{ip}:{self.port}", host)
+
+
+def ensure_ca(kube: Kube, namespace: str, name: str, common_name: str) -> KeyPair:
+    """The CA kept in Secret ``namespace/name`` (``tls.crt``/``tls.key``), created if absent."""
+    for _ in range(3):
+        secret = kube.get_or_none(SECRETS, name, namespace)
+        data = _secret_data(secret or {})
+        if data.get("tls.crt") and data.get("tls.key"):
+            return KeyPair(data["tls.crt"], data["tls.key"])
+        ca = new_ca(common_name, dt.datetime.now(dt.UTC))
+        meta: dict[str, Any] = {"name": name, "namespace": namespace}
+        body = {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "type": "kubernetes.io/tls",
+            "metadata": meta,
+            "data": {"tls.crt": _b64(ca.cert_pem), "tls.key": _b64(ca.key_pem)},
+        }
+        try:
+            if secret is None:
+                kube.create(SECRETS, body)
+            else:
+                meta["resourceVersion"] = secret["metadata"]["resourceVersion"]
+                kube.replace(SECRETS, body)
+            log.info("created CA %s/%s", namespace, name)
+            return ca
+        except Conflict:
+            continue  # someone else created it first: use theirs
+    raise RuntimeError(f"could not store the CA {namespace}/{name} (conflicts)")
+
+
+def _json_list(value: str | None, default: tuple[str, ...]) -> tuple[str, ...]:
+    if not value:
+        return default
+    parsed = json.loads(value)
+    return tuple(str(v) for v in parsed) if isinstance(parsed, list) else default
+
+
+def requestheader_settings(kube: Kube) -> tuple[bytes, RequestHeaderConfig]:
+    """The requestheader CA bundle and settings the kube-apiserver publishes."""
+    cm = kube.get(CONFIG_MAPS, AUTH_CONFIG_MAP[1], AUTH_CONFIG_MAP[0])
+    data = cm.get("data") or {}
+    ca = str(data.get("requestheader-client-ca-file") or "").encode()
+    if not ca:
+        raise RuntimeError("the kube-apiserver publishes no requestheader CA (no aggregation)")
+    base = RequestHeaderConfig()
+    config = RequestHeaderConfig(
+        allowed_names=_json_list(data.get("requestheader-allowed-names"), ()),
+        username_headers=_json_list(
+            data.get("requestheader-username-headers"), base.username_headers
+        ),
+        group_headers=_json_list(data.get("requestheader-group-headers"), base.group_headers),
+        extra_prefixes=_json_list(
+            data.get("requestheader-extra-headers-prefix"), base.extra_prefixes
+        ),
+    )
+    return ca, config
+
+
+class SecretOnlyCertStore(CertStore):
+    """A serving certificate rotated in a Secret, published nowhere (the upload proxy: its
+    clients reach it through an Ingress/Route or trust the CA from the Secret)."""
+
+    def publish(self, ca_bundle: bytes) -> None:
+        return None
+
+
+class ApiServiceCertStore(CertStore):
+    """A serving certificate rotated in a Secret, its CA bundle written into our APIService
+    so the kube-apiserver verifies us (no ``insecureSkipTLSVerify``)."""
+
+    def __init__(self, kube: Kube, config: WebhookConfig, api_service: str) -> None:
+        super().__init__(kube, config)
+        self.api_service = api_service
+
+    def publish(self, ca_bundle: bytes) -> None:
+        try:
+            current = self.kube.get(API_SERVICES, self.api_service)
+        except NotFound:
+            log.warning("APIService %s not found; CA bundle not published", self.api_service)
+            return
+        encoded = _b64(ca_bundle)
+        if (current.get("spec") or {}).get("caBundle") == encoded:
+            return
+        rv = current["metadata"]["resourceVersion"]
+        ops = [
+            {"op": "test", "path": "/metadata/resourceVersion", "value": rv},
+            {"op": "add", "path": "/spec/caBundle", "value": encoded},
+        ]
+        self.kube.patch(API_SERVICES, self.api_service, ops, content_type=JSON_PATCH)

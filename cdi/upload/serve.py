@@ -1,0 +1,230 @@
+"""The ``cdi uploadproxy`` and ``cdi upload-apiserver`` processes: the pure apps wired to the
+cluster, TLS from certificates our code generates, periodic rotation, graceful SIGTERM.
+
+Both serve HTTPS with a serving certificate kept (and rotated) in a Secret by the webhook's
+``CertStore``; the token API publishes its CA bundle into its APIService, the proxy nowhere.
+Every ``check_interval`` seconds each process re-runs its rotations and reloads changed key
+pairs into the live ``SSLContext`` objects (new handshakes use them):
+
+- the token API: the serving certificate, and the signing ring (``keys.ensure_ring``: a new
+  key after ``key_rotation``; the previous key stays valid) whose public keys it publishes;
+- the proxy: its serving certificate and its client certificate for the upload servers
+  (issued by our own client CA, kept in a Secret, re-issued when 80 % of its life is gone).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+import ssl
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+
+from aiohttp import web
+
+from cdi.admission import CertStore, WebhookConfig
+from cdi.kube.client import AsyncKube, Kube
+from cdi.kube.errors import KubeError
+from cdi.lifecycle import run_until_stopped
+from cdi.upload.apiserver import make_api_app
+from cdi.upload.errors import UploadNotReady
+from cdi.upload.keys import KeyRing, ensure_ring
+from cdi.upload.kubestore import (
+    ApiServiceCertStore,
+    KubeAccessReviewer,
+    KubeUploadTargets,
+    SecretKeyStore,
+    SecretOnlyCertStore,
+    ensure_ca,
+    publish_public_keys,
+    read_public_keys,
+    requestheader_settings,
+)
+from cdi.upload.proxy import ProxyConfig, make_proxy_app
+from cdi.upload.tls import UPLOAD_CLIENT_NAME, load_pair, serving_context, upstream_context
+from cdi.upload.token import Verifier
+from cdi.upload.tokenapi import RequestHeaderConfig, TokenApi
+from cdi.webhooks.certs import RENEW_BEFORE, Bundle, KeyPair, issue_client
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class UploadPlaneConfig:
+    """Shared by both processes: where the Secrets live and what they are called."""
+
+    host: str = "0.0.0.0"
+    port: int = 8443
+    namespace: str = "cdi"
+    extra_sans: tuple[str, ...] = ()
+    signing_secret: str = "cdi-api-signing-key"
+    public_keys_config_map: str = "cdi-api-signing-public-keys"
+    check_interval: float = 3600.0
+
+
+@dataclass(frozen=True)
+class ApiServerConfig:
+    plane: UploadPlaneConfig = UploadPlaneConfig()
+    service: str = "cdi-api"
+    cert_secret: str = "cdi-apiserver-server-cert"
+    api_service: str = "v1beta1.upload.cdi.kubevirt.io"
+    key_rotation: dt.timedelta = dt.timedelta(days=7)
+    requestheader_ca: bytes = b""  # empty: from kube-system/extension-apiserver-authentication
+    requestheader: RequestHeaderConfig | None = None
+
+
+@dataclass(frozen=True)
+class UploadProxyConfig:
+    plane: UploadPlaneConfig = UploadPlaneConfig()
+    service: str = "cdi-uploadproxy"
+    cert_secret: str = "cdi-uploadproxy-server-cert"
+    server_ca_secret: str = "cdi-uploadserver-ca"
+    client_ca_secret: str = "cdi-uploadserver-client-ca"
+    upload_server_port: int = 443
+    proxy: ProxyConfig = field(default_factory=ProxyConfig)
+
+
+def _cert_config(plane: UploadPlaneConfig, service: str, secret: str) -> WebhookConfig:
+    return WebhookConfig(
+        namespace=plane.namespace,
+        service=service,
+        cert_secret=secret,
+        extra_sans=plane.extra_sans,
+        validating_config="",
+        mutating_config="",
+    )
+
+
+async def _serve(
+    app: web.Application,
+    plane: UploadPlaneConfig,
+    ctx: ssl.SSLContext,
+    periodic: Callable[[], Awaitable[None]],
+) -> None:
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, plane.host, plane.port, ssl_context=ctx).start()
+    log.info("serving on %s:%d", plane.host, plane.port)
+    try:
+        await run_until_stopped(plane.check_interval, periodic)
+    finally:
+        await runner.cleanup()
+
+
+class _ServingCert:
+    """A serving key pair from a ``CertStore``, reloaded into ``ctx`` when rotated."""
+
+    def __init__(self, store: CertStore) -> None:
+        self.store = store
+        self.bundle: Bundle | None = None
+
+    async def refresh(self, ctx: ssl.SSLContext | None = None) -> KeyPair:
+        fresh: Bundle = await asyncio.to_thread(self.store.ensure)
+        if ctx is not None and (self.bundle is None or fresh.serving != self.bundle.serving):
+            load_pair(ctx, fresh.serving)
+        self.bundle = fresh
+        return fresh.serving
+
+
+async def serve_upload_api(kube: Kube, config: ApiServerConfig) -> None:
+    plane = config.plane
+    store = SecretKeyStore(kube, plane.namespace, plane.signing_secret)
+    ring_holder: list[KeyRing] = []
+
+    async def rotate_ring() -> KeyRing:
+        now = dt.datetime.now(dt.UTC)
+        ring = await asyncio.to_thread(ensure_ring, store, now, config.key_rotation)
+        await asyncio.to_thread(
+            publish_public_keys, kube, plane.namespace, plane.public_keys_config_map, ring
+        )
+        ring_holder[:] = [ring]
+        return ring
+
+    async def current_ring() -> KeyRing:
+        return ring_holder[0] if ring_holder else await rotate_ring()
+
+    ca, requestheader = config.requestheader_ca, config.requestheader
+    if not ca or requestheader is None:
+        ca_found, rh_found = await asyncio.to_thread(requestheader_settings, kube)
+        ca, requestheader = ca or ca_found, requestheader or rh_found
+    await rotate_ring()
+    cert_store = ApiServiceCertStore(
+        kube, _cert_config(plane, config.service, config.cert_secret), config.api_service
+    )
+    serving = _ServingCert(cert_store)
+    ctx = serving_context(await serving.refresh(), client_ca=ca)
+    async_kube = AsyncKube(kube)
+    targets = KubeUploadTargets(async_kube, for_proxy=False)
+    api = TokenApi(KubeAccessReviewer(async_kube), targets, current_ring)
+
+    async def periodic() -> None:
+        await rotate_ring()
+        await serving.refresh(ctx)
+
+    try:
+        await _serve(make_api_app(api, requestheader), plane, ctx, periodic)
+    finally:
+        async_kube.close()
+
+
+class _ClientCert:
+    """The proxy's client certificate, issued from our client CA, renewed near expiry."""
+
+    def __init__(self, kube: Kube, config: UploadProxyConfig) -> None:
+        self.kube, self.config = kube, config
+        self.pair: KeyPair | None = None
+
+    def ensure(self) -> tuple[KeyPair, bool]:
+        """The pair to present, and whether it was (re-)issued just now."""
+        now = dt.datetime.now(dt.UTC)
+        plane = self.config.plane
+        ca = ensure_ca(
+            self.kube, plane.namespace, self.config.client_ca_secret, "cdi-uploadproxy-client-ca"
+        )
+        if self.pair is not None and not self._stale(ca, now):
+            return self.pair, False
+        self.pair = issue_client(ca, UPLOAD_CLIENT_NAME, now)
+        return self.pair, True
+
+    def _stale(self, ca: KeyPair, now: dt.datetime) -> bool:
+        assert self.pair is not None
+        cert = self.pair.cert
+        start, end = cert.not_valid_before_utc, cert.not_valid_after_utc
+        return cert.issuer != ca.cert.subject or now >= end - (end - start) * RENEW_BEFORE
+
+
+async def serve_upload_proxy(kube: Kube, config: UploadProxyConfig) -> None:
+    plane = config.plane
+    server_ca = await asyncio.to_thread(
+        ensure_ca, kube, plane.namespace, config.server_ca_secret, "cdi-uploadserver-ca"
+    )
+    client = _ClientCert(kube, config)
+    pair, _ = await asyncio.to_thread(client.ensure)
+    upstream = upstream_context(server_ca.cert_pem, pair)
+    cert_store = SecretOnlyCertStore(kube, _cert_config(plane, config.service, config.cert_secret))
+    serving = _ServingCert(cert_store)
+    ctx = serving_context(await serving.refresh())
+    async_kube = AsyncKube(kube)
+
+    async def keys() -> Mapping[str, bytes]:
+        try:
+            return await asyncio.to_thread(
+                read_public_keys, kube, plane.namespace, plane.public_keys_config_map
+            )
+        except KubeError as exc:
+            raise UploadNotReady(f"the token keys cannot be read: {exc}") from exc
+
+    targets = KubeUploadTargets(async_kube, config.upload_server_port)
+    app = make_proxy_app(targets, Verifier(keys), upstream, config.proxy)
+
+    async def periodic() -> None:
+        await serving.refresh(ctx)
+        fresh, renewed = await asyncio.to_thread(client.ensure)
+        if renewed:
+            load_pair(upstream, fresh)
+
+    try:
+        await _serve(app, plane, ctx, periodic)
+    finally:
+        async_kube.close()
