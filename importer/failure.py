@@ -10,21 +10,14 @@ userinfo and query strings redacted.
 from __future__ import annotations
 
 import logging
-import re
 import traceback
 from collections.abc import Awaitable, Callable
 
 from cdi.api.errors import InternalError, WorkerError
+from cdi.api.redact import redact_text
 from cdi.api.termination import TerminationMessage
 
 INTERNAL_MESSAGE = "the importer failed unexpectedly; the pod log has the details"
-_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/\s@'\"]*@")
-_QUERY = re.compile(r"(?i)(\b[a-z][a-z0-9+.-]*://[^\s?'\"]*)\?[^\s'\"#]*")
-
-
-def redact(text: str) -> str:
-    """``text`` with every URL's userinfo and query string replaced by ``***``."""
-    return _QUERY.sub(r"\1?***", _USERINFO.sub(r"\1***@", text))
 
 
 def failure_message(exc: BaseException, log: logging.Logger) -> TerminationMessage:
@@ -32,7 +25,7 @@ def failure_message(exc: BaseException, log: logging.Logger) -> TerminationMessa
     if isinstance(exc, WorkerError):
         return TerminationMessage(reason=exc.reason, message=exc.message, transient=exc.transient)
     text = "".join(traceback.format_exception(exc))
-    log.error("unexpected failure:\n%s", redact(text))
+    log.error("unexpected failure:\n%s", redact_text(text))
     return TerminationMessage(reason=InternalError.reason, message=INTERNAL_MESSAGE)
 
 
