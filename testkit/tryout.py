@@ -25,6 +25,8 @@ from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import FrameType
 
+import yaml
+
 from testkit.cluster import REPO_ROOT, Cluster, ClusterConfig, ClusterStartFailed
 from testkit.procs import ComponentDied
 from testkit.product import Product, ProductNotReady
@@ -99,6 +101,24 @@ class _QuietHandler(SimpleHTTPRequestHandler):
         pass
 
 
+def allow_example_server(product: Product, cluster: Cluster) -> None:
+    """Imports may reach only public addresses unless CDIConfig allows more (README, "What an
+    import may connect to"): allow the example server on 127.0.0.1, as an operator allows an
+    internal mirror, and name the cluster's own ranges, which stay refused."""
+    config = {
+        "apiVersion": "cdi.kubevirt.io/v1beta1",
+        "kind": "CDIConfig",
+        "metadata": {"name": "config"},
+        "spec": {
+            "importPolicy": {
+                "allowedSourceCIDRs": ["127.0.0.1/32"],
+                "clusterCIDRs": [cluster.pod_cidr, cluster.service_cidr],
+            }
+        },
+    }
+    product.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(config))
+
+
 def instructions(cluster: Cluster, product: Product, server: ImageServer) -> str:
     bin_dir = cluster.config.bin_dir
     example = example_datavolume(server.hostport)
@@ -106,7 +126,7 @@ def instructions(cluster: Cluster, product: Product, server: ImageServer) -> str
 cdi-py try-out: cluster ready in {cluster.started_in:.1f} s, \
 crds/ and deploy/ applied in {product.installed_in:.1f} s
 kubeconfig: {cluster.kubeconfig}
-example image: http://{server.hostport}/{IMAGE_NAME}
+example image: http://{server.hostport}/{IMAGE_NAME} (CDIConfig allows imports from 127.0.0.1/32)
 logs: {cluster.state / "logs"} (components), {cluster.state / "node" / "pods"} (pods)
 
 In another shell on this machine, as root:
@@ -140,6 +160,7 @@ def run(state: Path, image_port: int) -> int:
         cluster.start()
         print("cdi-py try-out: applying crds/ and deploy/ with kubectl", flush=True)
         product = Product.on(cluster).install()
+        allow_example_server(product, cluster)
         print(instructions(cluster, product, server), flush=True)
         while True:
             for proc in cluster.processes:
