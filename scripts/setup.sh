@@ -9,7 +9,8 @@ mode=${1:-}
 
 apt_pkgs=(qemu-utils libmagic1 xz-utils zstd bzip2 gzip curl ca-certificates e2fsprogs util-linux)
 if [[ "$mode" == "--test" ]]; then
-  apt_pkgs+=(pigz iproute2 hyperfine time mount tar)
+  # docker-registry, skopeo, umoci, apache2-utils (htpasswd): the registry import tests and benchmark
+  apt_pkgs+=(pigz iproute2 hyperfine time mount tar docker-registry skopeo umoci apache2-utils)
 fi
 missing=()
 for p in "${apt_pkgs[@]}"; do
