@@ -48,6 +48,7 @@ SCRATCH_DIR = "/scratch"
 TERMINATION_PATH = "/dev/termination-log"
 CHECKPOINT_NAME = ".cdi-import-checkpoint"  # beside disk.img; removed when the import ends
 CHECKPOINT_SUFFIX = ".cdi-checkpoint"  # the CLI's: <target>.cdi-checkpoint
+REGISTRY_POLL_ENV = "IMPORTER_REGISTRY_POLL"  # not CDI: "true" in DataImportCron poller pods
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,9 @@ class ImportConfig:
     plan: ProcessPlan
     source: SourceOptions
     edges: WorkerEdges = field(default_factory=WorkerEdges)
+    # Registry only: resolve the reference to its digest and report it; import nothing
+    # (the DataImportCron poller pod, IMPORTER_REGISTRY_POLL=true).
+    poll_only: bool = False
 
 
 class TargetExists(InvalidConfig):
@@ -349,4 +353,7 @@ def from_env(env: Mapping[str, str]) -> ImportConfig:
         metrics_addr=env.get("IMPORTER_METRICS_ADDR", "0.0.0.0"),
         owner_uid=env.get(ImporterEnv.OWNER_UID, ""),
     )
-    return ImportConfig(plan=plan, source=source, edges=edges)
+    poll = env.get(REGISTRY_POLL_ENV, "").lower() == "true"
+    if poll and not isinstance(source, RegistryOptions):
+        raise InvalidConfig(f"{REGISTRY_POLL_ENV} applies to registry sources only")
+    return ImportConfig(plan=plan, source=source, edges=edges, poll_only=poll)

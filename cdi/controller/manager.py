@@ -9,7 +9,9 @@ their caches, then run each reconciler's workers off its own queue (a key is onl
   controls it (or that it was created for), and a StorageClass/StorageProfile/CDIConfig change
   to every DataVolume still waiting for its claim;
 - StorageProfiles: a StorageClass or a StorageProfile maps to the profile of that name;
-- CDIConfig: any StorageClass or CDIConfig change maps to the singleton ``config``.
+- CDIConfig: any StorageClass or CDIConfig change maps to the singleton ``config``;
+- DataImportCrons: a cron maps to itself, and its poller pod, imports (DataVolumes) and
+  DataSource map to it by their ``cdi.kubevirt.io/dataImportCron`` label.
 
 Shutdown (SIGTERM or lost leadership): stop the queues, let in-flight reconciles finish
 (bounded by ``shutdown_grace``), release the Lease, stop informers and the metrics server.
@@ -33,6 +35,8 @@ from cdi.api.constants import (
     LABEL_COMPONENT,
 )
 from cdi.controller.cdiconfig import CDIConfigReconciler
+from cdi.controller.dataimportcron import CronSettings, DataImportCronReconciler
+from cdi.controller.dataimportcron_desired import DATAIMPORTCRONS, DATASOURCES, LABEL_CRON
 from cdi.controller.datavolume import Caches, ControllerConfig, DataVolumeReconciler, utc_now
 from cdi.controller.metrics import ControllerMetrics, Sources, serve_metrics
 from cdi.controller.progress import HttpScraper
@@ -100,6 +104,13 @@ def owner_key(obj: dict[str, Any]) -> str | None:
     return None
 
 
+def cron_key(obj: dict[str, Any]) -> str | None:
+    """The DataImportCron a poller pod, import or DataSource belongs to, by its label."""
+    meta = obj.get("metadata") or {}
+    cron = (meta.get("labels") or {}).get(LABEL_CRON)
+    return f"{meta.get('namespace')}/{cron}" if cron else None
+
+
 class Manager:
     def __init__(self, kube: Kube, config: ManagerConfig, identity: str = "cdi-controller"):
         self.config = config
@@ -112,6 +123,8 @@ class Manager:
             "sc": Informer(kube, STORAGE_CLASSES, resync=r),
             "profile": Informer(kube, STORAGE_PROFILES, resync=r),
             "config": Informer(kube, CDI_CONFIGS, resync=r),
+            "cron": Informer(kube, DATAIMPORTCRONS, resync=r),
+            "datasource": Informer(kube, DATASOURCES, resync=r),
         }
         self.scraper = HttpScraper()
         self.metrics = ControllerMetrics(
@@ -138,8 +151,18 @@ class Manager:
         )
         profiles = StorageProfileReconciler(self.kube, utc_now)
         cdi_config = CDIConfigReconciler(self.kube, i["sc"], cfg.namespace, cfg.config_recheck)
+        crons = DataImportCronReconciler(
+            self.kube,
+            CronSettings(
+                cfg.controller.importer_image,
+                cfg.controller.pull_policy,
+                cfg.controller.cluster_cidrs,
+            ),
+            i["dv"],
+        )
         reconcilers: list[tuple[str, Reconcile, int]] = [
             ("datavolume", datavolumes.reconcile, cfg.workers),
+            ("dataimportcron", crons.reconcile, 1),
             ("storageprofile", profiles.reconcile, 1),
             ("cdiconfig", cdi_config.reconcile, 1),
         ]
@@ -161,6 +184,10 @@ class Manager:
             self.informers[name].add_handler(lambda _o: config.enqueue(CDICONFIG_NAME))
         for name in ("sc", "profile", "config"):
             self.informers[name].add_handler(lambda _o: self._enqueue_waiting())
+        crons = self.loops["dataimportcron"]
+        self.informers["cron"].add_handler(lambda o: crons.enqueue(object_key(o)))
+        for name in ("dv", "pod", "datasource"):
+            self.informers[name].add_handler(lambda o: crons.enqueue(cron_key(o)))
         config.enqueue(CDICONFIG_NAME)  # created if missing, even before any event
 
     def _enqueue_waiting(self) -> None:

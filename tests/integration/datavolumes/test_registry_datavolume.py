@@ -43,20 +43,27 @@ def registry(tmp_path_factory: pytest.TempPathFactory, images: Images) -> Iterat
     reg.stop()
 
 
-def _credentials(kube: Kube, namespace: str, registry: Registry) -> None:
+def registry_access(
+    kube: Kube, namespace: str, registry: Registry, user: str, password: str, secret: str
+) -> None:
+    """The registry's CA as ConfigMap ``reg-ca`` and CDI's credential Secret ``secret``."""
     assert registry.tls is not None
     kube.create(
         f"/api/v1/namespaces/{namespace}/configmaps",
         {"metadata": {"name": "reg-ca"}, "data": {"ca.crt": registry.tls.ca_pem.read_text()}},
     )
-    data = {"accessKeyId": USER, "secretKey": PASSWORD}
+    data = {"accessKeyId": user, "secretKey": password}
     kube.create(
         f"/api/v1/namespaces/{namespace}/secrets",
         {
-            "metadata": {"name": "reg-creds"},
+            "metadata": {"name": secret},
             "data": {k: base64.b64encode(v.encode()).decode() for k, v in data.items()},
         },
     )
+
+
+def _credentials(kube: Kube, namespace: str, registry: Registry) -> None:
+    registry_access(kube, namespace, registry, USER, PASSWORD, "reg-creds")
 
 
 def test_registry_datavolume_imports_the_containerdisk(
