@@ -27,6 +27,7 @@ from typing import Any
 
 from aiohttp import web
 
+from cdi.webhooks.dataimportcron import validate_dataimportcron
 from cdi.webhooks.mutation import Signer, UserInfo, mutate_datavolume
 from cdi.webhooks.validation import ClusterLookup, validate_datavolume
 from cdi.webhooks.verdict import ValidationResult
@@ -89,6 +90,15 @@ def validate_review(
     return verdict_response(uid, verdict)
 
 
+def validate_cron_review(request: Mapping[str, Any]) -> dict[str, Any]:
+    """A DataImportCron create or update (``cdi.webhooks.dataimportcron``)."""
+    uid = str(request.get("uid", ""))
+    if request.get("operation") not in ("CREATE", "UPDATE"):
+        return review_response(uid, allowed=True)
+    old = request.get("oldObject") if request.get("operation") == "UPDATE" else None
+    return verdict_response(uid, validate_dataimportcron(request.get("object") or {}, old))
+
+
 def mutate_review(request: Mapping[str, Any], signer: Signer | None = None) -> dict[str, Any]:
     uid = str(request.get("uid", ""))
     if request.get("operation") not in ("CREATE", "UPDATE"):
@@ -139,11 +149,15 @@ def make_app(
         review = await _read_review(request)
         return web.json_response(mutate_review(review, signer))
 
+    async def validate_cron(request: web.Request) -> web.Response:
+        return web.json_response(validate_cron_review(await _read_review(request)))
+
     async def healthz(_: web.Request) -> web.Response:
         return web.Response(text="ok")
 
     app = web.Application(client_max_size=MAX_REVIEW_BYTES)
     app.router.add_post("/datavolume-validate", validate)
     app.router.add_post("/datavolume-mutate", mutate)
+    app.router.add_post("/dataimportcron-validate", validate_cron)
     app.router.add_get("/healthz", healthz)
     return app
