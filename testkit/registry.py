@@ -162,6 +162,7 @@ class Registry:
     token: TokenServer | None = None  # bearer auth instead
     port: int = field(default_factory=free_port)
     process: ManagedProcess | None = None
+    pushed: dict[str, str] = field(default_factory=dict)  # repo -> digest, for tests to note
 
     @property
     def host(self) -> str:

@@ -212,3 +212,27 @@ def test_cron_admission_rules_use_cdis_messages(change: dict, message: str) -> N
 def test_cron_spec_cannot_change() -> None:
     verdict = validate_dataimportcron({"spec": {**GOOD, "importsToKeep": 2}}, {"spec": GOOD})
     assert [c.message for c in verdict.causes] == ["Cannot update DataImportCron Spec"]
+
+
+def test_pvc_gets_only_image_labels_of_the_kubevirt_shape_and_the_digest() -> None:
+    from cdi.api.termination import TerminationMessage
+    from cdi.controller.registry_result import ANN_SOURCE_DIGEST, result_patch
+
+    message = TerminationMessage(
+        reason="Completed",
+        message="",
+        labels={
+            "test.kubevirt.io/test": "testvalue",
+            "cdi.kubevirt.io/storage.pod.phase": "Succeeded",  # the controller's own: never
+            "evil.example.com/x": "y",
+            "a.kubevirt.io/bad": "not a label value",
+        },
+        source_digest=DIGEST,
+    )
+    assert result_patch(message) == {
+        "metadata": {
+            "labels": {"test.kubevirt.io/test": "testvalue"},
+            "annotations": {ANN_SOURCE_DIGEST: DIGEST},
+        }
+    }
+    assert result_patch(TerminationMessage(reason="Completed", message="")) is None

@@ -38,7 +38,7 @@ def registry(tmp_path_factory: pytest.TempPathFactory, images: Images) -> Iterat
     layout = Layout.create(root / "layout")
     disk = images.root / "disk.qcow2"
     layout.build("v1", [add_disk(("disk.qcow2", disk))], env=["TEST_KUBEVIRT_IO_TEST=testvalue"])
-    push(layout, "v1", reg, "disks/tiny", creds=(USER, PASSWORD))
+    reg.pushed["disks/tiny"] = push(layout, "v1", reg, "disks/tiny", creds=(USER, PASSWORD))
     yield reg
     reg.stop()
 
@@ -83,6 +83,10 @@ def test_registry_datavolume_imports_the_containerdisk(
     assert dv["status"]["restartCount"] == 0
     disk = Path(pv_of(kube, namespace, "golden")["spec"]["local"]["path"]) / "disk.img"
     same_prefix_then_zeros(disk, images.reference)
+    pvc = kube.get(f"/api/v1/namespaces/{namespace}/persistentvolumeclaims/golden")
+    assert pvc["metadata"]["labels"]["test.kubevirt.io/test"] == "testvalue"
+    digest = pvc["metadata"]["annotations"]["cdi.kubevirt.io/storage.import.sourceDigest"]
+    assert digest == registry.pushed["disks/tiny"]
 
 
 def test_unknown_tag_is_image_pull_failed(
