@@ -5,7 +5,6 @@ layer stacking; and every broken image fails with its own typed reason."""
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -18,10 +17,7 @@ from tests.component.registry_fixtures import (  # noqa: F401 (fixture)
     registries_fixture,
 )
 
-
-def _qemu_raw(path: Path, out: Path) -> Path:
-    subprocess.run(["qemu-img", "convert", "-O", "raw", str(path), str(out)], check=True)
-    return out
+OTHER_DISK = bytes(range(256)) * 4096  # 1 MiB raw, unlike any disk the image factory makes
 
 
 @pytest.mark.parametrize(
@@ -90,19 +86,21 @@ async def test_multi_arch_index_picks_the_platform_or_says_none_matches(
 ) -> None:
     from testkit.containerdisk import Layout, push
 
-    amd, arm = images.make("qcow2"), images.make("raw")
+    amd = images.make("qcow2")
+    arm = tmp_path / "arm.raw"
+    arm.write_bytes(OTHER_DISK)  # a different disk, so picking the wrong one shows
     layout = Layout.create(tmp_path / "layout")
     layout.build("amd", [add_disk(("disk.qcow2", amd.path))], architecture="amd64")
-    layout.build("arm", [add_disk(("disk.raw", arm.path))], architecture="arm64")
+    layout.build("arm", [add_disk(("disk.raw", arm))], architecture="arm64")
     layout.multi_arch("multi", {"amd64": "amd", "arm64": "arm"})
     reg = registries.anonymous
     push(layout, "multi", reg, "disks/multi", all_images=True)
     url = reg.url("disks/multi", "multi")
-    for arch, want in (("amd64", amd), ("arm64", arm)):
+    for arch, want in (("amd64", amd.reference), ("arm64", arm)):
         target = tmp_path / f"{arch}.img"
         result = await import_image(url, target, insecure_registry=True, architecture=arch)
         assert result.succeeded, result
-        assert same_content(target, want.reference)
+        assert same_content(target, want)
     result = await import_image(
         url, tmp_path / "x.img", insecure_registry=True, architecture="absent"
     )
@@ -115,9 +113,9 @@ async def test_multi_arch_index_picks_the_platform_or_says_none_matches(
 async def test_upper_layers_overwrite_or_white_out_the_lower_disk(
     registries: Registries, images: ImageFactory, tmp_path: Path
 ) -> None:
-    old, new = images.make("raw"), images.make("qcow2")
+    old, new = OTHER_DISK, images.make("qcow2")  # distinct contents: the wrong pick shows
     reg = registries.anonymous
-    overwritten = [add_disk(("disk.img", old.path)), add_disk(("disk.img", new.path))]
+    overwritten = [add_disk(("disk.img", old)), add_disk(("disk.img", new.path))]
     registries.publish(reg, "disks/over", overwritten)
     result = await import_image(
         reg.url("disks/over", "v1"), tmp_path / "o.img", insecure_registry=True
@@ -125,7 +123,7 @@ async def test_upper_layers_overwrite_or_white_out_the_lower_disk(
     assert result.succeeded, result
     assert same_content(tmp_path / "o.img", new.reference)
     replaced = [
-        add_disk(("old.img", old.path)),
+        add_disk(("old.img", old)),
         remove("disk/old.img"),
         add_disk(("new.qcow2", new.path)),
     ]
@@ -135,7 +133,7 @@ async def test_upper_layers_overwrite_or_white_out_the_lower_disk(
     )
     assert result.succeeded, result
     assert same_content(tmp_path / "w.img", new.reference)
-    registries.publish(reg, "disks/gone", [add_disk(("old.img", old.path)), remove("disk/old.img")])
+    registries.publish(reg, "disks/gone", [add_disk(("old.img", old)), remove("disk/old.img")])
     result = await import_image(
         reg.url("disks/gone", "v1"), tmp_path / "g.img", insecure_registry=True
     )
