@@ -111,3 +111,80 @@ async def test_registry_outside_the_import_policy_is_never_contacted(
     )  # fmt: skip
     assert result.reason == "SourceForbidden", result
     assert "not allowed by the import policy" in result.message
+
+
+async def test_blob_redirected_to_another_origin_gets_no_credentials(tmp_path: Path) -> None:
+    """Registries hand blobs to a CDN with a redirect: the registry's Authorization must not
+    follow it. A small registry front (aiohttp) redirects blob GETs to a second origin, which
+    records the headers it was sent."""
+    import base64
+    import gzip
+    import hashlib
+    import json
+
+    from aiohttp import web
+
+    from testkit.containerdisk import disk_layer_tar
+
+    disk = bytes(range(256)) * 1024
+    layer = gzip.compress(disk_layer_tar({"disk.img": disk}))
+    config = json.dumps({"architecture": "amd64", "os": "linux", "config": {}}).encode()
+
+    def digest(data: bytes) -> str:
+        return "sha256:" + hashlib.sha256(data).hexdigest()
+
+    manifest = json.dumps(
+        {
+            "schemaVersion": 2,
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "config": {"mediaType": "x", "digest": digest(config), "size": len(config)},
+            "layers": [{"mediaType": "x", "digest": digest(layer), "size": len(layer)}],
+        }
+    ).encode()
+    basic = "Basic " + base64.b64encode(f"{USER}:{PASSWORD}".encode()).decode()
+    cdn_saw: list[str | None] = []
+
+    async def cdn(request: web.Request) -> web.Response:
+        cdn_saw.append(request.headers.get("Authorization"))
+        return web.Response(body=layer)
+
+    cdn_app = web.Application()
+    cdn_app.router.add_get("/blob", cdn)
+    cdn_runner = web.AppRunner(cdn_app)
+    await cdn_runner.setup()
+    cdn_site = web.TCPSite(cdn_runner, "127.0.0.1", 0)
+    await cdn_site.start()
+    cdn_port = cdn_site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+
+    async def registry(request: web.Request) -> web.Response:
+        if request.headers.get("Authorization") != basic:
+            return web.Response(status=401, headers={"WWW-Authenticate": 'Basic realm="r"'})
+        what = request.match_info["what"]
+        if what.startswith("manifests/"):
+            return web.Response(body=manifest, content_type="application/json")
+        if what == f"blobs/{digest(config)}":
+            return web.Response(body=config)
+        raise web.HTTPTemporaryRedirect(f"http://127.0.0.1:{cdn_port}/blob")
+
+    app = web.Application()
+    app.router.add_get("/v2/disks/cdn/{what:.*}", registry)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        target = tmp_path / "disk.img"
+        result = await import_image(
+            f"docker://127.0.0.1:{port}/disks/cdn:v1",
+            target,
+            insecure_registry=True,
+            username=USER,
+            password=PASSWORD,
+        )
+        assert result.succeeded, result
+        assert target.read_bytes() == disk
+        assert cdn_saw == [None], "the registry's credentials followed the redirect"
+    finally:
+        await runner.cleanup()
+        await cdn_runner.cleanup()
