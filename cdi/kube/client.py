@@ -107,6 +107,21 @@ def load_api_client(kubeconfig: Path | None = None) -> client.ApiClient:
     return client.ApiClient(cfg)
 
 
+def load_user_client(kubeconfig: str, context: str | None = None) -> tuple[client.ApiClient, str]:
+    """A user's kubeconfig (``kubeconfig`` may list several files, ``:``-separated, as
+    ``KUBECONFIG`` does) and the namespace of its context (``default`` when it names none), as
+    ``kubectl`` and ``virtctl`` resolve them."""
+    cfg = client.Configuration()
+    try:
+        config.load_kube_config(config_file=kubeconfig, context=context, client_configuration=cfg)
+        contexts, active = config.list_kube_config_contexts(config_file=kubeconfig)
+    except (config.ConfigException, OSError, ValueError, KeyError) as exc:
+        raise KubeError(f"kubeconfig {kubeconfig}: {exc}", reason="InvalidKubeconfig") from exc
+    chosen = next((c for c in contexts if c.get("name") == context), active) if context else active
+    namespace = ((chosen or {}).get("context") or {}).get("namespace") or "default"
+    return client.ApiClient(cfg), str(namespace)
+
+
 class Kube:
     """Synchronous JSON requests with one identity. Thread-safe (urllib3 pools are)."""
 
