@@ -74,6 +74,18 @@ class Upload:
         return not self.body.attached and not self.body.finished and not self.task.done()
 
 
+async def _settles(upload: Upload, grace: float = 2.0) -> bool:
+    """Whether ``upload`` is (or within ``grace`` seconds becomes) only waiting for its
+    continuation: a client that retries at once may see its cut before this server does."""
+    for _ in range(int(grace / 0.05)):
+        if upload.waiting or upload.task.done():
+            return True
+        if upload.body.finished:
+            return False  # all bytes in, converting: a real upload in flight
+        await asyncio.sleep(0.05)
+    return upload.waiting
+
+
 class Uploads:
     def __init__(self, config: UploadConfig) -> None:
         self.config = config
@@ -91,7 +103,7 @@ class Uploads:
             raise AlreadyDone()
         current = self.current
         if current is not None and not current.task.done():
-            if not current.waiting:
+            if not await _settles(current):
                 raise Busy("another upload is in progress")
             current.body.abandon("a new upload started from byte 0")
             with contextlib.suppress(Exception):

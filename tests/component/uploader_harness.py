@@ -22,6 +22,8 @@ from cdi.upload.client import ClientSettings
 from cdi.webhooks.certs import KeyPair, issue_client, issue_serving, new_ca
 from uploader.__main__ import serve
 from uploader.config import UploadConfig, from_env
+from uploader.server import make_app, serving_context
+from uploader.session import Uploads
 
 CLIENT_NAME = "client.upload-server.cdi.kubevirt.io"
 NOW = dt.datetime.now(dt.UTC)
@@ -124,7 +126,8 @@ async def running_server(env: dict[str, str]) -> AsyncIterator[Running]:
 async def _wait_listening(port: int, task: asyncio.Future[object] | None = None) -> None:
     for _ in range(300):
         if task is not None and task.done():
-            task.result()
+            task.result()  # it ended already (e.g. a deadline in the past), or failed
+            return
         with contextlib.suppress(OSError):
             _, writer = await asyncio.open_connection("127.0.0.1", port)
             writer.close()
@@ -213,3 +216,20 @@ async def _copy(
     except (ConnectionError, OSError):
         pass
     return False
+
+
+@contextlib.asynccontextmanager
+async def running_app(config: UploadConfig) -> AsyncIterator[tuple[str, Uploads]]:
+    """The app alone (no exit when the upload ends): what a request sees after completion."""
+    from aiohttp import web
+
+    uploads = Uploads(config)
+    tls = serving_context(config.tls.cert, config.tls.key, config.tls.client_ca)
+    runner = web.AppRunner(make_app(uploads, config.tls.client_name))
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", config.port, ssl_context=tls)
+    await site.start()
+    try:
+        yield f"https://127.0.0.1:{config.port}", uploads
+    finally:
+        await runner.cleanup()
