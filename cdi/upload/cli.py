@@ -101,7 +101,7 @@ def run_upload(target: UploadTarget, transfer: Transfer | None, size: int, bar: 
     url = target.proxy_url()
     say(f"Uploading data to {url}")
     first = target.request_token()
-    send = transfer or default_transfer(o)
+    send = transfer or default_transfer(o, target.proxy_ca)
     with bar.shown(size):
         asyncio.run(send(url, Path(o.path), lambda: first, target.request_token, bar.update))
     say(
@@ -143,7 +143,7 @@ def cmd_upload(a: argparse.Namespace, transfer: Transfer | None = None) -> int:
     return 0 if phase == "Succeeded" else 1
 
 
-def default_transfer(opts: UploadOptions) -> Transfer:
+def default_transfer(opts: UploadOptions, ca_pem: str | None) -> Transfer:
     from cdi.upload.cli_transfer import ClientTransfer
 
-    return ClientTransfer(insecure=opts.insecure, attempts=opts.retry)
+    return ClientTransfer(insecure=opts.insecure, attempts=opts.retry, ca_pem=ca_pem)

@@ -32,8 +32,11 @@ from cdi.api.quantity import Quantity, QuantityError
 
 JSON = dict[str, Any]
 LABEL_APPLY_STORAGE_PROFILE: Final = "cdi.kubevirt.io/applyStorageProfile"
-UPLOAD_PATH: Final = "/v1beta1/upload"
-UPLOAD_ASYNC_PATH: Final = "/v1beta1/upload-async"
+UPLOAD_PATHS: Final = tuple(
+    f"/{version}/upload{kind}"
+    for version in ("v1beta1", "v1alpha1")
+    for kind in ("-form-async", "-async", "-form", "")
+)
 READ_ONLY_MANY: Final = "ReadOnlyMany"
 
 
@@ -323,10 +326,13 @@ def with_scheme(url: str) -> str:
     return url if "://" in url else f"https://{url}"
 
 
-def upload_url(base: str, path: str) -> str:
-    """``base`` with ``path`` appended unless it already holds it (virtctl)."""
-    if path in base:
-        return base
-    parts = urlsplit(base)
-    joined = parts.path.rstrip("/") + path
-    return urlunsplit((parts.scheme, parts.netloc, joined, parts.query, parts.fragment))
+def proxy_base(url: str) -> str:
+    """The proxy's base URL: virtctl accepts a URL that already ends in an upload path (it
+    appends one only when missing); the transfer client appends its own, so strip it."""
+    parts = urlsplit(url)
+    path = parts.path.rstrip("/")
+    for known in UPLOAD_PATHS:
+        if path.endswith(known):
+            path = path[: -len(known)]
+            break
+    return urlunsplit((parts.scheme, parts.netloc, path, "", "")).rstrip("/")

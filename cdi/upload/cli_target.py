@@ -78,6 +78,7 @@ class UploadTarget:
     timing: Timing = field(default_factory=Timing)
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], None] = time.sleep
+    proxy_ca: str | None = None  # PEM, when CDIConfig publishes the proxy's CA
 
     # -- prepare -------------------------------------------------------------------------
     def prepare(self) -> None:
@@ -208,10 +209,13 @@ class UploadTarget:
 
     # -- proxy and token -------------------------------------------------------------------
     def proxy_url(self) -> str:
-        url = self.opts.proxy_url or proxy_url_from_config(
-            self.kube.get(CDI_CONFIGS, CDICONFIG_NAME)
-        )
-        return with_scheme(url)
+        """``--uploadproxy-url``, else CDIConfig's; CDIConfig may also name the proxy's CA
+        (``status.uploadProxyCA``), which is then trusted besides the system's."""
+        if self.opts.proxy_url:
+            return with_scheme(self.opts.proxy_url)
+        config = self.kube.get(CDI_CONFIGS, CDICONFIG_NAME)
+        self.proxy_ca = (config.get("status") or {}).get("uploadProxyCA") or None
+        return with_scheme(proxy_url_from_config(config))
 
     def request_token(self) -> str:
         """A fresh upload token from ``UploadTokenRequest``, with the user's credentials."""

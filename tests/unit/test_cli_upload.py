@@ -29,11 +29,11 @@ from cdi.upload.cli_options import (
     check_existing_pvc,
     options_from_args,
     populator_prime_name,
+    proxy_base,
     proxy_url_from_config,
     refuse_without_datavolume,
     render_datavolume,
     render_pvc,
-    upload_url,
     wffc_refusal,
     with_scheme,
 )
@@ -299,10 +299,12 @@ def test_a_proxy_address_without_scheme_is_https() -> None:
     assert with_scheme("http://127.0.0.1:8080") == "http://127.0.0.1:8080"
 
 
-def test_the_upload_path_is_appended_once() -> None:
-    assert upload_url("https://p/", "/v1beta1/upload") == "https://p/v1beta1/upload"
-    assert upload_url("https://p/base", "/v1beta1/upload") == "https://p/base/v1beta1/upload"
-    assert upload_url("https://p/v1beta1/upload", "/v1beta1/upload") == "https://p/v1beta1/upload"
+def test_an_upload_path_in_the_proxy_url_is_taken_off() -> None:
+    assert proxy_base("https://p/") == "https://p"
+    assert proxy_base("https://p:8443/base/") == "https://p:8443/base"
+    assert proxy_base("https://p/v1beta1/upload") == "https://p"
+    assert proxy_base("https://p/cdi/v1alpha1/upload-async") == "https://p/cdi"
+    assert proxy_base("https://p/v1beta1/upload-form-async/") == "https://p"
 
 
 # -- the entry point ----------------------------------------------------------------------------
