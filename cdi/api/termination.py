@@ -33,7 +33,6 @@ class TerminationMessage:
     scratch_bytes: int = 0  # bytes staged on scratch space (qemu-img input, out-of-order data)
     resumed_from: int = 0  # source offset an interrupted import continued from (0: fresh)
     preallocation_applied: bool = False
-    deadline_passed: bool = False  # upload server: its deadline came with no upload in flight
     labels: dict[str, str] = field(default_factory=dict)
 
     @property

@@ -82,7 +82,7 @@ def test_a_completed_server_succeeds_with_its_message() -> None:
 
 
 def test_a_passed_deadline_renews_the_pod_instead_of_ending_the_upload() -> None:
-    msg = TerminationMessage("Completed", "Deadline Passed", deadline_passed=True)
+    msg = TerminationMessage("DeadlinePassed", "deadlinePassed: certificates due for renewal")
     verdict = assess(pod("Succeeded", terminated=ended(msg)), "u1")
     assert verdict.action == Action.RENEW
     assert recorded(ImportRecord(), verdict).outcome is None

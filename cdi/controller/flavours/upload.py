@@ -18,7 +18,7 @@ none                                issue a serving certificate (Secret ``<pod>-
 not the UID recorded                an impostor: Warning event, deleted by UID, never read
 pending, or running and not ready   ``storage.pod.ready: "false"`` (UploadScheduled)
 running and ready                   ``storage.pod.ready: "true"`` (UploadReady)
-exited 0 saying ``deadlinePassed``  delete pod and Secret; the next step creates both afresh
+exited 0, ``DeadlinePassed``        delete pod and Secret; the next step creates both afresh
 exited 0, ``Completed``             ``storage.pod.phase: Succeeded``; pod, Service, Secret go
 failed                              ``storage.pod.phase: Failed`` with the typed reason
 ==================================  =========================================================
@@ -83,6 +83,9 @@ UPLOAD_EVENTS: Mapping[str, PhaseEvent] = {
 }
 REASON_UNRECORDED_POD = "UnrecordedUploadPod"
 UPLOAD_COMPLETE = "Upload Complete"
+# The server's reason for exiting 0 at its deadline with no upload in flight (CDI's
+# ``deadlinePassed``): its certificate is due for renewal, the upload is not over.
+REASON_DEADLINE_PASSED = "DeadlinePassed"
 
 
 @dataclass(frozen=True)
@@ -167,7 +170,7 @@ def _finished(pod: dict[str, Any], base: Assessment) -> Assessment:
     if outcome is None:  # not finished after all
         return base
     term = outcome.termination
-    if term is not None and term.deadline_passed and pod["status"].get("phase") == "Succeeded":
+    if outcome.reason == REASON_DEADLINE_PASSED and pod["status"].get("phase") == "Succeeded":
         return dataclasses.replace(base, action=Action.RENEW)
     if outcome.succeeded:
         applied = bool(term and term.preallocation_applied)
