@@ -29,6 +29,13 @@ def add_controller_parser(sub: argparse._SubParsersAction) -> None:  # type: ign
     _common(p)
     p.add_argument("--importer-image", default="quay.io/cdi-py/cdi-importer:latest")
     p.add_argument("--pull-policy", default="IfNotPresent")
+    p.add_argument("--uploadserver-image", default="quay.io/cdi-py/cdi-uploadserver:latest")
+    p.add_argument(
+        "--uploadserver-cert-lifetime",
+        type=float,
+        default=86400.0,
+        help="seconds an upload server's certificate lives; the pod is replaced at 80%%",
+    )
     p.add_argument("--workers", type=int, default=3, help="reconciles in parallel")
     p.add_argument("--max-attempts", type=int, default=3, help="importer pods per import")
     p.add_argument("--retry-base-delay", type=float, default=2.0, help="seconds, doubling")
@@ -52,7 +59,9 @@ def add_controller_parser(sub: argparse._SubParsersAction) -> None:  # type: ign
     p.add_argument("--lease-duration", type=float, default=15.0)
     p.add_argument("--renew-deadline", type=float, default=10.0)
     p.add_argument("--retry-period", type=float, default=2.0)
-    p.add_argument("--namespace", default="cdi", help="CDI namespace (upload proxy lookup)")
+    p.add_argument(
+        "--namespace", default="cdi", help="CDI namespace (upload proxy lookup, upload CAs)"
+    )
     p.add_argument("--metrics-host", default="0.0.0.0")
     p.add_argument("--metrics-port", type=int, default=0, help="serve /metrics here; 0: off")
     p.set_defaults(func=cmd_controller)
@@ -131,7 +140,10 @@ def _logging(level: str) -> None:
 
 
 def cmd_controller(a: argparse.Namespace) -> int:
+    import datetime as dt
+
     from cdi.controller.datavolume import ControllerConfig
+    from cdi.controller.flavours.upload import UploadSettings
     from cdi.controller.manager import Manager, ManagerConfig, serve
     from cdi.controller.policy import FailurePolicy
     from cdi.kube.client import Kube, load_api_client
@@ -157,6 +169,13 @@ def cmd_controller(a: argparse.Namespace) -> int:
             progress_interval=a.progress_interval,
             claim_adoption_gate=a.claim_adoption,
             cluster_cidrs=tuple(a.cluster_cidr),
+            upload=UploadSettings(
+                image=a.uploadserver_image,
+                pull_policy=a.pull_policy,
+                namespace=a.namespace,
+                cert_lifetime=dt.timedelta(seconds=a.uploadserver_cert_lifetime),
+                poll_interval=a.progress_interval,
+            ),
         ),
         leader=leader,
         workers=a.workers,

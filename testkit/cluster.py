@@ -1,7 +1,8 @@
 """Start and stop a real Kubernetes cluster on loopback for integration tests.
 
 Order: etcd, kube-apiserver (secure port on 127.0.0.1, RBAC, a static token file, service-
-account signing keys, admission webhooks), kube-controller-manager, kube-scheduler, then the
+account signing keys, admission webhooks, aggregation with a front-proxy client certificate),
+kube-controller-manager, kube-scheduler, then the
 local node agent and the local provisioner (``testkit.node``, ``testkit.provisioner``). Each
 runs in its own process group, logs to ``<state>/logs/<name>.log`` and is stopped by group, so
 a teardown leaves no stray process, mount or loop device.
@@ -53,6 +54,7 @@ DEFAULT_BIN_DIR = REPO_ROOT / "hack" / "kube" / "_build" / "bin"
 NET_LOCK_DIR = Path(tempfile.gettempdir())
 # Shared by every cluster on the machine: host paths containers had to create as mount points.
 MOUNT_POINT_RECORD = NET_LOCK_DIR / "testkit-created-mount-points"
+FRONT_PROXY_CLIENT = "front-proxy-client"
 BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler")
 
 # Controllers the tests rely on; everything else in kube-controller-manager stays off, which
@@ -317,6 +319,10 @@ class Cluster:
             ips=("127.0.0.1",),
         )
         serving.write(d / "apiserver.crt", d / "apiserver.key")
+        # The aggregator's client certificate: the cluster CA is also the requestheader CA, so
+        # aggregated API servers (our UploadTokenRequest API) trust requests it forwards.
+        front_proxy = ca.issue(FRONT_PROXY_CLIENT, client=True)
+        front_proxy.write(d / "front-proxy-client.crt", d / "front-proxy-client.key")
         pki.signing_key_pair().write(d / "sa.pub", d / "sa.key")
         write_token_file(d / "tokens.csv", self.identities)
         self.api_port = free_port()
@@ -371,7 +377,9 @@ class Cluster:
                 f"--tls-private-key-file={d / 'apiserver.key'}",
                 f"--client-ca-file={self.ca_path}",
                 f"--requestheader-client-ca-file={self.ca_path}",
-                "--requestheader-allowed-names=front-proxy-client",
+                f"--requestheader-allowed-names={FRONT_PROXY_CLIENT}",
+                f"--proxy-client-cert-file={d / 'front-proxy-client.crt'}",
+                f"--proxy-client-key-file={d / 'front-proxy-client.key'}",
                 "--requestheader-username-headers=X-Remote-User",
                 "--requestheader-group-headers=X-Remote-Group",
                 "--requestheader-extra-headers-prefix=X-Remote-Extra-",

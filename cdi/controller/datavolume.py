@@ -55,6 +55,7 @@ from cdi.controller.flavours import (
 )
 from cdi.controller.flavours.import_ import ImportSettings
 from cdi.controller.flavours.table import standard_flavours
+from cdi.controller.flavours.upload import UploadSettings
 from cdi.controller.pods import owned_pods
 from cdi.controller.policy import FailurePolicy
 from cdi.controller.progress import Scraper
@@ -103,6 +104,7 @@ class ControllerConfig:
     progress_interval: float = 2.0
     claim_adoption_gate: bool = False  # CDI feature gate DataVolumeClaimAdoption
     cluster_cidrs: tuple[str, ...] = ()  # pod/service/node ranges imports may not reach
+    upload: UploadSettings = field(default_factory=UploadSettings)
 
 
 def utc_now() -> str:
@@ -135,7 +137,7 @@ class DataVolumeReconciler:
         self.config = config
         if flavours is None:
             deps = FlavourDeps(kube, events, scraper, clock)
-            flavours = standard_flavours(deps, import_settings(config))
+            flavours = standard_flavours(deps, import_settings(config), config.upload)
         self.flavours = flavours
 
     async def reconcile(self, key: str) -> Result:

@@ -34,9 +34,12 @@ from cdi.api.constants import (
 )
 from cdi.controller.cdiconfig import CDIConfigReconciler
 from cdi.controller.datavolume import Caches, ControllerConfig, DataVolumeReconciler, utc_now
+from cdi.controller.flavours import FlavourDeps
+from cdi.controller.flavours.upload import UploadWorker
 from cdi.controller.metrics import ControllerMetrics, Sources, serve_metrics
 from cdi.controller.progress import HttpScraper
 from cdi.controller.storageprofile import StorageProfileReconciler
+from cdi.controller.uploadpvc import UploadPVCReconciler, is_upload_target, owned_by_datavolume
 from cdi.kube.client import (
     CDI_CONFIGS,
     DATAVOLUMES,
@@ -52,8 +55,17 @@ from cdi.kube.events import EventRecorder
 from cdi.kube.informer import Informer, wait_all_synced
 from cdi.kube.leader import LeaderConfig, LeaderElector, LeadershipLost
 from cdi.kube.workqueue import Backoff, Reconcile, WorkQueue, run_workers
+from cdi.render.upload_pod import UPLOAD_COMPONENT, upload_pod_name
 
 log = logging.getLogger(__name__)
+KIND_PVC = "PersistentVolumeClaim"
+# The worker pods the controller follows: importers and upload servers.
+WORKER_PODS = f"{LABEL_COMPONENT} in (importer,{UPLOAD_COMPONENT})"
+
+
+def is_upload_pod(pod: dict[str, Any]) -> bool:
+    labels = (pod.get("metadata") or {}).get("labels") or {}
+    return labels.get(LABEL_COMPONENT) == UPLOAD_COMPONENT
 
 
 @dataclass(frozen=True)
@@ -89,11 +101,12 @@ def new_queue() -> WorkQueue:
 
 
 def owner_key(obj: dict[str, Any]) -> str | None:
-    """The DataVolume key a PVC or Pod belongs to, or None."""
+    """The DataVolume key a PVC or Pod belongs to, or None. An upload server pod is owned by
+    its PVC, which has its DataVolume's name (or is a plain PVC: the upload PVC loop's key)."""
     meta = obj.get("metadata") or {}
     ns = meta.get("namespace")
     for ref in meta.get("ownerReferences") or []:
-        if ref.get("controller") and ref.get("kind") == KIND_DATAVOLUME:
+        if ref.get("controller") and ref.get("kind") in (KIND_DATAVOLUME, KIND_PVC):
             return f"{ns}/{ref.get('name')}"
     if (meta.get("annotations") or {}).get(ANN_CREATED_FOR_DATAVOLUME):
         return f"{ns}/{meta.get('name')}"  # an adopted claim has its DataVolume's name
@@ -108,7 +121,7 @@ class Manager:
         self.informers = {
             "dv": Informer(kube, DATAVOLUMES, resync=r),
             "pvc": Informer(kube, PVCS, resync=r),
-            "pod": Informer(kube, PODS, label_selector=f"{LABEL_COMPONENT}=importer", resync=r),
+            "pod": Informer(kube, PODS, label_selector=WORKER_PODS, resync=r),
             "sc": Informer(kube, STORAGE_CLASSES, resync=r),
             "profile": Informer(kube, STORAGE_PROFILES, resync=r),
             "config": Informer(kube, CDI_CONFIGS, resync=r),
@@ -138,8 +151,17 @@ class Manager:
         )
         profiles = StorageProfileReconciler(self.kube, utc_now)
         cdi_config = CDIConfigReconciler(self.kube, i["sc"], cfg.namespace, cfg.config_recheck)
+        deps = FlavourDeps(self.kube, datavolumes.events, self.scraper)
+        uploads = UploadPVCReconciler(
+            self.kube,
+            UploadWorker(deps, cfg.controller.upload),
+            EventRecorder(self.kube, "upload-controller", identity),
+            i["sc"],
+            datavolumes.cdi_config,
+        )
         reconcilers: list[tuple[str, Reconcile, int]] = [
             ("datavolume", datavolumes.reconcile, cfg.workers),
+            ("uploadpvc", uploads.reconcile, 1),
             ("storageprofile", profiles.reconcile, 1),
             ("cdiconfig", cdi_config.reconcile, 1),
         ]
@@ -155,6 +177,11 @@ class Manager:
         self.informers["dv"].add_handler(lambda o: dvs.enqueue(object_key(o)))
         for name in ("pvc", "pod"):
             self.informers[name].add_handler(lambda o: dvs.enqueue(owner_key(o)))
+        uploads = self.loops["uploadpvc"]
+        self.informers["pvc"].add_handler(lambda o: uploads.enqueue(self._upload_key(o)))
+        self.informers["pod"].add_handler(
+            lambda o: uploads.enqueue(owner_key(o) if is_upload_pod(o) else None)
+        )
         for name in ("sc", "profile"):
             self.informers[name].add_handler(lambda o: profiles.enqueue(object_key(o)))
         for name in ("sc", "config"):
@@ -162,6 +189,16 @@ class Manager:
         for name in ("sc", "profile", "config"):
             self.informers[name].add_handler(lambda _o: self._enqueue_waiting())
         config.enqueue(CDICONFIG_NAME)  # created if missing, even before any event
+
+    def _upload_key(self, pvc: dict[str, Any]) -> str | None:
+        """A plain PVC that is an upload target, or was one and still has a server."""
+        if owned_by_datavolume(pvc):
+            return None
+        meta = pvc.get("metadata") or {}
+        server = f"{meta.get('namespace')}/{upload_pod_name(str(meta.get('name')))}"
+        if is_upload_target(pvc) or self.informers["pod"].get(server) is not None:
+            return object_key(pvc)
+        return None
 
     def _enqueue_waiting(self) -> None:
         dvs = self.loops["datavolume"]
