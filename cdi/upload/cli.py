@@ -41,7 +41,9 @@ class Transfer(Protocol):
         token: TokenProvider,
         refresh: TokenProvider,
         progress: ProgressCallback,
-    ) -> None: ...
+    ) -> tuple[str, ...]:
+        """Send the file; lines worth telling the user (a resume, a restart)."""
+        ...
 
 
 def add_upload_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -103,7 +105,11 @@ def run_upload(target: UploadTarget, transfer: Transfer | None, size: int, bar: 
     first = target.request_token()
     send = transfer or default_transfer(o, target.proxy_ca)
     with bar.shown(size):
-        asyncio.run(send(url, Path(o.path), lambda: first, target.request_token, bar.update))
+        notes = asyncio.run(
+            send(url, Path(o.path), lambda: first, target.request_token, bar.update)
+        )
+    for note in notes:
+        say(note)
     say(
         "Uploading data completed successfully, waiting for processing to complete, "
         "you can hit ctrl-c without interrupting the progress"

@@ -22,7 +22,7 @@ from typing import Final
 import aiohttp
 
 from cdi.upload.cli_options import UploadCliError, proxy_base
-from cdi.upload.client import ClientSettings, upload_file
+from cdi.upload.client import ClientSettings, UploadResult, upload_file
 
 TOKEN_REFRESHES: Final = 3  # virtctl's bound
 PROBE_PATH: Final = "/v1beta1/upload-async"
@@ -59,7 +59,7 @@ class ClientTransfer:
         token: Callable[[], str],
         refresh: Callable[[], str],
         progress: Callable[[int, int], None],
-    ) -> None:
+    ) -> tuple[str, ...]:
         base = proxy_base(url)
         settings = ClientSettings(
             base_url=base,
@@ -78,9 +78,12 @@ class ClientTransfer:
 
         try:
             await self.first_attempt(settings, first)
-            await upload_file(str(path), settings, tokens, lambda done, _: progress(done, size))
+            result = await upload_file(
+                str(path), settings, tokens, lambda done, _: progress(done, size)
+            )
         except (TimeoutError, aiohttp.ClientError) as exc:
             raise unreachable(base, exc) from exc
+        return notes(result)
 
     async def first_attempt(self, settings: ClientSettings, token: str) -> None:
         """virtctl's first request (async detection); a 401 here is final."""
@@ -105,3 +108,15 @@ def unreachable(base: str, exc: BaseException) -> ProxyUnreachable:
     return ProxyUnreachable(
         f"cannot reach the upload proxy {base}: {exc or type(exc).__name__}{hint}"
     )
+
+
+def notes(result: UploadResult) -> tuple[str, ...]:
+    """What the user should know about how the bytes got there."""
+    said = []
+    if result.resumed:
+        said.append(
+            f"The connection was cut; resumed {result.resumed} time(s) "
+            "from the last byte the server had"
+        )
+    said += [f"The upload started over: {why}" for why in result.restarted]
+    return tuple(said)
