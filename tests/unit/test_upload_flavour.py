@@ -138,3 +138,12 @@ def test_a_pod_not_ready_yet_is_upload_scheduled() -> None:
     status = compute_status(view, None, T0)
     assert status["phase"] == "UploadScheduled"
     assert conds(status)["Running"]["message"] == "Upload server pod pending"
+
+
+def test_a_restart_with_a_typed_permanent_reason_fails_and_a_crash_only_counts() -> None:
+    bad = ended(TerminationMessage("InvalidConfig", "DESTINATION is not a block device"), 1)
+    verdict = assess(pod("Running", ready=False, restarts=1, last=bad), "u1")
+    assert (verdict.action, verdict.reason) == (Action.FAIL, "InvalidConfig")
+    killed = {"exitCode": 137, "reason": "Error", "finishedAt": T0}
+    verdict = assess(pod("Running", ready=False, restarts=1, last=killed), "u1")
+    assert (verdict.action, verdict.restarts) == (Action.WAIT, 1)
