@@ -26,6 +26,7 @@ from tests.component.uploader_harness import (
     Child,
     CuttingRelay,
     Pki,
+    data_target,
     free_port,
     make_pki,
     running_server,
@@ -46,8 +47,7 @@ async def test_cut_at_half_resumes_where_the_server_stopped(
     pki: Pki, tmp_path: Path, images: ImageFactory, kind: str
 ) -> None:
     image = images.make(kind)
-    (tmp_path / "data").mkdir()
-    target = tmp_path / "data" / "disk.img"
+    target = data_target(tmp_path)
     env = server_env(pki, target, "32Mi", free_port())
     size = image.path.stat().st_size
     async with running_server(env) as srv, CuttingRelay(srv.config.port, size // 2) as via:
@@ -77,8 +77,7 @@ async def test_killed_server_raw_resumes_from_checkpoint_qcow2_starts_over(
     pki: Pki, tmp_path: Path, images: ImageFactory, kind: str
 ) -> None:
     image = big_image(tmp_path, kind)  # more than the socket buffers hold
-    (tmp_path / "data").mkdir()
-    target = tmp_path / "data" / "disk.img"
+    target = data_target(tmp_path)
     port = free_port()
     child = Child(server_env(pki, target, "24Mi", port))
     await child.start()
@@ -117,8 +116,7 @@ async def test_cut_upload_not_continued_is_abandoned_and_a_new_one_starts(
     pki: Pki, tmp_path: Path, images: ImageFactory
 ) -> None:
     image = images.make("qcow2")
-    (tmp_path / "data").mkdir()
-    target = tmp_path / "data" / "disk.img"
+    target = data_target(tmp_path)
     env = server_env(pki, target, "32Mi", free_port(), UPLOAD_IDLE_TIMEOUT="0.5")
     size = image.path.stat().st_size
     async with running_server(env) as srv:
