@@ -140,10 +140,10 @@ def test_a_pod_not_ready_yet_is_upload_scheduled() -> None:
     assert conds(status)["Running"]["message"] == "Upload server pod pending"
 
 
-def test_a_restart_with_a_typed_permanent_reason_fails_and_a_crash_only_counts() -> None:
-    bad = ended(TerminationMessage("InvalidConfig", "DESTINATION is not a block device"), 1)
+def test_restarts_never_fail_the_upload_whatever_the_reason() -> None:
+    bad = ended(TerminationMessage("UnsupportedFormat", "not a disk image"), 1)
     verdict = assess(pod("Running", ready=False, restarts=1, last=bad), "u1")
-    assert (verdict.action, verdict.reason) == (Action.FAIL, "InvalidConfig")
+    assert (verdict.action, verdict.reason) == (Action.WAIT, "UnsupportedFormat")
     killed = {"exitCode": 137, "reason": "Error", "finishedAt": T0}
-    verdict = assess(pod("Running", ready=False, restarts=1, last=killed), "u1")
-    assert (verdict.action, verdict.restarts) == (Action.WAIT, 1)
+    verdict = assess(pod("Running", ready=False, restarts=2, last=killed), "u1")
+    assert (verdict.action, verdict.restarts, verdict.reason) == (Action.WAIT, 2, "Error")

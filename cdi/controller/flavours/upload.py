@@ -24,10 +24,9 @@ failed                              ``storage.pod.phase: Failed`` with the typed
 ==================================  =========================================================
 
 Container restarts (``restartPolicy: OnFailure``) are recorded as ``storage.pod.restarts``
-(the DataVolume's ``status.restartCount``) with the last termination's reason; a restart whose
-termination message carries a typed permanent reason (``transient: false``), with the server
-not ready again, fails the upload (the pod stays for its logs), as a permanent import failure
-does. Crashes without a typed message (killed, OOM) only count. The durable
+(the DataVolume's ``status.restartCount``) with the last termination's reason. As in CDI they
+never fail the upload: the server restarts so the user can retry (an async upload that failed
+after it was answered exits 1 on purpose). The durable
 record is CDI's annotations (``cdi.controller.record``), written with one merge patch per step.
 """
 
@@ -165,10 +164,6 @@ def assess(pod: Mapping[str, Any] | None, recorded_uid: str | None) -> Assessmen
         return _finished(dict(pod), base)
     if phase == "Running" and _ready(pod):
         return dataclasses.replace(base, action=Action.READY)
-    if last is not None and last.termination is not None and not last.transient:
-        # The server exits non-zero only when it cannot serve at all (its configuration, its
-        # volume); a typed permanent reason will not heal by restarting: fail, as imports do.
-        return dataclasses.replace(base, action=Action.FAIL)
     return base
 
 
