@@ -10,8 +10,10 @@ without running anything.
 from __future__ import annotations
 
 import fnmatch
+import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 CURL = "curl -sSf"
 DD_SPARSE = "dd of={out} bs=1M iflag=fullblock conv=sparse,fsync status=none"
@@ -42,6 +44,7 @@ class Route:
     description: str
     command: str = ""
     throttled: bool = False
+    upload: str = ""  # "direct" or "proxy": an upload (benchmarks/upload.py), not an import
 
 
 @dataclass(frozen=True)
@@ -65,6 +68,22 @@ def _ours(name: str, input_name: str, *, throttled: bool = False) -> Route:
         ours=True,
         description=f"cdi import {input_name} ({what})",
         throttled=throttled,
+    )
+
+
+UPLOAD = f"{sys.executable} {Path(__file__).resolve().parent / 'upload.py'} {{input}} {{out}}"
+"""benchmarks/upload.py: a real upload server (and proxy) and the client library, one upload."""
+
+
+def _upload(name: str, input_name: str, via: str, *, reference: bool = False) -> Route:
+    """An upload of ours; as a reference, the direct upload a proxied one is measured against."""
+    return Route(
+        name=f"{name}.ref-direct" if reference else f"{name}.ours",
+        input_name=input_name,
+        ours=not reference,
+        description=f"upload {input_name} to a python -m uploader ({via})",
+        command=UPLOAD + (" --via-proxy" if via == "proxy" else ""),
+        upload=via,
     )
 
 
@@ -148,6 +167,19 @@ ROUTES: tuple[Route, ...] = (
         "single curl -o disk.img && sync",
         f"{CURL} -o {{out}} {{url}} && sync {{out}}",
     ),
+    _upload("upqcow2", "disk.qcow2", "direct"),
+    _upload("upqcow2proxy", "disk.qcow2", "proxy"),
+    _upload("upgz", "disk.raw.gz", "direct"),
+    _upload("upgzproxy", "disk.raw.gz", "proxy"),
+    _upload("upqcow2proxy", "disk.qcow2", "direct", reference=True),
+    _upload("upgzproxy", "disk.raw.gz", "direct", reference=True),
+    Route(
+        "upgz.ref-scratch",
+        "disk.raw.gz",
+        False,
+        "CDI way: body to scratch, then pigz -dc | dd conv=sparse,fsync",
+        CURL + " -o {scratch} {url} && pigz -dc {scratch} | " + DD_SPARSE + " && rm -f {scratch}",
+    ),
     _ours("rawslow", "disk.raw", throttled=True),
     Route(
         "rawslow.ref-curl",
@@ -188,6 +220,39 @@ RATIO_ROWS: tuple[RatioRow, ...] = (
         needs_zero_scratch=True,
     ),
     RatioRow("raw", "raw (parallel ranges) vs single curl", "raw.ours", "raw.ref-curl", 1.0, 4),
+    RatioRow(
+        "up-qcow2",
+        "qcow2 upload vs CDI's upload way (scratch + qemu-img)",
+        "upqcow2.ours",
+        "qcow2.ref-scratch",
+        1.5,
+        12,
+        needs_zero_scratch=True,
+    ),
+    RatioRow(
+        "up-gz",
+        "raw.gz upload vs CDI's upload way (scratch + decompress)",
+        "upgz.ours",
+        "upgz.ref-scratch",
+        1.0,
+        12,
+    ),
+    RatioRow(
+        "up-qcow2-proxy",
+        "qcow2 upload through the proxy vs straight to the server",
+        "upqcow2proxy.ours",
+        "upqcow2proxy.ref-direct",
+        0.9,
+        12,
+    ),
+    RatioRow(
+        "up-gz-proxy",
+        "raw.gz upload through the proxy vs straight to the server",
+        "upgzproxy.ours",
+        "upgzproxy.ref-direct",
+        0.9,
+        12,
+    ),
     RatioRow(
         "rawslow",
         "raw, throttled per connection, vs single curl",

@@ -32,8 +32,8 @@ log = logging.getLogger("uploader")
 
 UPLOAD_COMPLETE = "Upload Complete"
 RESTART_NOTE = (
-    "the upload server restarted; only a raw image of known length resumes after that, "
-    "so this upload must start again from byte 0"
+    "the upload server restarted before this upload reached a durable checkpoint (only a raw "
+    "image of known length keeps one), so it must start again from byte 0"
 )
 
 

@@ -191,14 +191,16 @@ class Manager:
         config.enqueue(CDICONFIG_NAME)  # created if missing, even before any event
 
     def _upload_key(self, pvc: dict[str, Any]) -> str | None:
-        """A plain PVC that is an upload target, or was one and still has a server."""
-        if owned_by_datavolume(pvc):
-            return None
+        """A plain PVC that is an upload target, or any PVC with an upload server that is no
+        target any more or is being deleted (the server must go first)."""
         meta = pvc.get("metadata") or {}
         server = f"{meta.get('namespace')}/{upload_pod_name(str(meta.get('name')))}"
-        if is_upload_target(pvc) or self.informers["pod"].get(server) is not None:
+        has_server = self.informers["pod"].get(server) is not None
+        if has_server and meta.get("deletionTimestamp"):
             return object_key(pvc)
-        return None
+        if owned_by_datavolume(pvc):
+            return None
+        return object_key(pvc) if is_upload_target(pvc) or has_server else None
 
     def _enqueue_waiting(self) -> None:
         dvs = self.loops["datavolume"]

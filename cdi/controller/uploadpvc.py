@@ -6,7 +6,9 @@ DataVolume (it reads one, writes its status, emits its phase events); a plain PV
 that. What fills the claim is the same, so this reconciler drives the same ``UploadWorker`` the
 DataVolume flavour drives; only the reading and the waiting differ:
 
-- a PVC owned by a DataVolume (or created for one) is the DataVolume reconciler's, left alone;
+- a PVC being deleted loses its server first (the server pod holds the claim's protection
+  finalizer, so the claim could never go otherwise), whoever owns it;
+- a PVC owned by a DataVolume (or created for one) is otherwise the DataVolume reconciler's;
 - a PVC without the annotation (removed, or never there) gets its server, Service and Secret
   deleted, if it has any (CDI: removing the annotation deletes the upload pod);
 - a PVC that is not Bound waits, unless its class is WaitForFirstConsumer and the PVC asks for
@@ -71,9 +73,15 @@ class UploadPVCReconciler:
     async def reconcile(self, key: str) -> Result:
         namespace, name = split_key(key)
         pvc = await self.kube.get_or_none(PVCS, name, namespace)
-        if pvc is None or owned_by_datavolume(pvc):
+        if pvc is None:
             return Result()
         if (pvc.get("metadata") or {}).get("deletionTimestamp"):
+            # The server pod uses the claim, so the claim's protection finalizer waits for it,
+            # while garbage collection waits for the claim: the server goes first (also for a
+            # DataVolume's claim, whose reconciler no longer runs once the DataVolume is gone).
+            await self.worker.remove(pvc)
+            return Result()
+        if owned_by_datavolume(pvc):
             return Result()
         if not is_upload_target(pvc):
             await self.worker.remove(pvc)

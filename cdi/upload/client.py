@@ -135,7 +135,7 @@ class UploadClient:
 
     async def _refresh(self, answer: _Answer) -> None:
         if self.provider is None or self.refreshes >= self.settings.token_refreshes:
-            raise UploadUnauthorized(answer.status, answer.text)
+            raise UploadUnauthorized(answer.status, answer.text or "the upload token was refused")
         self.refreshes += 1
         self.token = await _token(self.provider)
 

@@ -112,7 +112,10 @@ def issue_server_credentials(
     lifetime: dt.timedelta = SERVER_CERT_LIFETIME,
 ) -> ServerCredentials:
     """A fresh serving certificate for ``<service>.<namespace>.svc`` from ``server_ca``."""
-    pair = issue_serving(server_ca, (server_name(service, namespace),), now, lifetime)
+    # The Service name first: it becomes the CN (at most 64 characters; a DNS label is 63),
+    # where ``<svc>.<ns>.svc`` can be longer. The proxy verifies the SAN ``<svc>.<ns>.svc``.
+    names = (service, server_name(service, namespace))
+    pair = issue_serving(server_ca, names, now, lifetime)
     return ServerCredentials(pair, client_ca_pem, deadline_for(now, lifetime))
 
 

@@ -23,6 +23,7 @@ from tests.component.conftest import (
 from tests.component.uploader_harness import (
     Pki,
     Running,
+    data_target,
     free_port,
     make_pki,
     running_server,
@@ -63,8 +64,7 @@ async def test_upload_into_a_file_is_identical_and_sparse(
     pki: Pki, tmp_path: Path, images: ImageFactory, mode: str, kind: str, compression: str | None
 ) -> None:
     image = images.make(kind, compression)
-    (tmp_path / "data").mkdir()
-    target = tmp_path / "data" / "disk.img"
+    target = data_target(tmp_path)
     async with running_server(server_env(pki, target, "32Mi", free_port())) as srv:
         await send(srv, pki, mode, image.path)
         outcome = await asyncio.wait_for(srv.task, 60)
@@ -104,8 +104,7 @@ async def test_archive_upload_extracts_the_files(
     with tarfile.open(archive, "w:gz" if compression else "w") as tar:
         tar.add(disk, arcname="disk.raw")
         tar.add(notes, arcname="docs/notes.txt")
-    (tmp_path / "data").mkdir()
-    target = tmp_path / "data" / "disk.img"
+    target = data_target(tmp_path)
     async with running_server(server_env(pki, target, "64Mi", free_port())) as srv:
         await upload_file(str(archive), srv.settings(pki, archive=True))
         outcome = await asyncio.wait_for(srv.task, 60)
@@ -113,3 +112,60 @@ async def test_archive_upload_extracts_the_files(
     assert same_content(tmp_path / "data" / "disk.raw", disk)
     assert (tmp_path / "data" / "docs" / "notes.txt").read_text() == notes.read_text()
     assert not target.exists()
+
+
+async def test_clone_header_selects_the_clone_content_types(
+    pki: Pki, tmp_path: Path, images: ImageFactory
+) -> None:
+    """``x-cdi-content-type``: a host-assisted clone stream (block: verbatim, so even a qcow2
+    source volume's bytes are kept as they are; filesystem: a tar of the source volume)."""
+    disk = images.make("raw").reference
+    volume = images.make("qcow2").path  # a block volume that holds a qcow2
+    target = data_target(tmp_path)
+    async with running_server(server_env(pki, target, "32Mi", free_port())) as srv:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(
+                srv.url + "/v1beta1/upload",
+                data=volume.read_bytes(),
+                headers={"x-cdi-content-type": "blockdevice-clone"},
+                ssl=pki.client_context(),
+            ) as resp,
+        ):
+            assert resp.status == 200, await resp.text()
+        outcome = await asyncio.wait_for(srv.task, 60)
+    assert outcome.succeeded
+    assert same_content(target, volume, volume.stat().st_size)
+
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    with tarfile.open(tmp_path / "volume.tar", "w") as tar:
+        tar.add(disk, arcname="disk.img")
+    env = server_env(pki, tree / "disk.img", "64Mi", free_port())
+    async with running_server(env) as srv:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(
+                srv.url + "/v1beta1/upload",
+                data=(tmp_path / "volume.tar").read_bytes(),
+                headers={"x-cdi-content-type": "filesystem-clone"},
+                ssl=pki.client_context(),
+            ) as resp,
+        ):
+            assert resp.status == 200, await resp.text()
+        assert (await asyncio.wait_for(srv.task, 60)).succeeded
+    assert same_content(tree / "disk.img", disk)
+
+
+async def test_preallocation_allocates_the_whole_disk(
+    pki: Pki, tmp_path: Path, images: ImageFactory
+) -> None:
+    image = images.make("qcow2")
+    target = data_target(tmp_path)
+    env = server_env(pki, target, "32Mi", free_port(), PREALLOCATION="true")
+    async with running_server(env) as srv:
+        await upload_file(str(image.path), srv.settings(pki))
+        outcome = await asyncio.wait_for(srv.task, 60)
+    assert outcome.succeeded and outcome.preallocation_applied
+    assert same_content(target, image.reference)
+    assert allocated(target) == target.stat().st_size

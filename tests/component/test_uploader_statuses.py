@@ -17,6 +17,7 @@ from cdi.api.termination import TerminationMessage
 from tests.component.conftest import VIRTUAL, ImageFactory, same_content
 from tests.component.uploader_harness import (
     Pki,
+    data_target,
     free_port,
     make_pki,
     running_app,
@@ -35,8 +36,7 @@ def pki(tmp_path: Path) -> Pki:
 
 @pytest.fixture
 def env(pki: Pki, tmp_path: Path) -> dict[str, str]:
-    (tmp_path / "data").mkdir()
-    return server_env(pki, tmp_path / "data" / "disk.img", "64Mi", free_port())
+    return server_env(pki, data_target(tmp_path), "64Mi", free_port())
 
 
 async def call(
@@ -168,8 +168,7 @@ async def test_upload_after_completion_is_409(
 async def test_image_larger_than_the_volume_is_400(
     pki: Pki, tmp_path: Path, images: ImageFactory, path: str
 ) -> None:
-    (tmp_path / "data").mkdir()
-    env = server_env(pki, tmp_path / "data" / "disk.img", "8Mi", free_port())
+    env = server_env(pki, data_target(tmp_path), "8Mi", free_port())
     async with running_server(env) as srv:
         for kind, compression in (("qcow2", None), ("raw", "xz")):
             body = images.make(kind, compression).path.read_bytes()
@@ -245,9 +244,9 @@ async def test_retry_from_byte_zero_after_a_cut_succeeds(
 
 
 async def test_deadline_passed_without_an_upload_ends_the_pod(pki: Pki, tmp_path: Path) -> None:
-    (tmp_path / "data").mkdir()
+    target = data_target(tmp_path)
     past = (dt.datetime.now(dt.UTC) - dt.timedelta(seconds=5)).strftime("%Y-%m-%dT%H:%M:%SZ")
-    env = server_env(pki, tmp_path / "data" / "disk.img", "64Mi", free_port(), DEADLINE=past)
+    env = server_env(pki, target, "64Mi", free_port(), DEADLINE=past)
     async with running_server(env) as srv:
         outcome = await asyncio.wait_for(srv.task, 10)
     assert outcome.reason == "DeadlinePassed" and "deadlinePassed" in outcome.message

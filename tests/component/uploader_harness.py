@@ -233,3 +233,9 @@ async def running_app(config: UploadConfig) -> AsyncIterator[tuple[str, Uploads]
         yield f"https://127.0.0.1:{config.port}", uploads
     finally:
         await runner.cleanup()
+
+
+def data_target(root: Path) -> Path:
+    """``<root>/data/disk.img``, its folder made: a filesystem volume's DESTINATION."""
+    (root / "data").mkdir(exist_ok=True)
+    return root / "data" / "disk.img"

@@ -138,3 +138,12 @@ def test_a_pod_not_ready_yet_is_upload_scheduled() -> None:
     status = compute_status(view, None, T0)
     assert status["phase"] == "UploadScheduled"
     assert conds(status)["Running"]["message"] == "Upload server pod pending"
+
+
+def test_restarts_never_fail_the_upload_whatever_the_reason() -> None:
+    bad = ended(TerminationMessage("UnsupportedFormat", "not a disk image"), 1)
+    verdict = assess(pod("Running", ready=False, restarts=1, last=bad), "u1")
+    assert (verdict.action, verdict.reason) == (Action.WAIT, "UnsupportedFormat")
+    killed = {"exitCode": 137, "reason": "Error", "finishedAt": T0}
+    verdict = assess(pod("Running", ready=False, restarts=2, last=killed), "u1")
+    assert (verdict.action, verdict.restarts, verdict.reason) == (Action.WAIT, 2, "Error")

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cryptography import x509
 
 from cdi.render import RenderError
 from cdi.render.upload_pod import (
@@ -182,3 +183,12 @@ def test_the_issued_certificate_serves_the_proxys_name_and_demands_the_client_ca
     assert seen == ["client.upload-server.cdi.kubevirt.io"]
     other = issue_server_credentials(server_ca, client_ca.cert_pem, "cdi-upload-other", "ns", now)
     assert other.server.cert_pem != creds.server.cert_pem
+
+
+def test_a_long_namespace_still_gets_a_certificate_for_the_proxys_name() -> None:
+    now = dt.datetime.now(dt.UTC)
+    ca = new_ca("cdi-uploadserver-ca", now)
+    namespace = "n" * 63
+    creds = issue_server_credentials(ca, b"", "cdi-upload-" + "d" * 52, namespace, now)
+    sans = creds.server.cert.extensions.get_extension_for_class(x509.SubjectAlternativeName)
+    assert f"cdi-upload-{'d' * 52}.{namespace}.svc" in sans.value.get_values_for_type(x509.DNSName)

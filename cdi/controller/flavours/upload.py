@@ -24,7 +24,9 @@ failed                              ``storage.pod.phase: Failed`` with the typed
 ==================================  =========================================================
 
 Container restarts (``restartPolicy: OnFailure``) are recorded as ``storage.pod.restarts``
-(the DataVolume's ``status.restartCount``) with the last termination's reason. The durable
+(the DataVolume's ``status.restartCount``) with the last termination's reason. As in CDI they
+never fail the upload: the server restarts so the user can retry (an async upload that failed
+after it was answered exits 1 on purpose). The durable
 record is CDI's annotations (``cdi.controller.record``), written with one merge patch per step.
 """
 

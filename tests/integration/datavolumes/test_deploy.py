@@ -159,6 +159,11 @@ CONTROLLER_MAY = [
     ("list", "pods", "", None, None, None),
     ("create", "events", "", "some-ns", None, None),
     ("create", "secrets", "", "some-ns", None, None),  # importProxy credentials, create only
+    ("delete", "secrets", "", "some-ns", "cdi-upload-dv-tls", None),  # upload server cert
+    ("create", "services", "", "some-ns", None, None),  # upload server Service
+    ("delete", "services", "", "some-ns", "cdi-upload-dv", None),
+    ("get", "secrets", "", "cdi", "cdi-uploadserver-ca", None),
+    ("update", "secrets", "", "cdi", "cdi-uploadserver-client-ca", None),
     ("list", "storageclasses", "storage.k8s.io", None, None, None),
     ("watch", "storageprofiles", "cdi.kubevirt.io", None, None, None),
     ("get", "cdiconfigs", "cdi.kubevirt.io", None, "config", None),
@@ -176,6 +181,7 @@ CONTROLLER_MUST_NOT = [
     ("get", "secrets", "", "some-ns", "x", None),
     ("update", "secrets", "", "some-ns", "x", None),
     ("list", "secrets", "", None, None, None),
+    ("get", "secrets", "", "cdi", "cdi-api-signing-key", None),  # the token signing keys
     ("update", "datavolumes", "cdi.kubevirt.io", "some-ns", "dv", None),  # spec: users' only
     ("delete", "persistentvolumeclaims", "", "some-ns", "dv", None),  # GC's job
     ("delete", "namespaces", "", None, "some-ns", None),

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import os
+import signal
 import ssl
 import time
 from pathlib import Path
@@ -211,7 +213,7 @@ def test_plain_pvc_upload_and_removing_the_annotation_removes_the_server(
     ).exists()
 
 
-def test_a_token_for_one_pvc_writes_only_that_pvc(
+def test_a_token_for_one_pvc_writes_only_that_pvc_and_a_deleted_one_takes_its_server(
     kube: Kube, namespace: str, user: User, images: Images
 ) -> None:
     for name in ("a", "b"):
@@ -226,6 +228,9 @@ def test_a_token_for_one_pvc_writes_only_that_pvc(
     )
     assert kube.get(dv_path(namespace, "b"))["status"]["phase"] == "UploadReady"
     assert not (Path(pv_of(kube, namespace, "b")["spec"]["local"]["path"]) / "disk.img").exists()
+    kube.delete(dv_path(namespace, "b"))  # its server holds the claim: it must go first
+    wait_until(lambda: gone(kube, namespace, "persistentvolumeclaims", "b"), "b's claim gone", 60)
+    assert gone(kube, namespace, "pods", "cdi-upload-b")
 
 
 def test_wait_for_first_consumer_without_force_bind_waits_and_with_it_becomes_ready(
@@ -244,3 +249,25 @@ def test_wait_for_first_consumer_without_force_bind_waits_and_with_it_becomes_re
     kube.create(dv_path(namespace), now)
     dv = wait_phase(kube, namespace, "now", ("UploadReady",), 120)
     assert condition(dv, "Bound")["status"] == "True"
+
+
+def test_a_killed_upload_server_is_restarted_and_counted_and_still_takes_the_upload(
+    kube: Kube, namespace: str, user: User, images: Images
+) -> None:
+    kube.create(dv_path(namespace), upload_dv("crash"))
+    wait_phase(kube, namespace, "crash", ("UploadReady",), 120)
+    pod = kube.get(f"/api/v1/namespaces/{namespace}/pods/cdi-upload-crash")
+    (status,) = pod["status"]["containerStatuses"]
+    os.killpg(int(str(status["containerID"]).removeprefix("testkit://")), signal.SIGKILL)
+
+    def restarted() -> dict[str, Any] | None:
+        dv = kube.get(dv_path(namespace, "crash"))
+        ready = dv["status"].get("phase") == "UploadReady"
+        return dv if ready and dv["status"].get("restartCount") == 1 else None
+
+    wait_until(restarted, "the restart counted and the server ready again", 60)
+    assert annotations(kube, namespace, "crash")[ANN + "pod.restarts"] == "1"
+    status_code, text = user.upload(user.token("crash"), images.path("disk.raw.gz").read_bytes())
+    assert status_code == 200, text
+    dv = wait_phase(kube, namespace, "crash", ("Succeeded", "Failed"), 60)
+    assert (dv["status"]["phase"], dv["status"]["restartCount"]) == ("Succeeded", 1)

@@ -65,12 +65,18 @@ def _proxy_ca(gateway: Kube) -> bytes:
 
 
 def _upload_pvc(name: str, **annotations: str) -> dict[str, Any]:
+    """An upload target on a WaitForFirstConsumer class without force-bind: the deployed
+    controller starts no server for it, so the proxy sees exactly these annotations."""
     ann = {"cdi.kubevirt.io/storage.upload.target": "", **annotations}
     return {
         "apiVersion": "v1",
         "kind": "PersistentVolumeClaim",
         "metadata": {"name": name, "annotations": ann},
-        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Mi"}}},
+        "spec": {
+            "accessModes": ["ReadWriteOnce"],
+            "storageClassName": "testkit-fs-wffc",
+            "resources": {"requests": {"storage": "1Mi"}},
+        },
     }
 
 
@@ -175,3 +181,11 @@ def test_a_user_gets_a_token_through_the_kube_apiserver_and_a_user_without_right
     with pytest.raises(ApiError) as refused:
         cluster.kube("bob").create(path, token_request("target"))
     assert refused.value.status == 403
+
+
+def test_cdiconfig_names_the_deployed_upload_proxy(product: Product, kube: HarnessKube) -> None:
+    def url() -> str | None:
+        config = kube.get("/apis/cdi.kubevirt.io/v1beta1/cdiconfigs/config")
+        return (config.get("status") or {}).get("uploadProxyURL")
+
+    assert wait_until(url, "CDIConfig status.uploadProxyURL", 75) == SERVICE_NAME
