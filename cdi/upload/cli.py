@@ -19,7 +19,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from cdi.api.errors import WorkerError
-from cdi.upload.cli_options import UploadOptions, UsageError, options_from_args
+from cdi.upload.cli_options import (
+    ProcessingFailed,
+    UploadOptions,
+    UsageError,
+    options_from_args,
+)
 from cdi.upload.cli_progress import ProgressBar
 
 if TYPE_CHECKING:  # the Kubernetes client costs ~0.5 s to import: only `cdi upload` pays it
@@ -124,6 +129,8 @@ def run_upload(target: UploadTarget, transfer: Transfer | None, size: int, bar: 
         raise
     phase = target.final_phase()
     say(f"{o.kind} {target.namespace}/{o.name} phase: {phase}")
+    if phase != "Succeeded":
+        raise ProcessingFailed(f"{o.kind} {target.namespace}/{o.name} ended in phase {phase}")
     say(f"Uploading {o.path} completed successfully")
     return phase
 
@@ -143,10 +150,16 @@ def cmd_upload(a: argparse.Namespace, transfer: Transfer | None = None) -> int:
         kube, namespace = kube_from_args(a)
         target = UploadTarget(kube, namespace, opts, say=lambda line: print(line, flush=True))
         bar = ProgressBar(enabled=not a.quiet and sys.stdout.isatty())
-        phase = run_upload(target, transfer, size, bar)
+        run_upload(target, transfer, size, bar)
     except (WorkerError, KubeError) as exc:
         return _fail(exc)
-    return 0 if phase == "Succeeded" else 1
+    except KeyboardInterrupt:
+        print(
+            "cdi upload: Interrupted: stopped by the user; what the cluster already has stays",
+            file=sys.stderr,
+        )
+        return 130
+    return 0
 
 
 def default_transfer(opts: UploadOptions, ca_pem: str | None) -> Transfer:

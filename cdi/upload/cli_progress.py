@@ -44,7 +44,7 @@ class ProgressBar:
         columns = (
             TextColumn("{task.description}"),
             BarColumn(),
-            DownloadColumn(binary_units=True),
+            DownloadColumn(),  # decimal units, as TransferSpeedColumn
             TransferSpeedColumn(),
             TextColumn("ETA"),
             TimeRemainingColumn(),

@@ -12,6 +12,7 @@ installed in the session.
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -28,6 +29,7 @@ from testkit.cluster import Cluster
 from testkit.kubeclient import Kube, ns_path
 from testkit.waiting import wait_until
 from tests.integration.datavolumes.cdi_env import DV_API, cdi_crds  # noqa: F401
+from tests.integration.test_tryout import REPO, Terminal
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("cdi_crds")]
 ANN = "cdi.kubevirt.io/storage."
@@ -365,3 +367,19 @@ def test_the_proxy_url_comes_from_cdiconfig_unless_given(
     )
     given = UploadOptions(create_pvc=True, name="x", path="a.img", proxy_url="http://127.0.0.1:1")
     assert UploadTarget(gateway, namespace, given).proxy_url() == "http://127.0.0.1:1"
+
+
+def test_ctrl_c_while_waiting_ends_the_command_without_a_traceback(
+    cluster: Cluster, namespace: str, image: Path
+) -> None:
+    argv = [
+        sys.executable, "-m", "cdi", "upload", "pvc", "waiting", "--size=16Mi",
+        f"--image-path={image}", "--storage-class=testkit-fs-wffc",
+        f"--kubeconfig={cluster.kubeconfig}", f"--namespace={namespace}",
+    ]  # fmt: skip
+    term = Terminal(argv, REPO)
+    wait_until(lambda: "Waiting for PVC waiting" in term.text, "the wait to start", 60)
+    term.ctrl_c()
+    assert term.wait(30) == 130
+    assert "cdi upload: Interrupted: stopped by the user" in term.text
+    assert "Traceback" not in term.text
