@@ -8,6 +8,7 @@ import argparse
 from pathlib import Path
 
 import pytest
+import yaml
 
 from cdi.api.constants import (
     ANN_CONTENT_TYPE,
@@ -19,6 +20,8 @@ from cdi.api.constants import (
     ANN_USE_POPULATOR,
 )
 from cdi.cli import main
+from cdi.kube.client import load_user_client
+from cdi.kube.errors import KubeError
 from cdi.upload.cli import add_upload_parser, open_image
 from cdi.upload.cli_options import (
     ProxyUrlNotFound,
@@ -342,3 +345,34 @@ def test_the_bar_follows_the_transfer_without_a_terminal() -> None:
         bar.update(40, 100)
         bar.update(30, 100)  # a resume from the server's offset may step back
     assert (bar.done, bar.total) == (30, 100)
+
+
+def kubeconfig(path: Path, contexts: dict[str, str | None], current: str) -> Path:
+    doc = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:1"}}],
+        "users": [{"name": "u", "user": {"token": "t"}}],
+        "contexts": [
+            {
+                "name": n,
+                "context": {"cluster": "c", "user": "u", **({"namespace": ns} if ns else {})},
+            }
+            for n, ns in contexts.items()
+        ],
+        "current-context": current,
+    }
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def test_the_namespace_is_the_chosen_contexts_else_default(tmp_path: Path) -> None:
+    path = kubeconfig(tmp_path / "config", {"a": "team-a", "b": None}, current="a")
+    assert load_user_client(str(path))[1] == "team-a"
+    assert load_user_client(str(path), "b")[1] == "default"
+    other = kubeconfig(tmp_path / "other", {"x": "team-x"}, current="x")
+    _, namespace = load_user_client(f"{tmp_path / 'missing'}:{other}")  # a KUBECONFIG list
+    assert namespace == "team-x"
+    with pytest.raises(KubeError) as err:
+        load_user_client(str(path), "nope")
+    assert err.value.reason == "InvalidKubeconfig"
