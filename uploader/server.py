@@ -112,6 +112,12 @@ async def _part_pieces(part: BodyPartReader) -> AsyncIterator[bytes]:
         yield piece
 
 
+def _upload_length(request: web.Request) -> int | None:
+    """tus ``Upload-Length`` (a chunked body has no ``Content-Length``)."""
+    text = request.headers.get("Upload-Length", "")
+    return int(text) if text.isdigit() else None
+
+
 class UploadHandlers:
     def __init__(self, uploads: Uploads) -> None:
         self.uploads = uploads
@@ -125,7 +131,7 @@ class UploadHandlers:
             pieces = await _form_pieces(request) if form else _request_pieces(request)
             if pieces is None:
                 return web.Response(status=400, text="the form has no part named 'file'")
-            length = None if form else request.content_length
+            length = None if form else (request.content_length or _upload_length(request))
             upload = await self.uploads.begin(mode, length)
         except AlreadyDone:
             return web.Response(status=409, text="upload already completed")
@@ -223,7 +229,7 @@ async def not_found(request: web.Request) -> web.StreamResponse:
 
 
 def make_app(uploads: Uploads, client_name: str) -> web.Application:
-    app = web.Application(middlewares=[_client_check(client_name)], client_max_size=0)
+    app = web.Application(middlewares=[_client_check(client_name)])
     handlers = UploadHandlers(uploads)
     app.router.add_get("/healthz", healthz)
     for path in UPLOAD_PATHS:
