@@ -72,17 +72,25 @@ def _ours(name: str, input_name: str, *, throttled: bool = False) -> Route:
 
 
 UPLOAD = f"{sys.executable} {Path(__file__).resolve().parent / 'upload.py'} {{input}} {{out}}"
-"""benchmarks/upload.py: a real upload server (and proxy) and the client library, one upload."""
+"""benchmarks/upload.py: one upload, timed from its first byte to a durable disk.img."""
 
 
-def _upload(name: str, input_name: str, via: str, *, reference: bool = False) -> Route:
-    """An upload of ours; as a reference, the direct upload a proxied one is measured against."""
+_UPLOAD_WAYS = {
+    "direct": ("", "upload {} to a python -m uploader"),
+    "proxy": (" --via-proxy", "upload {} through the upload proxy to a python -m uploader"),
+    "cdi": (" --cdi-way", "CDI way: curl -T over TLS to scratch, then convert/decompress, sync"),
+}
+
+
+def _upload(name: str, input_name: str, via: str, *, suffix: str = "ours") -> Route:
+    """An upload (``via``: direct, proxy, or CDI's scratch route as a reference)."""
+    flag, what = _UPLOAD_WAYS[via]
     return Route(
-        name=f"{name}.ref-direct" if reference else f"{name}.ours",
+        name=f"{name}.{suffix}",
         input_name=input_name,
-        ours=not reference,
-        description=f"upload {input_name} to a python -m uploader ({via})",
-        command=UPLOAD + (" --via-proxy" if via == "proxy" else ""),
+        ours=suffix == "ours",
+        description=what.format(input_name),
+        command=UPLOAD + flag,
         upload=via,
     )
 
@@ -168,18 +176,13 @@ ROUTES: tuple[Route, ...] = (
         f"{CURL} -o {{out}} {{url}} && sync {{out}}",
     ),
     _upload("upqcow2", "disk.qcow2", "direct"),
-    _upload("upqcow2proxy", "disk.qcow2", "proxy"),
+    _upload("upqcow2", "disk.qcow2", "cdi", suffix="ref-scratch"),
     _upload("upgz", "disk.raw.gz", "direct"),
+    _upload("upgz", "disk.raw.gz", "cdi", suffix="ref-scratch"),
+    _upload("upqcow2proxy", "disk.qcow2", "proxy"),
+    _upload("upqcow2proxy", "disk.qcow2", "direct", suffix="ref-direct"),
     _upload("upgzproxy", "disk.raw.gz", "proxy"),
-    _upload("upqcow2proxy", "disk.qcow2", "direct", reference=True),
-    _upload("upgzproxy", "disk.raw.gz", "direct", reference=True),
-    Route(
-        "upgz.ref-scratch",
-        "disk.raw.gz",
-        False,
-        "CDI way: body to scratch, then pigz -dc | dd conv=sparse,fsync",
-        CURL + " -o {scratch} {url} && pigz -dc {scratch} | " + DD_SPARSE + " && rm -f {scratch}",
-    ),
+    _upload("upgzproxy", "disk.raw.gz", "direct", suffix="ref-direct"),
     _ours("rawslow", "disk.raw", throttled=True),
     Route(
         "rawslow.ref-curl",
@@ -224,7 +227,7 @@ RATIO_ROWS: tuple[RatioRow, ...] = (
         "up-qcow2",
         "qcow2 upload vs CDI's upload way (scratch + qemu-img)",
         "upqcow2.ours",
-        "qcow2.ref-scratch",
+        "upqcow2.ref-scratch",
         1.5,
         12,
         needs_zero_scratch=True,

@@ -14,7 +14,7 @@ certificate has CN ``client_name`` (else 401, as CDI), the upload paths:
 Other methods are 404 (CDI). Statuses: another upload in flight 503, the pod already done
 409, an image larger than the volume 400 and any other failure 500, both with CDI's
 ``Saving stream failed: ...`` text built from the typed error (never a traceback). Bodies
-are read in pieces (``iter_chunked``, ``read_chunk``) and never buffered whole.
+are read in pieces as they arrive (``iter_any``, ``read_chunk``) and never buffered whole.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from uploader.body import Busy, OffsetMismatch
 from uploader.session import RESTART_NOTE, AlreadyDone, Mode, Upload, Uploads
 
 TUS_VERSION = "1.0.0"
-RECEIVE_PIECE = 1024 * 1024  # read from the socket in these; the data path coalesces
+RECEIVE_PIECE = 1024 * 1024  # a multipart part is read in these; the data path coalesces
 CLONE_HEADER = "x-cdi-content-type"
 RESTART_HEADER = "Cdi-Upload-Restart"  # HEAD after a restart that lost a non-raw upload
 TOO_LARGE = "effective image size is larger than the reported available storage"
@@ -94,7 +94,9 @@ def failure_response(message: TerminationMessage) -> web.Response:
 
 
 async def _request_pieces(request: web.Request) -> AsyncIterator[bytes]:
-    async for piece in request.content.iter_chunked(RECEIVE_PIECE):
+    """The body as it arrives (``iter_any``: no re-chunking copy; the data path coalesces
+    pieces into its chunk size once)."""
+    async for piece in request.content.iter_any():
         yield piece
 
 
@@ -112,6 +114,12 @@ async def _part_pieces(part: BodyPartReader) -> AsyncIterator[bytes]:
         yield piece
 
 
+def _upload_length(request: web.Request) -> int | None:
+    """tus ``Upload-Length`` (a chunked body has no ``Content-Length``)."""
+    text = request.headers.get("Upload-Length", "")
+    return int(text) if text.isdigit() else None
+
+
 class UploadHandlers:
     def __init__(self, uploads: Uploads) -> None:
         self.uploads = uploads
@@ -125,7 +133,7 @@ class UploadHandlers:
             pieces = await _form_pieces(request) if form else _request_pieces(request)
             if pieces is None:
                 return web.Response(status=400, text="the form has no part named 'file'")
-            length = None if form else request.content_length
+            length = None if form else (request.content_length or _upload_length(request))
             upload = await self.uploads.begin(mode, length)
         except AlreadyDone:
             return web.Response(status=409, text="upload already completed")
@@ -223,7 +231,7 @@ async def not_found(request: web.Request) -> web.StreamResponse:
 
 
 def make_app(uploads: Uploads, client_name: str) -> web.Application:
-    app = web.Application(middlewares=[_client_check(client_name)], client_max_size=0)
+    app = web.Application(middlewares=[_client_check(client_name)])
     handlers = UploadHandlers(uploads)
     app.router.add_get("/healthz", healthz)
     for path in UPLOAD_PATHS:

@@ -140,6 +140,8 @@ class Uploads:
         return upload
 
     def _finished(self, upload: Upload) -> None:
+        if upload.task.cancelled():  # the process is shutting down
+            return
         message = upload.task.result()
         if message.succeeded or upload.answered_early:
             self.outcome = message

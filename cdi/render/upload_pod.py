@@ -17,7 +17,8 @@ Shape, and why:
   ``storage.pod.ready`` from it, and the proxy only forwards once that says ``true``.
 - The same restricted security as every worker pod (``cdi.render.worker_pod``), no service
   account token, no service links; the target is ``/data`` (``/data/disk.img``) or the device
-  ``/dev/cdi-block-volume``; resources from CDIConfig.
+  ``/dev/cdi-block-volume`` (then with an emptyDir ``/scratch`` for spill and the raw
+  checkpoint: a filesystem target keeps both beside the image); resources from CDIConfig.
 - The Service selects the pod by ``service: <name>`` (CDI's label), port 8443 to 8443.
 """
 
@@ -66,6 +67,8 @@ TLS_DIR = "/etc/cdi/upload-server"
 DATA_VOLUME = "cdi-data-vol"
 TLS_VOLUME = "cdi-upload-tls"
 TMP_VOLUME = "tmp"
+SCRATCH_VOLUME = "cdi-scratch-vol"
+SCRATCH_DIR = "/scratch"
 REASON_BAD_CONTENT_TYPE = "ErrUploadContentType"
 
 
@@ -131,6 +134,7 @@ def render_upload_pod(pvc: Mapping[str, Any], config: UploadPodConfig) -> dict[s
         "volumes": [
             {"name": DATA_VOLUME, "persistentVolumeClaim": {"claimName": meta["name"]}},
             {"name": TMP_VOLUME, "emptyDir": {}},
+            *_scratch_volume(pvc),
             {
                 "name": TLS_VOLUME,
                 "secret": {
@@ -151,6 +155,16 @@ def render_upload_pod(pvc: Mapping[str, Any], config: UploadPodConfig) -> dict[s
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
 
 
+def _scratch_volume(pvc: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """A block target has no folder of its own for out-of-order data or the raw checkpoint:
+    an emptyDir at ``/scratch``, as large as the claim at most, survives container restarts
+    (so a raw upload resumes after a crash) and goes with the pod; no scratch claim to delete."""
+    if not _is_block(pvc):
+        return []
+    size = (((pvc.get("spec") or {}).get("resources") or {}).get("requests") or {}).get("storage")
+    return [{"name": SCRATCH_VOLUME, "emptyDir": {"sizeLimit": size} if size else {}}]
+
+
 def _is_block(pvc: Mapping[str, Any]) -> bool:
     mode = (pvc.get("spec") or {}).get("volumeMode")
     return resolve_volume_mode(mode) == VolumeMode.BLOCK
@@ -164,6 +178,8 @@ def _container(pvc: Mapping[str, Any], config: UploadPodConfig) -> dict[str, Any
     ]
     if not block:
         mounts.append({"name": DATA_VOLUME, "mountPath": DATA_MOUNT_PATH})
+    else:
+        mounts.append({"name": SCRATCH_VOLUME, "mountPath": SCRATCH_DIR})
     container: dict[str, Any] = {
         "name": UPLOAD_COMPONENT,
         **image_fields(config),
@@ -209,6 +225,8 @@ def _env(pvc: Mapping[str, Any], block: bool, config: UploadPodConfig) -> list[d
         ("DEADLINE", config.deadline),
         ("UPLOAD_SERVER_PORT", str(config.port)),
     ]
+    if block:
+        pairs.append(("UPLOAD_SCRATCH_DIR", SCRATCH_DIR))
     env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in pairs]
     env.append(
         {"name": "UPLOAD_SERVER_ADDRESS", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}

@@ -15,6 +15,7 @@ from cdi.controller.flavours.upload import (
     phase_for,
 )
 from cdi.controller.flavours.upload import _recorded as recorded
+from cdi.controller.manager import WORKER_PODS, is_upload_pod, owner_key
 from cdi.controller.record import ImportRecord
 from cdi.controller.status import View, compute_status
 
@@ -147,3 +148,20 @@ def test_restarts_never_fail_the_upload_whatever_the_reason() -> None:
     killed = {"exitCode": 137, "reason": "Error", "finishedAt": T0}
     verdict = assess(pod("Running", ready=False, restarts=2, last=killed), "u1")
     assert (verdict.action, verdict.restarts, verdict.reason) == (Action.WAIT, 2, "Error")
+
+
+def test_an_upload_server_maps_to_its_claims_key_and_is_told_from_importers() -> None:
+    server = {
+        "metadata": {
+            "namespace": "ns",
+            "labels": {"cdi.kubevirt.io": "cdi-upload-server"},
+            "ownerReferences": [
+                {"kind": "PersistentVolumeClaim", "name": "disk", "uid": "p", "controller": True}
+            ],
+        }
+    }
+    assert owner_key(server) == "ns/disk"  # the DataVolume of that name, or the plain PVC
+    assert is_upload_pod(server)
+    importer = {"metadata": {"labels": {"cdi.kubevirt.io": "importer"}}}
+    assert not is_upload_pod(importer)
+    assert WORKER_PODS == "cdi.kubevirt.io in (importer,cdi-upload-server)"

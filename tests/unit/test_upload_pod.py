@@ -97,6 +97,7 @@ def test_the_upload_pod_follows_the_contract_for_a_filesystem_claim() -> None:
     )
     assert volumes[mounts["/data"]]["persistentVolumeClaim"] == {"claimName": "disk"}
     assert "command" not in container  # the image's entry point runs the server
+    assert "/scratch" not in mounts and "UPLOAD_SCRATCH_DIR" not in env(pod)
 
 
 def test_a_block_claim_is_a_device_without_overhead() -> None:
@@ -110,6 +111,10 @@ def test_a_block_claim_is_a_device_without_overhead() -> None:
     assert "/data" not in {m["mountPath"] for m in container["volumeMounts"]}
     values = env(pod)
     assert (values["DESTINATION"], values["FILESYSTEM_OVERHEAD"]) == ("/dev/cdi-block-volume", "0")
+    scratch = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}["/scratch"]
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    assert volumes[scratch] == {"name": scratch, "emptyDir": {"sizeLimit": "1Gi"}}
+    assert values["UPLOAD_SCRATCH_DIR"] == "/scratch"
     assert (values["CONTENT_TYPE"], values["PREALLOCATION"]) == ("kubevirt", "true")
 
 
