@@ -196,12 +196,12 @@ def test_upload_in_a_terminal_resumes_after_a_cut_and_succeeds(
     )
 
 
-def test_a_second_upload_to_the_same_datavolume_is_refused(
+def test_upload_pvc_fills_a_plain_pvc_and_a_second_upload_is_refused(
     cluster: Cluster, kube: Kube, namespace: str, images: Images, product: Product
 ) -> None:
     svc = kube.get("/api/v1/namespaces/cdi/services/cdi-uploadproxy")
     args = [
-        "dv",
+        "pvc",
         "again",
         f"--image-path={images.path('disk.qcow2')}",
         "--size=32Mi",
@@ -211,7 +211,11 @@ def test_a_second_upload_to_the_same_datavolume_is_refused(
         f"--namespace={namespace}",
     ]
     first = run_in_terminal(args)
-    assert first.exit_code == 0, first.text[-3000:]
+    assert first.exit_code == 0, first.text[-3000:] + diagnose(cluster, kube, namespace, "again")
+    assert f"PersistentVolumeClaim {namespace}/again created" in first.text
+    assert "Processing completed successfully" in first.text
+    local = Path(pv_of(kube, namespace, "again")["spec"]["local"]["path"])
+    same_prefix_then_zeros(local / "disk.img", images.reference)
     second = run_in_terminal(args)
     assert second.exit_code == 1
     assert "PVC again already successfully imported/cloned/updated" in second.text
