@@ -263,15 +263,15 @@ def _ann(obj: JSON) -> dict[str, str]:
     return dict((obj.get("metadata") or {}).get("annotations") or {})
 
 
-def refuse_without_datavolume(pvc: JSON, namespace: str, name: str) -> None:
+def no_datavolume(pvc: JSON, namespace: str, name: str) -> TargetRefused:
     """``dv NAME`` names a PVC with no DataVolume: virtctl's two explanations."""
     ann = _ann(pvc)
     if ann.get(ANN_DELETE_AFTER_COMPLETION) == "true" and ann.get(ANN_POD_PHASE) == "Succeeded":
-        raise TargetRefused(
+        return TargetRefused(
             "DataVolume already garbage-collected: Assuming PVC "
             f"{namespace}/{name} is successfully populated"
         )
-    raise TargetRefused(f"No DataVolume is associated with the existing PVC {namespace}/{name}")
+    return TargetRefused(f"No DataVolume is associated with the existing PVC {namespace}/{name}")
 
 
 def populator_prime_name(dv: JSON, pvc: JSON, namespace: str, name: str) -> str | None:

@@ -35,9 +35,9 @@ from cdi.upload.cli_options import (
     UploadCliError,
     UploadOptions,
     check_existing_pvc,
+    no_datavolume,
     populator_prime_name,
     proxy_url_from_config,
-    refuse_without_datavolume,
     render_datavolume,
     render_pvc,
     wffc_refusal,
@@ -112,8 +112,7 @@ class UploadTarget:
         o, ns = self.opts, self.namespace
         dv = self.kube.get_or_none(DATAVOLUMES, o.name, ns)
         if dv is None:
-            refuse_without_datavolume(pvc, ns, o.name)
-            raise AssertionError("unreachable")  # pragma: no cover
+            raise no_datavolume(pvc, ns, o.name)
         prime = populator_prime_name(dv, pvc, ns, o.name)
         if prime is None:
             return pvc
