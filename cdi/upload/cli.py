@@ -100,8 +100,6 @@ def kube_from_args(a: argparse.Namespace) -> tuple[Kube, str]:
 
 def run_upload(target: UploadTarget, transfer: Transfer | None, size: int, bar: ProgressBar) -> str:
     """virtctl's flow after the command line: prepare, wait, token, bytes, processing."""
-    from cdi.upload.cli_target import WaitTimedOut
-
     o, say = target.opts, target.say
     target.prepare()
     target.wait_ready()
@@ -115,6 +113,14 @@ def run_upload(target: UploadTarget, transfer: Transfer | None, size: int, bar: 
         )
     for note in notes:
         say(note)
+    return finish(target)
+
+
+def finish(target: UploadTarget) -> str:
+    """After the bytes: wait for the upload pod's processing, then the volume's phase."""
+    from cdi.upload.cli_target import WaitTimedOut
+
+    o, say = target.opts, target.say
     say(
         "Uploading data completed successfully, waiting for processing to complete, "
         "you can hit ctrl-c without interrupting the progress"
