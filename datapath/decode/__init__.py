@@ -71,7 +71,8 @@ class DecodePlan:
     source_size: int | None = None  # bytes on the wire, when known (Content-Length)
     before_random_writes: Callable[[], None] | None = None  # e.g. zero a block device first
     resume_offset: int = 0  # continue a raw image at this offset (datapath.checkpoint)
-    checkpointer: Callable[[int], None] | None = None  # told the position after raw writes
+    # told each raw piece written and the position after it (datapath.checkpoint.Checkpointer)
+    checkpointer: Callable[[bytes, int], None] | None = None
     tar_member: str | None = None  # registry layer: decode the one file under this prefix
 
 
@@ -205,7 +206,7 @@ def _write_raw(
     for piece in chunks:
         writer.write(piece)
         if checkpointer is not None:
-            checkpointer(writer.position)
+            checkpointer(piece, writer.position)
     result.virtual_size = writer.position
     result.bytes_written = writer.bytes_written
     return result
