@@ -57,7 +57,7 @@ class ProgressCollector(Collector):
             offset, digest = p.checkpoint
             mark = GaugeMetricFamily(
                 f"cdi_{kind}_checkpoint_bytes",
-                "Source bytes durably written at the last resume checkpoint; digest: their SHA-256",
+                "Bytes durably written at the last resume checkpoint; digest: their BLAKE3",
                 labels=["ownerUID", "digest"],
             )
             mark.add_metric([self.owner_uid, digest], offset)

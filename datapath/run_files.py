@@ -41,7 +41,7 @@ class RunFiles:
     def __init__(self, plan: ProcessPlan) -> None:
         self.plan = plan
         self.scratch_dir = self._pick_scratch_dir()
-        self._resumed_hash: Any | None = None  # running SHA-256 of the verified prefix
+        self._resumed_hash: Any | None = None  # running BLAKE3 of the verified prefix
 
     def _pick_scratch_dir(self) -> str:
         """The mounted scratch volume, else (filesystem targets) a folder beside the target."""

@@ -89,7 +89,7 @@ class TargetExists(InvalidConfig):
 
 
 def attested_checkpoint(text: str | None) -> tuple[int, str] | None:
-    """``IMPORTER_CHECKPOINT_ATTESTED`` (``<offset>:<sha256 hex>``, what the controller scraped
+    """``IMPORTER_CHECKPOINT_ATTESTED`` (``<offset>:<blake3 hex>``, what the controller scraped
     from the previous attempt) as a pair; anything malformed is no attestation (restart)."""
     offset, _, digest = (text or "").partition(":")
     if not (offset.isdigit() and len(digest) == 64 and all(c in _HEX for c in digest)):

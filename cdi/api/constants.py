@@ -315,7 +315,7 @@ class ImporterEnv(StrEnum):
     PROXY_AUTH_DIR = "IMPORTER_PROXY_AUTH_DIR"
     ALLOWED_SOURCE_CIDRS = "IMPORTER_ALLOWED_SOURCE_CIDRS"
     CLUSTER_CIDRS = "IMPORTER_CLUSTER_CIDRS"
-    # Not CDI: "<offset>:<sha256>", the resume prefix the controller attests (datapath.checkpoint)
+    # Not CDI: "<offset>:<blake3 hex>", the resume prefix the controller attests (checkpoint.py)
     CHECKPOINT_ATTESTED = "IMPORTER_CHECKPOINT_ATTESTED"
 
 

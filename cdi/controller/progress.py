@@ -39,7 +39,7 @@ class Progress:
     bytes_done: int = 0
     bytes_total: int = 0
     rate: float = 0.0
-    checkpoint: tuple[int, str] | None = None  # (offset, sha256 of the prefix)
+    checkpoint: tuple[int, str] | None = None  # (offset, BLAKE3 of the prefix)
 
     @property
     def text(self) -> str:
@@ -90,7 +90,7 @@ def parse_metrics(text: str, owner_uid: str) -> Progress | None:
 
 
 def _checkpoint(offset: float | None, digest: str) -> tuple[int, str] | None:
-    """The scraped resume point, if well formed (a 64-hex SHA-256 and a positive offset)."""
+    """The scraped resume point, if well formed (a 64-hex BLAKE3 digest and a positive offset)."""
     if offset is None or offset <= 0 or not _SHA256.fullmatch(digest):
         return None
     return int(offset), digest

@@ -45,7 +45,7 @@ these environment variables (CDI's names, ``cdi.api.constants.ImporterEnv``):
 ``CACHE_MODE``                     "TRYNONE": try O_DIRECT (set after an OOM kill)
 ``IMPORTER_METRICS_ADDR``          metrics bind address: the pod IP (downward API), when asked
 ``IMPORTER_METRICS_PORT``          metrics port, when not 8443
-``IMPORTER_CHECKPOINT_ATTESTED``   "<offset>:<sha256>": the resume prefix the controller scraped
+``IMPORTER_CHECKPOINT_ATTESTED``   "<offset>:<blake3>": the resume prefix the controller scraped
                                    from the previous attempt (not CDI; datapath.checkpoint)
 =================================  =================================================
 

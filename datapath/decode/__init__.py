@@ -46,6 +46,9 @@ if TYPE_CHECKING:
 
 SCRATCH_NAME = "cdi-scratch.img"
 MAX_LAYERS = 4  # gz inside xz inside zst... more than this is an attack, not an image
+# Decoders whose memory is counted in tens of MiB (docs/importer.md, memory table): one per
+# chain, so their ceilings never add up (no real image is xz inside zstd).
+_HEAVY_LAYERS = frozenset({ImageFormat.XZ, ImageFormat.ZSTD})
 
 
 @dataclass
@@ -82,11 +85,15 @@ Handler = Callable[[Iterator[bytes], DecodePlan, DecodeResult], DecodeResult]
 def peel(chunks: Iterator[bytes], chain: list[str]) -> tuple[ImageFormat, Peekable]:
     """Strip compression layers; return the innermost format and its stream."""
     stream = Peekable(chunks)
+    heavy = 0
     for _ in range(MAX_LAYERS + 1):
         fmt = sniff(stream.peek(SNIFF_BYTES))
         chain.append(fmt.value)
         if not fmt.is_compression:
             return fmt, stream
+        heavy += fmt in _HEAVY_LAYERS
+        if heavy > 1:
+            raise UnsupportedFormat(f"xz or zstd nested in xz or zstd is not supported: {chain}")
         from datapath.decode.decompress import decompress
 
         stream = Peekable(decompress(fmt, stream))

@@ -10,9 +10,10 @@ cut off rather than kept where the source has zeros.
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import replace
 from pathlib import Path
+
+import blake3
 
 from cdi.api.termination import TerminationMessage
 from datapath import CheckpointPlan, checkpoint
@@ -43,7 +44,7 @@ async def _config(
 
 def _plant(volume: Path, content: bytes, identity: checkpoint.Checkpoint, offset: int) -> None:
     (volume / "disk.img").write_bytes(content)
-    digest = hashlib.sha256(content[:offset]).hexdigest()
+    digest = blake3.blake3(content[:offset]).hexdigest()
     checkpoint.save(
         str(volume / ".cdi-import-checkpoint"), replace(identity, offset=offset, digest=digest)
     )
@@ -109,7 +110,7 @@ async def test_an_attested_prefix_resumes_and_nothing_past_it_is_kept(
     data = image.path.read_bytes()
     half = len(data) // 2
     assert data[half:].count(bytes(4096)) > 0  # the source has zero pages after the prefix
-    attested = (half, hashlib.sha256(data[:half]).hexdigest())
+    attested = (half, blake3.blake3(data[:half]).hexdigest())
     url = server.link("ok", image.path)
     config, identity = await _config(url, tmp_path, require=True, attested=attested)
     _plant(tmp_path, data[:half] + _junk(len(data) - half), identity, half)
@@ -124,7 +125,7 @@ async def test_an_attested_digest_the_volume_does_not_match_restarts(
     image = images.make("raw")
     data = image.path.read_bytes()
     half = len(data) // 2
-    attested = (half, hashlib.sha256(data[:half]).hexdigest())
+    attested = (half, blake3.blake3(data[:half]).hexdigest())
     url = server.link("ok", image.path)
     config, identity = await _config(url, tmp_path, require=True, attested=attested)
     _plant(tmp_path, _junk(len(data)), identity, half)
