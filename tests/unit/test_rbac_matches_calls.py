@@ -36,8 +36,13 @@ VERBS = {
     "delete": "delete",
 }
 COMPONENTS = {
-    "cdi-controller": ("cdi/controller", "cdi/kube/leader.py", "cdi/kube/events.py"),
-    "cdi-webhook": ("cdi/admission.py", "cdi/webhooks"),
+    "cdi-controller": (
+        "cdi/controller",
+        "cdi/kube/leader.py",
+        "cdi/kube/events.py",
+        "cdi/kube/shared_key.py",
+    ),
+    "cdi-webhook": ("cdi/admission.py", "cdi/webhooks", "cdi/kube/shared_key.py"),
 }
 # (module, function) -> the resources its variable-resource calls reach
 INDIRECT: dict[tuple[str, str], tuple[Resource, ...]] = {
