@@ -45,7 +45,7 @@ class PodWatcher:
         while not self._stop.wait(0.2):
             try:
                 pods = self.kube.get(f"/api/v1/namespaces/{self.namespace}/pods")["items"]
-            except Exception:  # noqa: BLE001 - the API server is down on purpose
+            except Exception:  # the API server is down on purpose
                 continue
             self.uids |= {p["metadata"]["uid"] for p in pods}
 
