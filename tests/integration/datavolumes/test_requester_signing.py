@@ -6,11 +6,15 @@ and a DataVolume created through the webhook carries a record that verifies with
 from __future__ import annotations
 
 import base64
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from cdi.api.constants import ANN_REQUESTER_USERNAME
 from cdi.api.requester import ANN_REQUESTER_SIGNATURE, trusted_requester
+from cdi.kube.client import Kube as CdiKube
+from cdi.kube.shared_key import ensure_shared_key
+from testkit.cluster import Cluster
 from testkit.kubeclient import Kube
 from testkit.kubeconfig import ADMIN
 from testkit.product import Product, deploy_documents
@@ -53,3 +57,15 @@ def test_a_forged_record_is_replaced_by_the_webhooks(
     dv = kube.get(dv_path(namespace, "forged"))
     requester = trusted_requester(dv, _shared_key(kube))
     assert requester is not None and requester.username == ADMIN
+
+
+def test_processes_racing_to_make_the_key_all_end_with_the_same_one(
+    cluster: Cluster, namespace: str
+) -> None:
+    def make(_: int) -> bytes:
+        return ensure_shared_key(CdiKube(cluster.api_client()), namespace, "racing-key")
+
+    with ThreadPoolExecutor(6) as pool:
+        keys = set(pool.map(make, range(6)))
+    assert len(keys) == 1 and len(next(iter(keys))) == 64
+    assert make(0) in keys  # later readers get it too
