@@ -277,6 +277,20 @@ class Cluster:
         if not self.config.keep_state:
             shutil.rmtree(self.state, ignore_errors=True)
 
+    def restart(self, name: str, down_for: float = 0.0) -> float:
+        """Stop the control-plane process ``name`` (``etcd``, ``kube-apiserver``...: SIGTERM,
+        SIGKILL after 5 s), leave it down ``down_for`` seconds, start it again with the same
+        command line and wait until the API server answers /readyz. Returns the seconds the
+        component was down. For fault tests: clients see refused connections meanwhile."""
+        index = next(i for i, p in enumerate(self.processes) if p.name == name)
+        old = self.processes[index]
+        began = time.monotonic()
+        old.stop(grace=5.0)
+        time.sleep(down_for)
+        self.processes[index] = ManagedProcess(name, old.argv, old.log_path, env=old.env)
+        self._wait(f"kube-apiserver /readyz after restarting {name}", self._apiserver_ready)
+        return time.monotonic() - began
+
     def _other_clusters_running(self) -> bool:
         own = f"testkit-net-{self.net.n}.lock" if self.net else ""
         for lock in NET_LOCK_DIR.glob("testkit-net-*.lock"):

@@ -315,6 +315,8 @@ class ImporterEnv(StrEnum):
     PROXY_AUTH_DIR = "IMPORTER_PROXY_AUTH_DIR"
     ALLOWED_SOURCE_CIDRS = "IMPORTER_ALLOWED_SOURCE_CIDRS"
     CLUSTER_CIDRS = "IMPORTER_CLUSTER_CIDRS"
+    # Not CDI: "<offset>:<blake3 hex>", the resume prefix the controller attests (checkpoint.py)
+    CHECKPOINT_ATTESTED = "IMPORTER_CHECKPOINT_ATTESTED"
 
 
 IMPORTER_EXTRA_HEADER_PREFIX: Final = "IMPORTER_EXTRA_HEADER_"  # + index: "Name: value"

@@ -80,6 +80,9 @@ class ManagerConfig:
     metrics_host: str = "0.0.0.0"
     metrics_port: int | None = 8080  # None: no metrics server
     config_recheck: float = 60.0
+    # HMAC key of the signed requester record (cdi.api.requester.trusted_requester), from
+    # --requester-key-secret / --requester-key-file; None: no record is trusted.
+    requester_key: bytes | None = None
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,17 @@ PLURALS = {
     "Namespace": ("/api/v1", "namespaces", False),
     "ServiceAccount": ("/api/v1", "serviceaccounts", True),
     "Service": ("/api/v1", "services", True),
+    "ConfigMap": ("/api/v1", "configmaps", True),
+    "ValidatingAdmissionPolicy": (
+        "/apis/admissionregistration.k8s.io/v1",
+        "validatingadmissionpolicies",
+        False,
+    ),
+    "ValidatingAdmissionPolicyBinding": (
+        "/apis/admissionregistration.k8s.io/v1",
+        "validatingadmissionpolicybindings",
+        False,
+    ),
     "Deployment": ("/apis/apps/v1", "deployments", True),
     "APIService": ("/apis/apiregistration.k8s.io/v1", "apiservices", False),
     "ClusterRole": ("/apis/rbac.authorization.k8s.io/v1", "clusterroles", False),
