@@ -36,6 +36,7 @@ from cdi.kube.client import (
     JSON_PATCH,
     PVCS,
     SECRETS,
+    SERVICES,
     SUBJECT_ACCESS_REVIEWS,
     AsyncKube,
     Kube,
@@ -52,7 +53,6 @@ from cdi.upload.tokenapi import Decision, LookupFailed, RequestHeaderConfig, Use
 log = logging.getLogger(__name__)
 
 CONFIG_MAPS = Resource("", "v1", "configmaps", "ConfigMap")
-SERVICES = Resource("", "v1", "services", "Service")
 API_SERVICES = Resource("apiregistration.k8s.io", "v1", "apiservices", "APIService", False)
 AUTH_CONFIG_MAP = ("kube-system", "extension-apiserver-authentication")
 MAX_PUBLISHED_KEYS = 3

@@ -20,7 +20,14 @@ from typing import Any
 
 import yaml
 
-from cdi.kube.client import MUTATING_WEBHOOKS, VALIDATING_WEBHOOKS, Resource
+from cdi.kube.client import (
+    MUTATING_WEBHOOKS,
+    PODS,
+    SECRETS,
+    SERVICES,
+    VALIDATING_WEBHOOKS,
+    Resource,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -41,12 +48,17 @@ COMPONENTS = {
         "cdi/kube/leader.py",
         "cdi/kube/events.py",
         "cdi/kube/shared_key.py",
+        "cdi/upload/servercert.py",
     ),
     "cdi-webhook": ("cdi/admission.py", "cdi/webhooks", "cdi/kube/shared_key.py"),
 }
 # (module, function) -> the resources its variable-resource calls reach
 INDIRECT: dict[tuple[str, str], tuple[Resource, ...]] = {
     ("cdi.admission", "_publish_to"): (VALIDATING_WEBHOOKS, MUTATING_WEBHOOKS),
+    # the upload flavour's helpers, called with the server's Service and its pod/Service/Secret
+    ("cdi.controller.flavours.upload", "_create_ignoring_conflict"): (SERVICES,),
+    ("cdi.controller.flavours.upload", "_delete"): (PODS, SERVICES, SECRETS),
+    ("cdi.controller.flavours.upload", "remove"): (PODS, SERVICES),
 }
 Grant = tuple[str, str, str]  # (apiGroup, resource[/subresource], verb)
 

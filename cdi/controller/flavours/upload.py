@@ -52,7 +52,7 @@ from cdi.controller.pods import pod_uid
 from cdi.controller.policy import Outcome, pod_outcome
 from cdi.controller.record import OUTCOME_FAILED, OUTCOME_SUCCEEDED, ImportRecord
 from cdi.controller.status import ClaimProblem, FlavourPhases, View
-from cdi.kube.client import PODS, PVCS, SECRETS, Resource
+from cdi.kube.client import PODS, PVCS, SECRETS, SERVICES, Resource
 from cdi.kube.errors import Conflict, NotFound
 from cdi.kube.events import NORMAL, WARNING
 from cdi.kube.workqueue import Result
@@ -67,8 +67,6 @@ from cdi.render.upload_pod import (
     upload_secret_name,
 )
 from cdi.upload.servercert import SERVER_CERT_LIFETIME, UploadCAs, issue_server_credentials
-
-SERVICES = Resource("", "v1", "services", "Service")
 
 UPLOAD_PHASES = FlavourPhases(
     scheduled=Phase.UPLOAD_SCHEDULED,
@@ -350,15 +348,14 @@ class UploadWorker:
     async def remove(self, pvc: Mapping[str, Any]) -> None:
         """The PVC is no upload target (any more): its server, Service and Secret go."""
         ns, name = pvc["metadata"]["namespace"], pvc["metadata"]["name"]
-        for res, child in (
-            (PODS, upload_pod_name(name)),
-            (SERVICES, upload_pod_name(name)),
-            (SECRETS, upload_secret_name(name)),
-        ):
+        for res, child in ((PODS, upload_pod_name(name)), (SERVICES, upload_pod_name(name))):
             found = await self.deps.kube.get_or_none(res, child, ns)
             refs = ((found or {}).get("metadata") or {}).get("ownerReferences") or []
             if any(r.get("uid") == pvc["metadata"].get("uid") for r in refs):
                 await self._delete(res, child, ns, (found or {})["metadata"].get("uid"))
+        # The controller may not read Secrets; the certificate Secret's name is ours (as in
+        # _replace_secret), and the PVC's owner reference removes it with the claim anyway.
+        await self._delete(SECRETS, upload_secret_name(name), ns)
 
 
 def _recorded(record: ImportRecord, verdict: Assessment) -> ImportRecord:
