@@ -7,7 +7,10 @@ kube-controller-manager's PV binder does the binding; this process only answers 
 * Filesystem claims get a sparse image formatted ext4, attached to a loop device and mounted
   under the state directory; the PV's ``local.path`` is that mount point.
 * Block claims get a loop device over a sparse image; ``local.path`` is the device.
-* ``dataSource`` naming a bound PVC of ours clones it with a sparse copy.
+* ``dataSource`` naming a bound PVC of ours clones it with a sparse copy. A claim whose data
+  source is any other kind (a volume populator's, e.g. CDI's ``VolumeImportSource``) is left
+  alone, as the CSI external-provisioner leaves it: its populator fills another claim and
+  hands that claim's PV over.
 * WaitForFirstConsumer claims are provisioned only once the scheduler has chosen this node.
 * Growing ``spec.resources.requests.storage`` grows file, device and filesystem online.
 * A Released PV with reclaim policy Delete loses its backing files, then its object.
@@ -134,6 +137,8 @@ class Provisioner:
         if PROVISIONER not in (ann.get(ANN_PROVISIONER), ann.get(ANN_PROVISIONER_BETA)):
             return False
         if pvc["spec"].get("volumeName") or pvc.get("status", {}).get("phase") != "Pending":
+            return False
+        if not _own_data_source(pvc):
             return False
         if cls.get("volumeBindingMode") == "WaitForFirstConsumer":
             return ann.get(ANN_SELECTED_NODE) == self.config.node_name
@@ -324,6 +329,12 @@ class Provisioner:
             image.unlink()
         if mnt.exists():
             mnt.rmdir()
+
+
+def _own_data_source(pvc: JSON) -> bool:
+    """No data source, or one this provisioner fills itself (a PVC of the core group)."""
+    src = pvc["spec"].get("dataSourceRef") or pvc["spec"].get("dataSource")
+    return not src or (not src.get("apiGroup") and src.get("kind") == "PersistentVolumeClaim")
 
 
 def _pv_name(pvc: JSON) -> str:

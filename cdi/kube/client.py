@@ -78,6 +78,10 @@ STORAGE_PROFILES = Resource(
 )
 CDI_CONFIGS = Resource("cdi.kubevirt.io", "v1beta1", "cdiconfigs", "CDIConfig", False)
 DATA_SOURCES = Resource("cdi.kubevirt.io", "v1beta1", "datasources", "DataSource")
+PVS = Resource("", "v1", "persistentvolumes", "PersistentVolume", namespaced=False)
+VOLUME_IMPORT_SOURCES = Resource(
+    "cdi.kubevirt.io", "v1beta1", "volumeimportsources", "VolumeImportSource"
+)
 VALIDATING_WEBHOOKS = Resource(
     "admissionregistration.k8s.io",
     "v1",

@@ -1,0 +1,120 @@
+"""Volume populators on the real control plane: a plain PVC whose ``dataSourceRef`` names a
+``VolumeImportSource`` binds only once its data is complete; the prime claim is gone after.
+The product is the deployed one (``deploy/``); the local provisioner leaves the target alone,
+as the CSI external-provisioner does."""
+
+from __future__ import annotations
+
+import os
+import stat
+import time
+from pathlib import Path
+
+import pytest
+
+from testkit.kubeclient import Kube
+from testkit.product import Product
+from testkit.waiting import wait_until
+from tests.integration.datavolumes.cdi_env import (
+    ImageServer,
+    events_for,
+    pv_of,
+    same_prefix_then_zeros,
+)
+from tests.integration.datavolumes.populator_env import (
+    MarkerDisk,
+    claims,
+    pvc_path,
+    start_population,
+    vis_path,
+    volumes_for,
+)
+
+pytestmark = pytest.mark.integration
+
+
+def test_plain_pvc_with_volume_import_source_binds_populated_and_prime_is_deleted(
+    kube: Kube,
+    namespace: str,
+    controller: Product,
+    image_server: ImageServer,
+    marker_disk: MarkerDisk,
+) -> None:
+    prime = start_population(kube, namespace, image_server.url("slow", marker_disk.name))
+    target = kube.get(pvc_path(namespace, "disk"))
+    # While the data is coming in the target has no volume; the prime does the work.
+    seen = wait_until(lambda: claims(kube, namespace).get(prime), "the prime claim", 30)
+    assert seen["metadata"]["ownerReferences"][0]["uid"] == target["metadata"]["uid"]
+    assert not claims(kube, namespace)["disk"]["spec"].get("volumeName")
+
+    def bound() -> dict | None:
+        pvc = kube.get(pvc_path(namespace, "disk"))
+        return pvc if pvc.get("status", {}).get("phase") == "Bound" else None
+
+    pvc = wait_until(bound, "the target claim Bound", 120)
+    ann = pvc["metadata"]["annotations"]
+    assert ann["cdi.kubevirt.io/storage.populator.progress"] == "100.0%"
+    assert ann["cdi.kubevirt.io/storage.populator.pvcPrime"] == prime
+    assert ann["cdi.kubevirt.io/storage.pod.phase"] == "Succeeded"
+    disk = Path(pv_of(kube, namespace, "disk")["spec"]["local"]["path"]) / "disk.img"
+    same_prefix_then_zeros(disk, marker_disk.reference)
+    st = os.stat(disk)
+    assert stat.S_IMODE(st.st_mode) == 0o660
+    assert (st.st_uid, st.st_gid) == (107, 107)  # the qemu user a VM runtime runs as
+    wait_until(lambda: prime not in claims(kube, namespace), "the prime claim deleted", 30)
+    wait_until(
+        lambda: not kube.get(f"/api/v1/namespaces/{namespace}/pods")["items"],
+        "the importer pod deleted",
+        30,
+    )
+    reasons = [e["reason"] for e in events_for(kube, namespace, "disk")]
+    assert "CreatedPVCPrimeSuccessfully" in reasons and "ImportSucceeded" in reasons, reasons
+
+
+def test_deleting_the_source_mid_population_does_not_break_it(
+    kube: Kube,
+    namespace: str,
+    controller: Product,
+    image_server: ImageServer,
+    marker_disk: MarkerDisk,
+) -> None:
+    prime = start_population(kube, namespace, image_server.url("slow", marker_disk.name))
+    wait_until(lambda: claims(kube, namespace).get(prime), "the prime claim", 30)
+    kube.delete(vis_path(namespace, "src"))
+    wait_until(
+        lambda: kube.get(pvc_path(namespace, "disk"))["status"].get("phase") == "Bound",
+        "the target claim Bound",
+        120,
+    )
+    disk = Path(pv_of(kube, namespace, "disk")["spec"]["local"]["path"]) / "disk.img"
+    same_prefix_then_zeros(disk, marker_disk.reference)
+
+
+def test_deleting_the_target_mid_population_leaves_no_prime_or_volume_behind(
+    kube: Kube,
+    namespace: str,
+    controller: Product,
+    image_server: ImageServer,
+    marker_disk: MarkerDisk,
+) -> None:
+    # crawl: still running when the claim is deleted
+    prime = start_population(kube, namespace, image_server.url("crawl", marker_disk.name))
+
+    def importing() -> bool:
+        pods = kube.get(f"/api/v1/namespaces/{namespace}/pods")["items"]
+        return any(p.get("status", {}).get("phase") == "Running" for p in pods)
+
+    wait_until(importing, "the importer pod running", 60)
+    assert prime in claims(kube, namespace)
+    kube.delete(pvc_path(namespace, "disk"))
+    wait_until(
+        lambda: (
+            not claims(kube, namespace)
+            and not kube.get(f"/api/v1/namespaces/{namespace}/pods")["items"]
+            and not volumes_for(kube, namespace)
+        ),
+        "no claim, pod or volume left",
+        90,
+    )
+    time.sleep(2)  # and nothing comes back
+    assert not claims(kube, namespace) and not volumes_for(kube, namespace)
