@@ -16,6 +16,8 @@ from typing import Any
 import pytest
 
 from testkit.kubeclient import Kube
+from testkit.vm import Boot
+from testkit.vm import build as build_vm
 from tests.integration.datavolumes.cdi_env import DV_API, Images, run
 from tests.integration.helpers import pvc_manifest
 
@@ -108,3 +110,39 @@ def volumes_for(kube: Kube, ns: str) -> list[dict[str, Any]]:
         for pv in kube.get("/api/v1/persistentvolumes")["items"]
         if (pv["spec"].get("claimRef") or {}).get("namespace") == ns
     ]
+
+
+VM_DISK_DIR = "/var/run/kubevirt-private/vmi-disks/disk0"  # where KubeVirt mounts it
+VM_DISK_DEVICE = "/dev/disk0"
+
+
+def vm_pod(name: str, claim: str, block: bool = False) -> dict[str, Any]:
+    """A VM's launcher pod with ``claim`` as its disk, as KubeVirt renders the volume: a
+    filesystem volume mounted at the vmi-disks directory (``disk.img`` in it) or a block
+    device."""
+    container: dict[str, Any] = {
+        "name": "compute",
+        "image": "testkit/vm-launcher",
+        "args": ["--disk", VM_DISK_DEVICE if block else VM_DISK_DIR],
+    }
+    if block:
+        container["volumeDevices"] = [{"name": "disk0", "devicePath": VM_DISK_DEVICE}]
+    else:
+        container["volumeMounts"] = [{"name": "disk0", "mountPath": VM_DISK_DIR}]
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 5,
+            "containers": [container],
+            "volumes": [{"name": "disk0", "persistentVolumeClaim": {"claimName": claim}}],
+        },
+    }
+
+
+@pytest.fixture(scope="session")
+def vm_boot() -> Boot:
+    """The kernel and the cached initramfs, built before any VM pod needs them."""
+    return build_vm()
