@@ -17,6 +17,10 @@ into the objects of that flow; ``cdi.controller.populators`` applies them.
   so the one owner-reference helper makes the importer pod a child of the target claim, and
   the metrics label (``OWNER_UID``) is the target's UID.
 - ``rebind_patch``: the merge patch that points the prime's PV at the target.
+
+DataVolumes take the same road (CDI's default on CSI storage, ``uses_populator``): the
+DataVolume reconciler creates a ``VolumeImportSource`` it owns (``render_import_source``) and
+its PVC names it (``with_data_source_ref``), so a DataVolume's claim is gated the same way.
 """
 
 from __future__ import annotations
@@ -30,16 +34,18 @@ from cdi.api.constants import (
     ANN_POPULATOR_KIND,
     ANN_POPULATOR_SOURCE,
     ANN_SELECTED_NODE,
+    ANN_USE_POPULATOR,
     GROUP,
     KIND_VOLUME_IMPORT_SOURCE,
     LABEL_APP,
     LABEL_APP_VALUE,
     LABEL_EXCLUDE_FROM_BACKUP,
+    SourceKind,
 )
 from cdi.api.types import DataVolume, DataVolumeSource, DataVolumeSpec, ObjectMeta
 from cdi.render import RenderError
 from cdi.render.naming import resource_name
-from cdi.render.owner import controller_reference
+from cdi.render.owner import controller_reference, datavolume_reference
 
 JSON = dict[str, Any]
 PVC_KIND = "PersistentVolumeClaim"
@@ -144,3 +150,52 @@ def rebind_patch(target: Mapping[str, Any]) -> JSON:
 
 def claim_ref_uid(pv: Mapping[str, Any]) -> str | None:
     return ((pv.get("spec") or {}).get("claimRef") or {}).get("uid") or None
+
+
+# The DataVolume sources an import populator fills (upload and clone have their own flavours).
+IMPORT_SOURCES = frozenset(
+    {SourceKind.HTTP, SourceKind.S3, SourceKind.GCS, SourceKind.REGISTRY, SourceKind.BLANK}
+)
+
+
+def uses_populator(dv: DataVolume, csi_storage: bool) -> bool:
+    """CDI's ``shouldUseCDIPopulator``: the annotation ``storage.usePopulator`` decides when
+    set; otherwise import sources use the populator on CSI storage (the class's provisioner
+    has a CSIDriver object) and nothing else does."""
+    if dv.spec.source_kind not in IMPORT_SOURCES or dv.spec.checkpoints:
+        return False
+    wanted = dv.annotations.get(ANN_USE_POPULATOR)
+    if wanted in ("true", "false"):
+        return wanted == "true"
+    return csi_storage
+
+
+def import_source_name(dv: DataVolume) -> str:
+    """CDI's ``volume-import-source-<dv uid>``."""
+    return resource_name("volume-import-source", dv.uid)
+
+
+def render_import_source(dv: DataVolume) -> JSON:
+    """The VolumeImportSource a DataVolume's claim names, owned by the DataVolume."""
+    assert dv.spec.source is not None
+    spec: JSON = {"source": dv.spec.source.to_dict()}
+    if dv.spec.content_type:
+        spec["contentType"] = dv.spec.content_type
+    if dv.spec.preallocation is not None:
+        spec["preallocation"] = dv.spec.preallocation
+    return {
+        "apiVersion": f"{GROUP}/v1beta1",
+        "kind": KIND_VOLUME_IMPORT_SOURCE,
+        "metadata": {
+            "name": import_source_name(dv),
+            "namespace": dv.namespace,
+            "ownerReferences": [datavolume_reference(dv)],
+        },
+        "spec": spec,
+    }
+
+
+def with_data_source_ref(pvc: Mapping[str, Any], source: Mapping[str, Any]) -> JSON:
+    """``pvc`` naming ``source`` (a rendered populator source) as its ``dataSourceRef``."""
+    ref = {"apiGroup": GROUP, "kind": source["kind"], "name": source["metadata"]["name"]}
+    return {**pvc, "spec": {**(pvc.get("spec") or {}), "dataSourceRef": ref}}

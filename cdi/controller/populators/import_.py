@@ -7,7 +7,8 @@
    its prime and importer pods with it (both are owned by it), and the prime's PV goes with
    the prime, so nothing is left behind;
 2. no prime yet: on WaitForFirstConsumer storage wait until the scheduler picked a node for a
-   consumer (``selected-node`` on the target; the DataVolume says PendingPopulation), then read
+   consumer (``selected-node`` on the target; the DataVolume says PendingPopulation) unless
+   immediate binding is asked for (the importer pod is then the consumer), then read
    the source and create the prime (``cdi.render.prime.render_prime``) on that node;
 3. prime bound, import not finished: one step of the import flavour
    (``cdi.controller.flavours.import_``: importer pods per attempt, failure policy, progress),
@@ -34,7 +35,6 @@ from cdi.api.constants import (
     ANN_POPULATOR_PROGRESS,
     ANN_PVC_PRIME_NAME,
     ANN_RETAIN_AFTER_COMPLETION,
-    ANN_SELECTED_NODE,
     KIND_VOLUME_IMPORT_SOURCE,
     PROGRESS_COMPLETE,
 )
@@ -42,6 +42,7 @@ from cdi.controller.datavolume import Store
 from cdi.controller.flavours import JSON, Claim
 from cdi.controller.flavours.import_ import IMPORT_PHASES, ImportFlavour
 from cdi.controller.pods import owned_pods
+from cdi.controller.populators.datavolume import pending_population
 from cdi.controller.progress import Progress
 from cdi.controller.record import (
     ANN_IMPORT_POD_UID,
@@ -115,14 +116,12 @@ class ImportPopulator:
 
     # -- 2: the prime --------------------------------------------------------------------
     def waits_for_consumer(self, pvc: JSON) -> bool:
-        ann = pvc["metadata"].get("annotations") or {}
         sc_name = (pvc.get("spec") or {}).get("storageClassName")
         sc = self.storage_classes.get(str(sc_name)) if sc_name else None
-        wffc = bool(sc and sc.get("volumeBindingMode") == "WaitForFirstConsumer")
-        return wffc and not ann.get(ANN_SELECTED_NODE)
+        return bool(sc and sc.get("volumeBindingMode") == "WaitForFirstConsumer")
 
     async def _create_prime(self, target: JSON) -> Result:
-        if self.waits_for_consumer(target):
+        if pending_population(target, self.waits_for_consumer(target)):
             return Result()  # the scheduler's selected-node annotation re-queues us
         meta = target["metadata"]
         source = await self.kube.get_or_none(

@@ -17,9 +17,12 @@ from testkit.product import Product
 from testkit.waiting import wait_until
 from tests.integration.datavolumes.cdi_env import (
     ImageServer,
+    datavolume,
+    dv_path,
     events_for,
     pv_of,
     same_prefix_then_zeros,
+    wait_phase,
 )
 from tests.integration.datavolumes.populator_env import (
     MarkerDisk,
@@ -118,3 +121,30 @@ def test_deleting_the_target_mid_population_leaves_no_prime_or_volume_behind(
     )
     time.sleep(2)  # and nothing comes back
     assert not claims(kube, namespace) and not volumes_for(kube, namespace)
+
+
+def test_datavolumes_on_csi_storage_use_the_populator_unless_opted_out(
+    kube: Kube, namespace: str, controller: Product
+) -> None:
+    opt_out = {"cdi.kubevirt.io/storage.usePopulator": "false"}
+    for name, ann in (("via", {}), ("direct", opt_out)):
+        manifest = datavolume(name, {"blank": {}}, "16Mi", "testkit-csi-fs", annotations=ann)
+        kube.create(dv_path(namespace), manifest)
+    sizes = {}
+    for name in ("via", "direct"):
+        dv = wait_phase(kube, namespace, name, ("Succeeded", "Failed"), 90)
+        assert dv["status"]["phase"] == "Succeeded", dv["status"]
+        assert dv["status"]["progress"] == "100.0%"
+        disk = Path(pv_of(kube, namespace, name)["spec"]["local"]["path"]) / "disk.img"
+        sizes[name] = disk.stat().st_size
+    via = kube.get(dv_path(namespace, "via"))
+    ref = kube.get(pvc_path(namespace, "via"))["spec"]["dataSourceRef"]
+    assert ref == {
+        "apiGroup": "cdi.kubevirt.io",
+        "kind": "VolumeImportSource",
+        "name": f"volume-import-source-{via['metadata']['uid']}",
+    }
+    source = kube.get(vis_path(namespace, ref["name"]))
+    assert source["metadata"]["ownerReferences"][0]["uid"] == via["metadata"]["uid"]
+    assert "dataSourceRef" not in kube.get(pvc_path(namespace, "direct"))["spec"]
+    assert sizes["via"] == sizes["direct"]  # the same disk either way
