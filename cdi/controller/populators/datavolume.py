@@ -89,7 +89,9 @@ def population_view(view: View, pvc: Mapping[str, Any], waits_for_consumer: bool
     """What the DataVolume's status depends on, read from its populated claim."""
     ann = (pvc.get("metadata") or {}).get("annotations") or {}
     record = ImportRecord.from_pvc(pvc)
-    bound = (pvc.get("status") or {}).get("phase") == "Bound"
+    phase = (pvc.get("status") or {}).get("phase") or "Pending"
+    bound = phase == "Bound"
+    view = dataclasses.replace(view, pvc_phase=phase)
     progress = parse_progress(ann.get(ANN_POPULATOR_PROGRESS))
     if record.outcome == OUTCOME_SUCCEEDED and not bound:
         record = dataclasses.replace(record, outcome=None)

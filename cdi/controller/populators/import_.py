@@ -10,7 +10,8 @@
    consumer (``selected-node`` on the target; the DataVolume says PendingPopulation) unless
    immediate binding is asked for (the importer pod is then the consumer), then read
    the source and create the prime (``cdi.render.prime.render_prime``) on that node;
-3. prime bound, import not finished: one step of the import flavour
+3. prime bound (or bindable by its first consumer, on WaitForFirstConsumer storage), import not
+   finished: one step of the import flavour
    (``cdi.controller.flavours.import_``: importer pods per attempt, failure policy, progress),
    exactly as for a DataVolume, with the prime as the claim it writes and the target as the
    object its events are about;
@@ -156,8 +157,9 @@ class ImportPopulator:
                 message = f"{record.reason}: {record.message}"
                 await self.events.emit(target, WARNING, REASON_FAILED, message)
             return Result()
-        if (prime.get("status") or {}).get("phase") != "Bound":
-            return Result()  # the prime's binding re-queues us
+        bound = (prime.get("status") or {}).get("phase") == "Bound"
+        if not bound and not self.waits_for_consumer(prime):
+            return Result()  # the prime's binding re-queues us; on WFFC the pod binds it
         try:
             request = import_request(target, prime)
         except RenderError as exc:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from testkit.kubeclient import Kube
+from testkit.kubeclient import ApiError, Kube
 from testkit.product import Product
 from testkit.waiting import wait_until
 from tests.integration.datavolumes.cdi_env import (
@@ -27,6 +27,7 @@ from tests.integration.datavolumes.cdi_env import (
 from tests.integration.datavolumes.populator_env import (
     MarkerDisk,
     claims,
+    import_source,
     pvc_path,
     start_population,
     vis_path,
@@ -127,11 +128,18 @@ def test_datavolumes_on_csi_storage_use_the_populator_unless_opted_out(
     kube: Kube, namespace: str, controller: Product
 ) -> None:
     opt_out = {"cdi.kubevirt.io/storage.usePopulator": "false"}
-    for name, ann in (("via", {}), ("direct", opt_out)):
-        manifest = datavolume(name, {"blank": {}}, "16Mi", "testkit-csi-fs", annotations=ann)
-        kube.create(dv_path(namespace), manifest)
+    immediate = {"cdi.kubevirt.io/storage.bind.immediate.requested": "true"}
+    cases = {
+        "via": ("testkit-csi-fs", {}),
+        "direct": ("testkit-csi-fs", opt_out),
+        "now": ("testkit-csi-fs-wffc", immediate),  # the importer pod is the first consumer
+    }
+    for name, (sc, ann) in cases.items():
+        kube.create(
+            dv_path(namespace), datavolume(name, {"blank": {}}, "16Mi", sc, annotations=ann)
+        )
     sizes = {}
-    for name in ("via", "direct"):
+    for name in cases:
         dv = wait_phase(kube, namespace, name, ("Succeeded", "Failed"), 90)
         assert dv["status"]["phase"] == "Succeeded", dv["status"]
         assert dv["status"]["progress"] == "100.0%"
@@ -147,4 +155,22 @@ def test_datavolumes_on_csi_storage_use_the_populator_unless_opted_out(
     source = kube.get(vis_path(namespace, ref["name"]))
     assert source["metadata"]["ownerReferences"][0]["uid"] == via["metadata"]["uid"]
     assert "dataSourceRef" not in kube.get(pvc_path(namespace, "direct"))["spec"]
-    assert sizes["via"] == sizes["direct"]  # the same disk either way
+    assert "dataSourceRef" in kube.get(pvc_path(namespace, "now"))["spec"]
+    assert sizes["via"] == sizes["direct"] == sizes["now"]  # the same disk either way
+
+
+def test_the_webhook_refuses_bad_import_sources_and_spec_changes(
+    kube: Kube, namespace: str, controller: Product
+) -> None:
+    two = import_source("two", {"blank": {}, "http": {"url": "http://127.0.0.1/x"}})
+    with pytest.raises(ApiError) as refused:
+        kube.create(vis_path(namespace), two)
+    assert "Multiple import sources" in str(refused.value)
+    kube.create(vis_path(namespace), import_source("src", {"blank": {}}))
+    with pytest.raises(ApiError) as changed:
+        kube.patch(
+            vis_path(namespace, "src"),
+            {"spec": {"source": {"blank": None, "http": {"url": "http://127.0.0.1/x"}}}},
+        )
+    assert "Cannot update VolumeImportSource Spec" in str(changed.value)
+    kube.patch(vis_path(namespace, "src"), {"metadata": {"labels": {"tier": "gold"}}})  # allowed
