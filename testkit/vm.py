@@ -73,11 +73,17 @@ class Boot:
     initramfs: Path
 
 
-def kernel_release(boot: Path = Path("/boot")) -> str:
-    kernels = sorted(boot.glob("vmlinuz-*"))
-    if not kernels:
+def kernel_release(boot: Path = Path("/boot"), modules: Path = Path("/lib/modules")) -> str:
+    """The newest installed kernel that has its modules (the initramfs needs them)."""
+    releases = [k.name.removeprefix("vmlinuz-") for k in boot.glob("vmlinuz-*")]
+    usable = [r for r in releases if (modules / r / "modules.dep").exists()]
+    if not usable:
         raise VmError("no kernel in /boot: run scripts/setup.sh --test (linux-image-amd64)")
-    return kernels[-1].name.removeprefix("vmlinuz-")
+    return max(usable, key=_version_key)
+
+
+def _version_key(release: str) -> list[tuple[int, int | str]]:
+    return [(0, int(n)) if n.isdigit() else (1, n) for n in re.split(r"[.-]", release)]
 
 
 def module_closure(release: str, roots: tuple[str, ...] = ROOT_MODULES) -> list[str]:
