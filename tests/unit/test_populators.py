@@ -5,6 +5,7 @@ and how watched objects map to the target claim's key."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -28,7 +29,7 @@ from cdi.render.prime import (
     with_data_source_ref,
 )
 from cdi.webhooks.populators import validate_populator
-from testkit.vm import between_markers
+from testkit.vm import VmError, between_markers, kernel_release
 
 A = "cdi.kubevirt.io/"
 UID = "0b8c5e1e-1111-4222-8333-444455556666"
@@ -228,3 +229,20 @@ def test_the_vm_console_marker_is_found_behind_terminal_escapes() -> None:
     console = "\x1bc\x1b[?7lCDI-VM-MARKER-BEGIN\r\nhello\r\nCDI-VM-MARKER-END\r\n[ 1.0] reboot"
     assert between_markers(console) == "hello"
     assert between_markers("no ext4 filesystem on /dev/vda\n") is None
+
+
+def test_the_vm_boots_the_newest_kernel_that_has_its_modules(tmp_path: Path) -> None:
+    boot, modules = tmp_path / "boot", tmp_path / "modules"
+    for release, has_modules in (
+        ("6.1.0-9-amd64", True),
+        ("6.1.0-57-amd64", True),
+        ("6.2.0-1-amd64", False),
+    ):
+        (boot / f"vmlinuz-{release}").parent.mkdir(exist_ok=True)
+        (boot / f"vmlinuz-{release}").write_bytes(b"")
+        if has_modules:
+            (modules / release).mkdir(parents=True)
+            (modules / release / "modules.dep").write_text("")
+    assert kernel_release(boot, modules) == "6.1.0-57-amd64"
+    with pytest.raises(VmError):
+        kernel_release(tmp_path / "empty", modules)

@@ -76,6 +76,8 @@ REASON_REBIND = "RebindInProgress"
 REASON_POPULATED = "ImportSucceeded"
 REASON_FAILED = "ImportFailed"
 SOURCE_RECHECK = 5.0  # seconds: no informer on VolumeImportSources, so a missing one is polled
+# Ours: the reason of the last wait event on the target, so a polled wait is said once.
+ANN_LAST_EVENT = "cdi.kubevirt.io/storage.populator.lastEvent"
 
 
 class ImportPopulator:
@@ -163,6 +165,7 @@ class ImportPopulator:
         try:
             request = import_request(target, prime)
         except RenderError as exc:
+            log.warning("%s: %s", target["metadata"]["name"], exc.message)
             await self._event_once(target, WARNING, exc.reason, exc.message)
             return Result()
         pods = owned_pods(self.pods.items(), target["metadata"]["uid"])
@@ -233,8 +236,7 @@ class ImportPopulator:
     async def _event_once(self, target: JSON, kind: str, reason: str, message: str) -> None:
         """An event, unless the same reason is already the claim's last word (a re-queued
         wait must not write an event every few seconds)."""
-        key = "cdi.kubevirt.io/storage.populator.lastEvent"
-        if (target["metadata"].get("annotations") or {}).get(key) == reason:
+        if (target["metadata"].get("annotations") or {}).get(ANN_LAST_EVENT) == reason:
             return
         await self.events.emit(target, kind, reason, message)
-        await self._annotate(target, {key: reason})
+        await self._annotate(target, {ANN_LAST_EVENT: reason})
