@@ -174,3 +174,33 @@ def test_the_webhook_refuses_bad_import_sources_and_spec_changes(
         )
     assert "Cannot update VolumeImportSource Spec" in str(changed.value)
     kube.patch(vis_path(namespace, "src"), {"metadata": {"labels": {"tier": "gold"}}})  # allowed
+
+
+def test_a_controller_crash_mid_population_neither_duplicates_nor_loses_work(
+    kube: Kube,
+    namespace: str,
+    controller: Product,
+    image_server: ImageServer,
+    marker_disk: MarkerDisk,
+) -> None:
+    prime = start_population(kube, namespace, image_server.url("slow", marker_disk.name))
+    pods: set[str] = set()
+
+    def note() -> bool:
+        items = kube.get(f"/api/v1/namespaces/{namespace}/pods")["items"]
+        pods.update(p["metadata"]["uid"] for p in items)
+        return any(p.get("status", {}).get("phase") == "Running" for p in items)
+
+    wait_until(note, "the importer pod running", 60)
+    old = controller.leader()
+    controller.kill(old)  # SIGKILL: the standby takes over once the Lease expires
+
+    def bound() -> bool:
+        note()
+        return kube.get(pvc_path(namespace, "disk"))["status"].get("phase") == "Bound"
+
+    wait_until(bound, "the target claim Bound after the takeover", 150)
+    assert len(pods) == 1, pods  # the new leader followed the recorded pod
+    disk = Path(pv_of(kube, namespace, "disk")["spec"]["local"]["path"]) / "disk.img"
+    same_prefix_then_zeros(disk, marker_disk.reference)
+    wait_until(lambda: prime not in claims(kube, namespace), "the prime claim deleted", 30)
