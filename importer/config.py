@@ -27,6 +27,7 @@ from cdi.api.constants import (
     DATAVOLUME_CONTENT_TYPES,
     EXTRA_HEADERS_DIR,
     IMPORTER_EXTRA_HEADER_PREFIX,
+    QEMU_UID,
     SECRET_KEY_PROXY_HTTP,
     SECRET_KEY_PROXY_HTTPS,
     ContentType,
@@ -274,6 +275,7 @@ def _target_from_env(env: Mapping[str, str], kind: ContentType) -> TargetSpec:
         size=parse_size(size) if size else None,
         filesystem_overhead=float(env.get(ImporterEnv.FILESYSTEM_OVERHEAD, "0") or 0),
         preallocate=env.get(ImporterEnv.PREALLOCATION, "false").lower() == "true",
+        owner=(QEMU_UID, QEMU_UID),
     )
 
 

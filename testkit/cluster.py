@@ -48,6 +48,7 @@ from testkit.kubeconfig import (
 )
 from testkit.node import MARKER_ENV
 from testkit.procs import ManagedProcess, kill_processes_with_env
+from testkit.provisioner import storage_classes
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_BIN_DIR = REPO_ROOT / "hack" / "kube" / "_build" / "bin"
@@ -520,7 +521,7 @@ class Cluster:
                 sc["metadata"]["name"]
                 for sc in kube.get("/apis/storage.k8s.io/v1/storageclasses")["items"]
             }
-            return {"testkit-fs", "testkit-fs-wffc", "testkit-block"} <= names
+            return {sc["metadata"]["name"] for sc in storage_classes()} <= names
 
         self._wait("node Ready", node_ready)
         self._wait("storage classes", classes)

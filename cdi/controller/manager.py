@@ -9,7 +9,9 @@ their caches, then run each reconciler's workers off its own queue (a key is onl
   controls it (or that it was created for), and a StorageClass/StorageProfile/CDIConfig change
   to every DataVolume still waiting for its claim;
 - StorageProfiles: a StorageClass or a StorageProfile maps to the profile of that name;
-- CDIConfig: any StorageClass or CDIConfig change maps to the singleton ``config``.
+- CDIConfig: any StorageClass or CDIConfig change maps to the singleton ``config``;
+- populators: a claim whose ``dataSourceRef`` names a CDI populator source maps to itself, its
+  prime claim and importer pods to it (``cdi.controller.populators``).
 
 Shutdown (SIGTERM or lost leadership): stop the queues, let in-flight reconciles finish
 (bounded by ``shutdown_grace``), release the Lease, stop informers and the metrics server.
@@ -33,10 +35,19 @@ from cdi.api.constants import (
     LABEL_COMPONENT,
 )
 from cdi.controller.cdiconfig import CDIConfigReconciler
-from cdi.controller.datavolume import Caches, ControllerConfig, DataVolumeReconciler, utc_now
+from cdi.controller.datavolume import (
+    Caches,
+    ControllerConfig,
+    DataVolumeReconciler,
+    import_settings,
+    utc_now,
+)
 from cdi.controller.flavours import FlavourDeps
+from cdi.controller.flavours.import_ import ImportFlavour
 from cdi.controller.flavours.upload import UploadWorker
 from cdi.controller.metrics import ControllerMetrics, Sources, serve_metrics
+from cdi.controller.populators import claim_target_key, pod_target_key
+from cdi.controller.populators.import_ import ImportPopulator
 from cdi.controller.progress import HttpScraper
 from cdi.controller.storageprofile import StorageProfileReconciler
 from cdi.controller.uploadpvc import UploadPVCReconciler, is_upload_target, owned_by_datavolume
@@ -162,9 +173,19 @@ class Manager:
             i["sc"],
             datavolumes.cdi_config,
         )
+        populator = ImportPopulator(
+            self.kube,
+            i["pod"],
+            i["sc"],
+            datavolumes.cdi_config,
+            EventRecorder(self.kube, "import-populator", identity),
+            ImportFlavour(deps, import_settings(cfg.controller)),
+        )
+        self.populator_kinds = populator.kinds
         reconcilers: list[tuple[str, Reconcile, int]] = [
             ("datavolume", datavolumes.reconcile, cfg.workers),
             ("uploadpvc", uploads.reconcile, 1),
+            ("populator", populator.reconcile, cfg.workers),
             ("storageprofile", profiles.reconcile, 1),
             ("cdiconfig", cdi_config.reconcile, 1),
         ]
@@ -185,6 +206,9 @@ class Manager:
         self.informers["pod"].add_handler(
             lambda o: uploads.enqueue(owner_key(o) if is_upload_pod(o) else None)
         )
+        populators, kinds = self.loops["populator"], self.populator_kinds
+        self.informers["pvc"].add_handler(lambda o: populators.enqueue(claim_target_key(o, kinds)))
+        self.informers["pod"].add_handler(lambda o: populators.enqueue(pod_target_key(o)))
         for name in ("sc", "profile"):
             self.informers[name].add_handler(lambda o: profiles.enqueue(object_key(o)))
         for name in ("sc", "config"):

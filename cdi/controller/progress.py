@@ -47,6 +47,8 @@ class Progress:
         return f"{min(100.0, max(0.0, self.percent)):.2f}%"
 
     def describe(self, activity: str = "Import") -> str:
+        if not (self.bytes_done or self.bytes_total):  # only the percentage is known
+            return f"{activity} in progress: {self.text}"
         done = human_bytes(self.bytes_done)
         total = f" of {human_bytes(self.bytes_total)}" if self.bytes_total else ""
         return f"{activity} in progress: {done}{total} at {human_bytes(int(self.rate))}/s"

@@ -79,6 +79,11 @@ STORAGE_PROFILES = Resource(
 )
 CDI_CONFIGS = Resource("cdi.kubevirt.io", "v1beta1", "cdiconfigs", "CDIConfig", False)
 DATA_SOURCES = Resource("cdi.kubevirt.io", "v1beta1", "datasources", "DataSource")
+PVS = Resource("", "v1", "persistentvolumes", "PersistentVolume", namespaced=False)
+CSI_DRIVERS = Resource("storage.k8s.io", "v1", "csidrivers", "CSIDriver", namespaced=False)
+VOLUME_IMPORT_SOURCES = Resource(
+    "cdi.kubevirt.io", "v1beta1", "volumeimportsources", "VolumeImportSource"
+)
 VALIDATING_WEBHOOKS = Resource(
     "admissionregistration.k8s.io",
     "v1",

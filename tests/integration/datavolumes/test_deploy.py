@@ -167,6 +167,10 @@ CONTROLLER_MAY = [
     ("patch", "persistentvolumeclaims", "", "some-ns", "dv", None),
     ("create", "pods", "", "some-ns", None, None),
     ("delete", "pods", "", "some-ns", "importer-dv", None),
+    ("delete", "persistentvolumeclaims", "", "some-ns", "prime-x", None),  # a populated prime
+    ("patch", "persistentvolumes", "", None, "pvc-x", None),  # claimRef rebinding
+    ("create", "volumeimportsources", "cdi.kubevirt.io", "some-ns", None, None),
+    ("get", "csidrivers", "storage.k8s.io", None, "x", None),
     ("list", "pods", "", None, None, None),
     ("create", "events", "", "some-ns", None, None),
     ("create", "secrets", "", "some-ns", None, None),  # importProxy credentials, create only
@@ -194,8 +198,8 @@ CONTROLLER_MUST_NOT = [
     ("list", "secrets", "", None, None, None),
     ("get", "secrets", "", "cdi", "cdi-api-signing-key", None),  # the token signing keys
     ("update", "datavolumes", "cdi.kubevirt.io", "some-ns", "dv", None),  # spec: users' only
-    ("delete", "persistentvolumeclaims", "", "some-ns", "dv", None),  # GC's job
     ("delete", "namespaces", "", None, "some-ns", None),
+    ("delete", "persistentvolumes", "", None, "pvc-x", None),  # the provisioner's job
     ("create", "clusterrolebindings", "rbac.authorization.k8s.io", None, None, None),
     ("update", "leases", "coordination.k8s.io", "kube-system", "kube-scheduler", None),
     ("update", "leases", "coordination.k8s.io", "cdi", "someone-elses-lease", None),
