@@ -9,8 +9,11 @@ mode=${1:-}
 
 apt_pkgs=(qemu-utils libmagic1 xz-utils zstd bzip2 gzip curl ca-certificates e2fsprogs util-linux)
 if [[ "$mode" == "--test" ]]; then
-  # docker-registry, skopeo, umoci, apache2-utils (htpasswd): the registry import tests and benchmark
-  apt_pkgs+=(pigz iproute2 hyperfine time mount tar docker-registry skopeo umoci apache2-utils)
+  apt_pkgs+=(pigz iproute2 hyperfine time mount tar)
+  # docker-registry, skopeo, umoci, apache2-utils (htpasswd): registry import tests and benchmark
+  apt_pkgs+=(docker-registry skopeo umoci apache2-utils)
+  # The test node's VM (testkit/vm.py): qemu (TCG), Debian's kernel, busybox for the initramfs.
+  apt_pkgs+=(qemu-system-x86 linux-image-amd64 busybox-static cpio)
 fi
 missing=()
 for p in "${apt_pkgs[@]}"; do

@@ -11,6 +11,7 @@ pods are), so a pod a tenant names like it cannot choose the digest that gets im
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import logging
 from collections.abc import Callable, Mapping
@@ -102,7 +103,7 @@ class DataImportCronReconciler:
         pod = await self.kube.get_or_none(PODS, cron.poller_name, cron.namespace)
         recorded = cron.annotations.get(ANN_POLLER_UID)
         if pod is not None and (pod.get("metadata") or {}).get("uid") != recorded:
-            await self._delete(PODS, cron.poller_name, cron.namespace)  # not ours: never read
+            await self._delete_poller(cron)  # not ours: never read
             return obj, True, False
         if pod is None:
             if not desired.poll_due(cron, now):
@@ -115,7 +116,7 @@ class DataImportCronReconciler:
         outcome = pod_outcome(pod)
         if outcome is None:
             return obj, True, False
-        await self._delete(PODS, cron.poller_name, cron.namespace)
+        await self._delete_poller(cron)
         digest = outcome.termination.source_digest if outcome.termination else None
         if outcome.succeeded and digest:
             nxt = desired.next_poll(cron.schedule, now)
@@ -234,13 +235,12 @@ class DataImportCronReconciler:
             and ((dv.get("metadata") or {}).get("labels") or {}).get(LABEL_CRON) == cron.name
         ]
         for name in desired.to_collect(ours, current, cron.keep):
-            await self._delete(DATAVOLUMES, name, cron.namespace)
+            with contextlib.suppress(NotFound):
+                await self.kube.delete(DATAVOLUMES, name, cron.namespace)
 
-    async def _delete(self, res: Any, name: str, namespace: str) -> None:
-        try:
-            await self.kube.delete(res, name, namespace)
-        except NotFound:
-            pass
+    async def _delete_poller(self, cron: Cron) -> None:
+        with contextlib.suppress(NotFound):
+            await self.kube.delete(PODS, cron.poller_name, cron.namespace)
 
 
 def _soonest(cron: Cron, now: dt.datetime, busy: bool) -> float | None:

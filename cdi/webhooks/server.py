@@ -9,6 +9,9 @@
   as the requester may (``cdi.webhooks.visibility``): objects in other namespaces exist for
   them only when a SubjectAccessReview (the ``authorizer``) says they may read them;
 - ``POST /datavolume-mutate``: ``mutate_datavolume`` as a base64 JSON patch;
+- ``POST /populator-validate``: ``validate_populator`` (``cdi.webhooks.populators``) on a
+  ``VolumeImportSource`` being created or updated;
+- ``POST /dataimportcron-validate``: ``validate_dataimportcron`` (``cdi.webhooks.dataimportcron``);
 - ``GET /healthz``.
 
 Nothing here knows Kubernetes clients or TLS files: cluster lookups come through the
@@ -29,6 +32,7 @@ from aiohttp import web
 
 from cdi.webhooks.dataimportcron import validate_dataimportcron
 from cdi.webhooks.mutation import Signer, UserInfo, mutate_datavolume
+from cdi.webhooks.populators import validate_populator
 from cdi.webhooks.validation import ClusterLookup, validate_datavolume
 from cdi.webhooks.verdict import ValidationResult
 from cdi.webhooks.visibility import Authorizer, NoCrossNamespaceReads, RequesterLookup
@@ -99,6 +103,14 @@ def validate_cron_review(request: Mapping[str, Any]) -> dict[str, Any]:
     return verdict_response(uid, validate_dataimportcron(request.get("object") or {}, old))
 
 
+def populator_review(request: Mapping[str, Any]) -> dict[str, Any]:
+    uid = str(request.get("uid", ""))
+    if request.get("operation") not in ("CREATE", "UPDATE"):
+        return review_response(uid, allowed=True)
+    old = request.get("oldObject") if request.get("operation") == "UPDATE" else None
+    return verdict_response(uid, validate_populator(request.get("object") or {}, old))
+
+
 def mutate_review(request: Mapping[str, Any], signer: Signer | None = None) -> dict[str, Any]:
     uid = str(request.get("uid", ""))
     if request.get("operation") not in ("CREATE", "UPDATE"):
@@ -152,6 +164,9 @@ def make_app(
     async def validate_cron(request: web.Request) -> web.Response:
         return web.json_response(validate_cron_review(await _read_review(request)))
 
+    async def populator(request: web.Request) -> web.Response:
+        return web.json_response(populator_review(await _read_review(request)))
+
     async def healthz(_: web.Request) -> web.Response:
         return web.Response(text="ok")
 
@@ -159,5 +174,6 @@ def make_app(
     app.router.add_post("/datavolume-validate", validate)
     app.router.add_post("/datavolume-mutate", mutate)
     app.router.add_post("/dataimportcron-validate", validate_cron)
+    app.router.add_post("/populator-validate", populator)
     app.router.add_get("/healthz", healthz)
     return app
