@@ -33,12 +33,14 @@ from cdi.api.constants import (
     LABEL_COMPONENT,
 )
 from cdi.controller.cdiconfig import CDIConfigReconciler
+from cdi.controller.datasource import DataSourceReconciler, keys_naming
 from cdi.controller.datavolume import Caches, ControllerConfig, DataVolumeReconciler, utc_now
 from cdi.controller.metrics import ControllerMetrics, Sources, serve_metrics
 from cdi.controller.progress import HttpScraper
 from cdi.controller.storageprofile import StorageProfileReconciler
 from cdi.kube.client import (
     CDI_CONFIGS,
+    DATA_SOURCES,
     DATAVOLUMES,
     PODS,
     PVCS,
@@ -112,6 +114,7 @@ class Manager:
             "sc": Informer(kube, STORAGE_CLASSES, resync=r),
             "profile": Informer(kube, STORAGE_PROFILES, resync=r),
             "config": Informer(kube, CDI_CONFIGS, resync=r),
+            "ds": Informer(kube, DATA_SOURCES, resync=r),
         }
         self.scraper = HttpScraper()
         self.metrics = ControllerMetrics(
@@ -138,10 +141,12 @@ class Manager:
         )
         profiles = StorageProfileReconciler(self.kube, utc_now)
         cdi_config = CDIConfigReconciler(self.kube, i["sc"], cfg.namespace, cfg.config_recheck)
+        datasources = DataSourceReconciler(self.kube, utc_now)
         reconcilers: list[tuple[str, Reconcile, int]] = [
             ("datavolume", datavolumes.reconcile, cfg.workers),
             ("storageprofile", profiles.reconcile, 1),
             ("cdiconfig", cdi_config.reconcile, 1),
+            ("datasource", datasources.reconcile, 1),
         ]
         return {
             name: Loop(name, new_queue(), self.metrics.timed(name, fn), workers)
@@ -162,6 +167,26 @@ class Manager:
         for name in ("sc", "profile", "config"):
             self.informers[name].add_handler(lambda _o: self._enqueue_waiting())
         config.enqueue(CDICONFIG_NAME)  # created if missing, even before any event
+        self._wire_datasources()
+
+    def _wire_datasources(self) -> None:
+        """A DataSource maps to itself and to those naming it; a PVC or DataVolume to every
+        DataSource naming a PVC of its name (a DataSource follows its DataVolume's phase)."""
+        loop, store = self.loops["datasource"], self.informers["ds"]
+
+        def naming(kind: str, obj: dict[str, Any]) -> None:
+            meta = obj.get("metadata") or {}
+            ns, name = str(meta.get("namespace") or ""), str(meta.get("name") or "")
+            for key in keys_naming(store.items(), kind, ns, name):
+                loop.enqueue(key)
+
+        def itself_and_referrers(obj: dict[str, Any]) -> None:
+            loop.enqueue(object_key(obj))
+            naming("dataSource", obj)
+
+        store.add_handler(itself_and_referrers)
+        for name in ("pvc", "dv"):
+            self.informers[name].add_handler(lambda o: naming("pvc", o))
 
     def _enqueue_waiting(self) -> None:
         dvs = self.loops["datavolume"]
