@@ -118,10 +118,12 @@ def test_a_requester_who_may_read_the_source_gets_cdis_answer() -> None:
 
 
 def test_no_authorizer_or_a_failing_one_reveals_nothing() -> None:
+    # Without clone rights the answer is clone authorization's, which names no object either.
+    denied = (False, "User alice has insufficient permissions in clone source namespace finance")
     lookup = CountingLookup(pvcs={("finance", "payroll"): SECRET_PVC})
-    assert answer(validate_review(review(CLONE, "alice"), lookup)) == (True, "")
+    assert answer(validate_review(review(CLONE, "alice"), lookup)) == denied
     broken = Grants({("alice", "finance", "persistentvolumeclaims", "payroll")}, broken=True)
-    assert answer(validate_review(review(CLONE, "alice"), lookup, broken)) == (True, "")
+    assert answer(validate_review(review(CLONE, "alice"), lookup, broken)) == denied
     assert set(lookup.reads) == {("tenant", "dv")}  # only the target claim, in the DV's namespace
 
 
