@@ -55,6 +55,11 @@ def add_controller_parser(sub: argparse._SubParsersAction) -> None:  # type: ign
     p.add_argument("--namespace", default="cdi", help="CDI namespace (upload proxy lookup)")
     p.add_argument("--metrics-host", default="0.0.0.0")
     p.add_argument("--metrics-port", type=int, default=0, help="serve /metrics here; 0: off")
+    p.add_argument(
+        "--requester-key-file",
+        type=Path,
+        help="HMAC key the webhook signs the requester with; unset: no cross-namespace clone",
+    )
     p.set_defaults(func=cmd_controller)
 
 
@@ -124,6 +129,10 @@ def add_control_commands(sub: argparse._SubParsersAction) -> None:  # type: igno
     add_upload_parsers(sub)
 
 
+def _key(path: Path | None) -> bytes | None:
+    return path.read_bytes().strip() if path else None
+
+
 def _logging(level: str) -> None:
     logging.basicConfig(
         level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -157,6 +166,7 @@ def cmd_controller(a: argparse.Namespace) -> int:
             progress_interval=a.progress_interval,
             claim_adoption_gate=a.claim_adoption,
             cluster_cidrs=tuple(a.cluster_cidr),
+            requester_key=_key(a.requester_key_file),
         ),
         leader=leader,
         workers=a.workers,
@@ -188,7 +198,7 @@ def cmd_webhook(a: argparse.Namespace) -> int:
         validating_config=a.validating_config,
         mutating_config=a.mutating_config,
         cert_check_interval=a.cert_check_interval,
-        requester_key=a.requester_key_file.read_bytes().strip() if a.requester_key_file else None,
+        requester_key=_key(a.requester_key_file),
     )
     asyncio.run(serve_webhook(Kube(load_api_client(a.kubeconfig)), config))
     return 0

@@ -11,7 +11,9 @@ uses the same steps for the one-command try-out. :class:`Kubectl` runs the kubec
 
 from __future__ import annotations
 
+import base64
 import os
+import secrets
 import signal
 import subprocess
 import time
@@ -23,7 +25,7 @@ import yaml
 
 from testkit.cluster import DEFAULT_BIN_DIR, REPO_ROOT, Cluster
 from testkit.images import ImageMap
-from testkit.kubeclient import Kube
+from testkit.kubeclient import ApiError, Kube, ns_path
 from testkit.podenv import expand
 from testkit.waiting import wait_until
 
@@ -33,6 +35,7 @@ CRD_DIR = REPO_ROOT / "crds"
 NAMESPACE = "cdi"
 LEASE = "cdi-controller-leader-election-helper"
 CONTROLLER = "cdi-controller"
+REQUESTER_KEY_SECRET = "cdi-requester-key"  # deploy/20-controller.yaml, 30-webhook.yaml
 # A DataVolume with two sources: only our validating webhook refuses it with this message.
 WEBHOOK_PROBE = {
     "apiVersion": "cdi.kubevirt.io/v1beta1",
@@ -135,6 +138,8 @@ class Product:
     def install(self, timeout: float = 180) -> Product:
         t0 = time.monotonic()
         self.apply_crds()
+        self.kubectl("apply", "-f", str(DEPLOY_DIR / "00-namespace.yaml"))
+        self.ensure_requester_key()
         self.kubectl("apply", "-f", str(DEPLOY_DIR))
         try:
             for ns, name in deployments():
@@ -147,6 +152,22 @@ class Product:
             raise ProductNotReady(f"{e}\n{self._pod_log_tails()}") from e
         self.installed_in = time.monotonic() - t0
         return self
+
+    def ensure_requester_key(self) -> None:
+        """The installer's part of clone authorization: the HMAC key the webhook signs the
+        requester record with and the controller checks it with (``cdi.api.requester``),
+        random per cluster, in the Secret both Deployments mount. Kept if it exists."""
+        secret = {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": REQUESTER_KEY_SECRET, "namespace": "cdi"},
+            "data": {"key": base64.b64encode(secrets.token_hex(32).encode()).decode()},
+        }
+        try:
+            self.kube.create(ns_path("cdi", "secrets"), secret)
+        except ApiError as e:
+            if not e.conflict:
+                raise
 
     def _pod_log_tails(self, chars: int = 2000) -> str:
         """What the product's pods said, for a start-up that went wrong."""

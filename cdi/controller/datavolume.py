@@ -50,6 +50,7 @@ from cdi.controller.flavours import (
     FlavourDeps,
     FlavourTable,
     PhaseEvent,
+    ShapesClaim,
     Unsupported,
     select_flavour,
 )
@@ -103,6 +104,7 @@ class ControllerConfig:
     progress_interval: float = 2.0
     claim_adoption_gate: bool = False  # CDI feature gate DataVolumeClaimAdoption
     cluster_cidrs: tuple[str, ...] = ()  # pod/service/node ranges imports may not reach
+    requester_key: bytes | None = None  # checks the webhook's requester record (clones)
 
 
 def utc_now() -> str:
@@ -135,7 +137,7 @@ class DataVolumeReconciler:
         self.config = config
         if flavours is None:
             deps = FlavourDeps(kube, events, scraper, clock)
-            flavours = standard_flavours(deps, import_settings(config))
+            flavours = standard_flavours(deps, import_settings(config), config.requester_key)
         self.flavours = flavours
 
     async def reconcile(self, key: str) -> Result:
@@ -240,7 +242,8 @@ class Step:
             return Result()
         waiting = r.waits_for_consumer(pvc)
         immediate = ANN_IMMEDIATE_BINDING in dv.annotations
-        if phase != "Bound" and not (waiting and immediate):
+        fills_unbound = isinstance(self.flavour, ShapesClaim) and self.flavour.fills_unbound
+        if phase != "Bound" and not (waiting and immediate) and not fills_unbound:
             self._see(waiting_for_consumer=waiting)
             return Result()
         self.view, result = await self.flavour.sync(claim, self.view)
@@ -265,6 +268,13 @@ class Step:
         desired = self._render_pvc()
         if desired is None:
             return Result(requeue_after=30.0)
+        if isinstance(self.flavour, ShapesClaim):
+            shaped, self.view, result = await self.flavour.before_claim(
+                self.dv, self.obj, desired, self.view
+            )
+            if shaped is None:
+                return result
+            desired = shaped
         try:
             await self.r.kube.create(PVCS, desired, self.dv.namespace)
         except Conflict:

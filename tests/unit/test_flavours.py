@@ -23,6 +23,7 @@ from cdi.controller.flavours import (
     Unsupported,
     select_flavour,
 )
+from cdi.controller.flavours.clone import CloneFlavour
 from cdi.controller.flavours.import_ import ImportFlavour, ImportSettings
 from cdi.controller.flavours.table import standard_flavours
 from cdi.controller.progress import Progress
@@ -100,7 +101,10 @@ def test_import_sources_are_filled_by_the_import_flavour(
     assert chosen.phases.scheduled == Phase.IMPORT_SCHEDULED
 
 
-@pytest.mark.parametrize("kind", sorted(set(SourceKind) - IMPORTED))
+CLONED = {SourceKind.PVC, SourceKind.SNAPSHOT}
+
+
+@pytest.mark.parametrize("kind", sorted(set(SourceKind) - IMPORTED - CLONED))
 def test_other_sources_are_not_supported_yet_and_say_so(
     table: FlavourTable, kind: SourceKind
 ) -> None:
@@ -110,11 +114,11 @@ def test_other_sources_are_not_supported_yet_and_say_so(
     assert "not supported yet" in chosen.message
 
 
-def test_a_datasource_reference_is_not_supported_yet(table: FlavourTable) -> None:
+def test_clones_and_datasource_references_get_the_clone_flavour(table: FlavourTable) -> None:
     dv = datavolume({"sourceRef": {"kind": "DataSource", "name": "fedora"}})
-    assert select_flavour(dv, table) == Unsupported(
-        "DataSource", "sourceRef DataSource is not supported yet"
-    )
+    assert isinstance(select_flavour(dv, table), CloneFlavour)
+    for kind in CLONED:
+        assert isinstance(select_flavour(from_source(kind), table), CloneFlavour)
 
 
 class StubUpload:

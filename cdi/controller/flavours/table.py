@@ -14,13 +14,17 @@ from __future__ import annotations
 
 from cdi.api.constants import SourceKind
 from cdi.controller.flavours import Flavour, FlavourDeps, FlavourTable, Unsupported
+from cdi.controller.flavours.clone import CloneFlavour
 from cdi.controller.flavours.import_ import ImportFlavour, ImportSettings
 
 NOT_YET = "not supported yet"
 
 
-def standard_flavours(deps: FlavourDeps, import_settings: ImportSettings) -> FlavourTable:
+def standard_flavours(
+    deps: FlavourDeps, import_settings: ImportSettings, requester_key: bytes | None = None
+) -> FlavourTable:
     importer: Flavour = ImportFlavour(deps, import_settings)
+    cloner: Flavour = CloneFlavour(deps, requester_key)
     return {
         SourceKind.HTTP: importer,
         SourceKind.S3: importer,
@@ -28,10 +32,8 @@ def standard_flavours(deps: FlavourDeps, import_settings: ImportSettings) -> Fla
         SourceKind.REGISTRY: importer,
         SourceKind.BLANK: importer,
         SourceKind.UPLOAD: Unsupported(SourceKind.UPLOAD, f"upload is {NOT_YET}"),
-        SourceKind.PVC: Unsupported(SourceKind.PVC, f"clone from a PVC is {NOT_YET}"),
-        SourceKind.SNAPSHOT: Unsupported(
-            SourceKind.SNAPSHOT, f"clone from a snapshot is {NOT_YET}"
-        ),
+        SourceKind.PVC: cloner,  # and sourceRef DataSource (select_flavour)
+        SourceKind.SNAPSHOT: cloner,  # waits as CloneWithoutSource: no snapshot API here
         SourceKind.IMAGEIO: Unsupported(SourceKind.IMAGEIO, f"imageio import is {NOT_YET}"),
         SourceKind.VDDK: Unsupported(SourceKind.VDDK, f"vddk import is {NOT_YET}"),
     }
