@@ -5,7 +5,8 @@ source in another namespace, the SubjectAccessReviews of ``cdi.api.cloneauth`` f
 user and groups, and rejects the request with "User <u> has insufficient permissions in clone
 source namespace <ns>" (field ``spec.source.PVC.namespace``). We answer it from the validating
 webhook instead: the verdict is the same 422 rejection, the mutating webhook stays free of
-network calls, and the answer comes after CDI's spec rules so their messages win.
+network calls. As in CDI (whose mutating webhook runs before its validating one), the
+refusal comes before the spec rules, and names nothing but the namespace the requester gave.
 
 Only creation is checked (the spec is immutable afterwards); a clone within the DataVolume's
 own namespace is always allowed. The controller checks again before it touches the source,
@@ -18,7 +19,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from cdi.api.cloneauth import AccessCheck, authorized, clone_checks, clone_source, denial_message
+from cdi.api.cloneauth import (
+    AccessCheck,
+    CloneSource,
+    authorized,
+    clone_checks,
+    clone_source,
+    denial_message,
+)
 from cdi.api.codec import SchemaError
 from cdi.api.types import DataVolumeSpec
 from cdi.webhooks.mutation import UserInfo
@@ -54,6 +62,11 @@ def authorize_clone(
     except SchemaError:
         return ValidationResult()  # the spec rules reported it already
     source = clone_source(spec, namespace, lookup.get_data_source)
+    ref = spec.source_ref
+    if source is None and ref is not None and ref.namespace and ref.namespace != namespace:
+        # A DataSource the requester may not read: authorize against its namespace, so the
+        # answer is CDI's refusal whether it exists or not.
+        source = CloneSource(ref.namespace, "")
     if source is None or source.namespace == namespace:
         return ValidationResult()
     alternatives = clone_checks(source.snapshot, source.name)

@@ -83,12 +83,12 @@ def validate_review(
     namespace = (new.get("metadata") or {}).get("namespace") or request.get("namespace") or ""
     user = UserInfo.from_dict(request.get("userInfo") or {})
     seen = RequesterLookup(lookup, authorizer or NoCrossNamespaceReads(), user, str(namespace))
-    verdict = validate_datavolume(new, old, seen, namespace=request.get("namespace"))
-    if (
-        verdict.allowed and old is None
-    ):  # clone authorization: creation only (cdi.webhooks.clone_auth)
+    if old is None:  # clone authorization first, as CDI's mutating webhook answers it first
         clones = reviewer or NoCrossNamespaceClones()
-        verdict = authorize_clone(new, str(namespace), user, seen, clones)
+        denied = authorize_clone(new, str(namespace), user, seen, clones)
+        if not denied.allowed:
+            return verdict_response(uid, denied)
+    verdict = validate_datavolume(new, old, seen, namespace=request.get("namespace"))
     return verdict_response(uid, verdict)
 
 

@@ -104,3 +104,10 @@ def test_the_explicit_review_names_the_source_and_the_subresource() -> None:
         "resource": "datavolumes", "subresource": "source", "name": "fedora",
     }  # fmt: skip
     assert body["spec"]["user"] == "alice" and body["spec"]["groups"] == ["devs"]
+
+
+def test_a_datasource_the_requester_cannot_read_is_authorized_against_its_namespace() -> None:
+    ref = {"sourceRef": {"kind": "DataSource", "name": "fedora", "namespace": "golden"}}
+    assert verdict(ref, Rights()) == (False, DENIED.format(u="alice"))
+    granted = Rights({("alice", "golden", "create", "datavolumes/source")})
+    assert verdict(ref, granted)[1] != DENIED.format(u="alice")
