@@ -160,6 +160,11 @@ CONTROLLER_MAY = [
     ("create", "events", "", "some-ns", None, None),
     ("create", "secrets", "", "some-ns", None, None),  # importProxy credentials, create only
     ("list", "storageclasses", "storage.k8s.io", None, None, None),
+    # a cross-namespace clone: its temporary claim, the PV it moves, the requester's rights
+    ("delete", "persistentvolumeclaims", "", "some-ns", "tmp-pvc-x", None),
+    ("patch", "persistentvolumes", "", None, "pv", None),
+    ("create", "subjectaccessreviews", "authorization.k8s.io", None, None, None),
+    ("patch", "datasources", "cdi.kubevirt.io", "some-ns", "ds", None),
     ("watch", "storageprofiles", "cdi.kubevirt.io", None, None, None),
     ("get", "cdiconfigs", "cdi.kubevirt.io", None, "config", None),
     ("create", "leases", "coordination.k8s.io", "cdi", None, None),
@@ -177,12 +182,13 @@ CONTROLLER_MUST_NOT = [
     ("update", "secrets", "", "some-ns", "x", None),
     ("list", "secrets", "", None, None, None),
     ("update", "datavolumes", "cdi.kubevirt.io", "some-ns", "dv", None),  # spec: users' only
-    ("delete", "persistentvolumeclaims", "", "some-ns", "dv", None),  # GC's job
     ("delete", "namespaces", "", None, "some-ns", None),
     ("create", "clusterrolebindings", "rbac.authorization.k8s.io", None, None, None),
     ("update", "leases", "coordination.k8s.io", "kube-system", "kube-scheduler", None),
     ("update", "leases", "coordination.k8s.io", "cdi", "someone-elses-lease", None),
     ("create", "pods", "", "some-ns", None, "exec"),
+    ("delete", "persistentvolumes", "", None, "pv", None),
+    ("update", "datasources", "cdi.kubevirt.io", "some-ns", "ds", None),  # spec: users' only
 ]
 WEBHOOK_MAY = [
     ("get", "persistentvolumeclaims", "", "some-ns", "x", None),

@@ -1,0 +1,228 @@
+"""The clone source (``python -m cloner``) against a real loopback mutual-TLS receiver that
+writes through the data path, as the upload server does: a sparse ``disk.img`` and a loop block
+device arrive byte-identical and as sparse as they were (filesystem -> block and back), an
+archive volume arrives as its files, a client certificate with the wrong CN is refused, and a
+bad environment or an unreachable target end in typed termination messages."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import os
+import ssl
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from cdi.api.constants import ContentType
+from cdi.api.termination import TerminationMessage
+from cdi.webhooks.certs import KeyPair, issue_client, issue_serving, new_ca
+from datapath import Processor, ProcessPlan, StreamSource, TargetSpec
+from tests.component.conftest import loop_device, write_base_raw
+
+MiB = 1024 * 1024
+REPO = Path(__file__).resolve().parents[2]
+CLIENT_NAME = "golden/fedora-tenant/mine"
+
+
+@dataclass
+class Receiver:
+    """``POST /v1beta1/upload`` into ``target`` (a file or a device) through the data path,
+    only from a client certificate with CN ``CLIENT_NAME``, as the upload server answers."""
+
+    target: str
+    block: bool
+    ca: KeyPair
+    port: int = 0
+    seen: list[str] = field(default_factory=list)
+    _loop: asyncio.AbstractEventLoop | None = None
+
+    async def upload(self, request: web.Request) -> web.Response:
+        cert: Any = request.transport.get_extra_info("peercert") if request.transport else None
+        cn = [v for rdn in (cert or {}).get("subject", ()) for k, v in rdn if k == "commonName"]
+        if cn != [CLIENT_NAME]:
+            return web.Response(status=401, text="client not allowed")
+        kind = ContentType(request.headers["x-cdi-content-type"])
+        self.seen.append(str(kind))
+        tree = kind == ContentType.FILESYSTEM_CLONE
+        spec = TargetSpec(self.target if not tree else str(Path(self.target).parent), self.block)
+        source = StreamSource(request.content.iter_chunked(MiB), size=request.content_length)
+        result = await Processor(ProcessPlan(spec, content_type=kind), source).run()
+        return web.Response(status=200 if result.succeeded else 500, text=result.message)
+
+    def start(self, tmp: Path) -> Receiver:
+        now = dt.datetime.now(dt.UTC)
+        serving = issue_serving(self.ca, ("localhost", "127.0.0.1"), now)
+        (tmp / "srv.crt").write_bytes(serving.cert_pem)
+        (tmp / "srv.key").write_bytes(serving.key_pem)
+        (tmp / "ca.crt").write_bytes(self.ca.cert_pem)
+        ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=str(tmp / "ca.crt"))
+        ctx.load_cert_chain(str(tmp / "srv.crt"), str(tmp / "srv.key"))
+        ctx.verify_mode = ssl.CERT_REQUIRED
+        ready = threading.Event()
+
+        async def main() -> None:
+            app = web.Application(client_max_size=0)
+            app.router.add_post("/v1beta1/upload", self.upload)
+            runner = web.AppRunner(app)
+            await runner.setup()
+            site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=ctx)
+            await site.start()
+            self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+            ready.set()
+
+        def thread() -> None:
+            self._loop = asyncio.new_event_loop()
+            self._loop.run_until_complete(main())
+            self._loop.run_forever()
+
+        threading.Thread(target=thread, daemon=True).start()
+        ready.wait(10)
+        return self
+
+    def stop(self) -> None:
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+
+
+def client_files(tmp: Path, ca: KeyPair, cn: str) -> dict[str, str]:
+    pair = issue_client(ca, cn, dt.datetime.now(dt.UTC))
+    (tmp / "client.crt").write_bytes(pair.cert_pem)
+    (tmp / "client.key").write_bytes(pair.key_pem)
+    return {"CLIENT_CERT_FILE": str(tmp / "client.crt"),
+            "CLIENT_KEY_FILE": str(tmp / "client.key"),
+            "SERVER_CA_CERT_FILE": str(tmp / "ca.crt")}  # fmt: skip
+
+
+def run_cloner(env: dict[str, str], tmp: Path) -> TerminationMessage:
+    term = tmp / "termination"
+    full = {"PATH": os.environ["PATH"], "CLONER_TERMINATION_PATH": str(term), **env}
+    subprocess.run([sys.executable, "-m", "cloner"], env=full, cwd=REPO, timeout=60,
+                   capture_output=True, check=False)  # fmt: skip
+    return TerminationMessage.from_json(term.read_text())
+
+
+@pytest.fixture
+def ca() -> KeyPair:
+    return new_ca("cdi-uploadserver-client-ca", dt.datetime.now(dt.UTC))
+
+
+@pytest.fixture
+def source_fs(tmp_path: Path) -> Path:
+    """A filesystem volume's mount point with a sparse 32 MiB ``disk.img``."""
+    root = tmp_path / "source"
+    root.mkdir()
+    write_base_raw(root / "disk.img")
+    return root
+
+
+def allocated(path: Path) -> int:
+    return os.stat(path).st_blocks * 512
+
+
+def receiver(target: str, block: bool, ca: KeyPair, tmp: Path) -> Iterator[Receiver]:
+    r = Receiver(target, block, ca).start(tmp)
+    try:
+        yield r
+    finally:
+        r.stop()
+
+
+def test_a_sparse_disk_image_arrives_identical_and_as_sparse(
+    tmp_path: Path, ca: KeyPair, source_fs: Path
+) -> None:
+    target = tmp_path / "target" / "disk.img"
+    target.parent.mkdir()
+    for r in receiver(str(target), False, ca, tmp_path):
+        env = {"UPLOAD_URL": f"https://127.0.0.1:{r.port}/v1beta1/upload",
+               "VOLUME_MODE": "filesystem", "MOUNT_POINT": str(source_fs),
+               **client_files(tmp_path, ca, CLIENT_NAME)}  # fmt: skip
+        message = run_cloner(env, tmp_path)
+        assert message.succeeded and message.message == "Clone Complete", message
+        assert r.seen == ["blockdevice-clone"]
+    assert target.read_bytes() == (source_fs / "disk.img").read_bytes()
+    assert allocated(target) <= 1.01 * allocated(source_fs / "disk.img")
+    assert message.bytes_read == 32 * MiB
+
+
+def test_filesystem_to_block_and_block_to_filesystem(
+    tmp_path: Path, ca: KeyPair, source_fs: Path
+) -> None:
+    with loop_device(tmp_path / "block.img", 32 * MiB) as dev:
+        for r in receiver(dev, True, ca, tmp_path):
+            url = f"https://127.0.0.1:{r.port}/v1beta1/upload"
+            files = client_files(tmp_path, ca, CLIENT_NAME)
+            env = {"UPLOAD_URL": url, "MOUNT_POINT": str(source_fs), **files}
+            assert run_cloner(env, tmp_path).succeeded
+        with open(dev, "rb") as fh:
+            assert fh.read() == (source_fs / "disk.img").read_bytes()
+        back = tmp_path / "back" / "disk.img"
+        back.parent.mkdir()
+        for r in receiver(str(back), False, ca, tmp_path):
+            env = {"UPLOAD_URL": f"https://127.0.0.1:{r.port}/v1beta1/upload",
+                   "VOLUME_MODE": "block", "MOUNT_POINT": dev,
+                   **client_files(tmp_path, ca, CLIENT_NAME)}  # fmt: skip
+            assert run_cloner(env, tmp_path).succeeded
+    assert back.read_bytes() == (source_fs / "disk.img").read_bytes()
+    assert allocated(back) <= 1.01 * allocated(source_fs / "disk.img")
+
+
+def test_an_archive_volume_arrives_as_its_files(tmp_path: Path, ca: KeyPair) -> None:
+    src = tmp_path / "files"
+    (src / "lost+found").mkdir(parents=True)
+    (src / "etc").mkdir()
+    (src / "etc" / "motd").write_text("hello from the golden namespace\n")
+    target = tmp_path / "unpacked" / "disk.img"
+    target.parent.mkdir()
+    for r in receiver(str(target), False, ca, tmp_path):
+        env = {"UPLOAD_URL": f"https://127.0.0.1:{r.port}/v1beta1/upload",
+               "MOUNT_POINT": str(src), "CONTENT_TYPE": "archive",
+               **client_files(tmp_path, ca, CLIENT_NAME)}  # fmt: skip
+        assert run_cloner(env, tmp_path).succeeded
+        assert r.seen == ["filesystem-clone"]
+    assert (target.parent / "etc" / "motd").read_text() == "hello from the golden namespace\n"
+    assert not (target.parent / "lost+found").exists()
+
+
+def test_a_client_certificate_for_another_clone_is_refused(
+    tmp_path: Path, ca: KeyPair, source_fs: Path
+) -> None:
+    target = tmp_path / "t" / "disk.img"
+    target.parent.mkdir()
+    for r in receiver(str(target), False, ca, tmp_path):
+        env = {"UPLOAD_URL": f"https://127.0.0.1:{r.port}/v1beta1/upload",
+               "MOUNT_POINT": str(source_fs),
+               **client_files(tmp_path, ca, "other/src-tenant/theirs")}  # fmt: skip
+        message = run_cloner(env, tmp_path)
+    assert (message.reason, message.transient) == ("TargetError", False)
+    assert "401" in message.message
+    assert not target.exists()
+
+
+@pytest.mark.parametrize(
+    ("env", "reason"),
+    [
+        ({"UPLOAD_URL": "http://127.0.0.1:1/v1beta1/upload"}, "InvalidConfig"),
+        (
+            {"UPLOAD_URL": "https://127.0.0.1:1/v1beta1/upload", "VOLUME_MODE": "tape"},
+            "InvalidConfig",
+        ),
+        ({"UPLOAD_URL": "https://127.0.0.1:1/v1beta1/upload"}, "SourceUnavailable"),
+        ({"UPLOAD_URL": "https://127.0.0.1:1/u", "MOUNT_POINT": "/nonexistent"}, "SourceNotFound"),
+    ],
+    ids=["http", "mode", "unreachable", "no source"],
+)
+def test_failures_end_in_typed_termination_messages(
+    tmp_path: Path, ca: KeyPair, source_fs: Path, env: dict[str, str], reason: str
+) -> None:
+    (tmp_path / "ca.crt").write_bytes(ca.cert_pem)
+    full = {"MOUNT_POINT": str(source_fs), **client_files(tmp_path, ca, CLIENT_NAME), **env}
+    message = run_cloner(full, tmp_path)
+    assert message.reason == reason, message
