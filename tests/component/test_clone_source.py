@@ -9,22 +9,19 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import os
-import ssl
 import subprocess
 import sys
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 from aiohttp import web
 
-from cdi.api.constants import ContentType
+from benchmarks.clone_receiver import KINDS, make_app, serving_context
 from cdi.api.termination import TerminationMessage
 from cdi.webhooks.certs import KeyPair, issue_client, issue_serving, new_ca
-from datapath import Processor, ProcessPlan, StreamSource, TargetSpec
 from tests.component.conftest import loop_device, write_base_raw
 
 MiB = 1024 * 1024
@@ -34,28 +31,21 @@ CLIENT_NAME = "golden/fedora-tenant/mine"
 
 @dataclass
 class Receiver:
-    """``POST /v1beta1/upload`` into ``target`` (a file or a device) through the data path,
-    only from a client certificate with CN ``CLIENT_NAME``, as the upload server answers."""
+    """The upload server's stand-in (``benchmarks.clone_receiver``) on a loopback port, in a
+    thread: ``POST /v1beta1/upload`` into ``target`` through the data path, only from a client
+    certificate with CN ``CLIENT_NAME``."""
 
     target: str
     block: bool
     ca: KeyPair
     port: int = 0
-    seen: list[str] = field(default_factory=list)
     _loop: asyncio.AbstractEventLoop | None = None
+    _app: web.Application | None = None
 
-    async def upload(self, request: web.Request) -> web.Response:
-        cert: Any = request.transport.get_extra_info("peercert") if request.transport else None
-        cn = [v for rdn in (cert or {}).get("subject", ()) for k, v in rdn if k == "commonName"]
-        if cn != [CLIENT_NAME]:
-            return web.Response(status=401, text="client not allowed")
-        kind = ContentType(request.headers["x-cdi-content-type"])
-        self.seen.append(str(kind))
-        tree = kind == ContentType.FILESYSTEM_CLONE
-        spec = TargetSpec(self.target if not tree else str(Path(self.target).parent), self.block)
-        source = StreamSource(request.content.iter_chunked(MiB), size=request.content_length)
-        result = await Processor(ProcessPlan(spec, content_type=kind), source).run()
-        return web.Response(status=200 if result.succeeded else 500, text=result.message)
+    @property
+    def seen(self) -> list[str]:
+        assert self._app is not None
+        return list(self._app[KINDS])
 
     def start(self, tmp: Path) -> Receiver:
         now = dt.datetime.now(dt.UTC)
@@ -63,15 +53,12 @@ class Receiver:
         (tmp / "srv.crt").write_bytes(serving.cert_pem)
         (tmp / "srv.key").write_bytes(serving.key_pem)
         (tmp / "ca.crt").write_bytes(self.ca.cert_pem)
-        ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=str(tmp / "ca.crt"))
-        ctx.load_cert_chain(str(tmp / "srv.crt"), str(tmp / "srv.key"))
-        ctx.verify_mode = ssl.CERT_REQUIRED
+        ctx = serving_context(str(tmp / "srv.crt"), str(tmp / "srv.key"), str(tmp / "ca.crt"))
         ready = threading.Event()
 
         async def main() -> None:
-            app = web.Application(client_max_size=0)
-            app.router.add_post("/v1beta1/upload", self.upload)
-            runner = web.AppRunner(app)
+            self._app = make_app(self.target, self.block, CLIENT_NAME)
+            runner = web.AppRunner(self._app)
             await runner.setup()
             site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=ctx)
             await site.start()
