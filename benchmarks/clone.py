@@ -44,6 +44,7 @@ class Run:
     seconds: float
     allocated: int
     rss_mb: tuple[float, ...]
+    cpu: tuple[float, ...] = ()  # user+sys seconds of each process
 
 
 _HASHES: dict[Path, str] = {}
@@ -109,7 +110,8 @@ def ours(
     if os.waitstatus_to_exitcode(cstatus) or os.waitstatus_to_exitcode(rstatus):
         raise RuntimeError(f"{route}: {(work / 'termination').read_text()}")
     rss = (cusage.ru_maxrss / 1024, rusage.ru_maxrss / 1024)
-    return Run(route, seconds, 0, rss)
+    cpu = (cusage.ru_utime + cusage.ru_stime, rusage.ru_utime + rusage.ru_stime)
+    return Run(route, seconds, 0, rss, cpu)
 
 
 @contextmanager

@@ -27,7 +27,7 @@ def run(env: dict[str, str]) -> tuple[TerminationMessage, str | None]:
     try:
         config = from_env(env)
         path = config.termination_path
-        payload = open_source(config.mount_point, config.block, config.archive)
+        payload = open_source(config.mount_point, config.block, config.raw)
         sent = send(config, payload)
     except WorkerError as exc:
         return TerminationMessage(exc.reason, exc.message, transient=exc.transient), path

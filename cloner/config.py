@@ -5,8 +5,9 @@ upload server's ``/v1beta1/upload``), ``VOLUME_MODE`` and ``MOUNT_POINT`` (the s
 read-only, or its block device), ``OWNER_UID`` and ``PREALLOCATION``, plus its client
 certificate, whose CN the upload server demands (``srcNs/srcName-tgtNs/tgtName``). We pass
 key material as mounted files, never in the environment: ``CLIENT_CERT_FILE``,
-``CLIENT_KEY_FILE`` and ``SERVER_CA_CERT_FILE``. ``CONTENT_TYPE`` (``kubevirt`` | ``archive``)
-says what the volume holds: a disk image is sent raw, an archive volume as a tar.
+``CLIENT_KEY_FILE`` and ``SERVER_CA_CERT_FILE``. ``CLONE_STREAM`` (ours) is ``tar`` (default:
+a filesystem source as CDI's sparse tar) or ``raw`` (its ``disk.img`` alone, for a block
+target, which the controller knows and the source pod does not).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ class CloneConfig:
     server_ca: str
     block: bool
     mount_point: str = SOURCE_MOUNT
-    archive: bool = False  # the volume holds files, not disk.img: send a tar
+    raw: bool = False  # a filesystem source sends disk.img raw (for a block target)
     owner_uid: str = ""
     termination_path: str | None = TERMINATION_PATH
 
@@ -49,9 +50,9 @@ def from_env(env: Mapping[str, str]) -> CloneConfig:
     mode = env.get("VOLUME_MODE", "filesystem").strip().lower()
     if mode not in ("block", "filesystem"):
         raise InvalidConfig(f"VOLUME_MODE must be block or filesystem, not {mode!r}")
-    content = env.get("CONTENT_TYPE", "kubevirt").strip().lower()
-    if content not in ("kubevirt", "archive"):
-        raise InvalidConfig(f"CONTENT_TYPE must be kubevirt or archive, not {content!r}")
+    stream = env.get("CLONE_STREAM", "tar").strip().lower()
+    if stream not in ("tar", "raw"):
+        raise InvalidConfig(f"CLONE_STREAM must be tar or raw, not {stream!r}")
     return CloneConfig(
         upload_url=url,
         client_cert=_required(env, "CLIENT_CERT_FILE"),
@@ -59,7 +60,7 @@ def from_env(env: Mapping[str, str]) -> CloneConfig:
         server_ca=_required(env, "SERVER_CA_CERT_FILE"),
         block=mode == "block",
         mount_point=env.get("MOUNT_POINT", SOURCE_MOUNT),
-        archive=content == "archive",
+        raw=stream == "raw",
         owner_uid=env.get("OWNER_UID", ""),
         termination_path=env.get("CLONER_TERMINATION_PATH", TERMINATION_PATH),
     )

@@ -1,16 +1,17 @@
 """What the clone source sends: the volume's bytes, read the cheap way.
 
 - a block volume: the device, read straight (``blockdevice-clone``);
-- a filesystem volume holding a disk image: ``disk.img``, sent as the same raw stream, so a
-  filesystem source can fill a block target and the other way round. The file is walked with
-  ``SEEK_DATA``/``SEEK_HOLE``: holes become zero pieces made in memory, never read from disk,
-  and the target's zero detection (``datapath``'s writer) leaves them holes again, so the copy
-  is as sparse as its source;
-- a filesystem volume holding files (contentType archive): a tar of its entries but
-  ``lost+found`` (``filesystem-clone``), written by ``tarfile`` on a thread into a pipe.
+- a filesystem volume for a filesystem target: a PAX tar of its entries but ``lost+found``
+  (``filesystem-clone``, as CDI's ``tar -S``), written by ``tarfile`` on a thread into a pipe.
+  A file with holes (``disk.img``) becomes a PAX 1.0 sparse member: its map, then only its data
+  extents (found with ``SEEK_DATA``/``SEEK_HOLE``), so holes never travel and stay holes;
+- a filesystem volume for a block target (``CLONE_STREAM=raw``): ``disk.img`` alone as the raw
+  stream, holes sent as zero pieces made in memory (never read) that the target's zero
+  detection leaves unwritten.
 
 Every reader yields pieces of at most ``CHUNK_SIZE`` (the data path's one chunk size) and the
-exact byte count is known up front for the raw kinds, so the POST carries a Content-Length.
+exact byte count is known up front for the raw streams, so their POST carries a
+Content-Length (a tar goes chunked).
 """
 
 from __future__ import annotations
@@ -102,17 +103,97 @@ def open_raw(path: str) -> Payload:
     return Payload(ContentType.BLOCKDEVICE_CLONE, size, pieces())
 
 
+class _SparseData:
+    """The stored bytes of a PAX 1.0 sparse member: the map block, then the data extents."""
+
+    def __init__(self, fd: int, head: bytes, data: list[tuple[int, int]]) -> None:
+        self.fd, self.head, self.data = fd, head, data
+        self.pending = b""
+
+    def read(self, n: int) -> bytes:
+        """Exactly ``n`` bytes unless the member ends first (tarfile insists)."""
+        parts, want = [], n
+        while want > 0:
+            if not self.pending and not self._refill():
+                break
+            piece, self.pending = self.pending[:want], self.pending[want:]
+            parts.append(piece)
+            want -= len(piece)
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def _refill(self) -> bool:
+        if self.head:
+            self.pending, self.head = self.head, b""
+            return True
+        if not self.data:
+            return False
+        offset, length = self.data[0]
+        take = min(length, CHUNK_SIZE)
+        self.pending = os.pread(self.fd, take, offset)
+        if len(self.pending) != take:
+            raise SourceNotFound(f"the source shrank while it was read (at {offset})")
+        self.data[0] = (offset + take, length - take)
+        if self.data[0][1] == 0:
+            self.data.pop(0)
+        return True
+
+
+def add_sparse(tar: tarfile.TarFile, path: Path, arcname: str) -> None:
+    """Add a file with holes as a PAX 1.0 sparse member (GNU tar's ``-S``), which Python's
+    tarfile and GNU tar extract with the holes left holes: only data extents travel."""
+    st = path.stat()
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    try:
+        data = [(o, n) for o, n, is_data in extents(fd, st.st_size) if is_data and n]
+        text = f"{len(data)}\n" + "".join(f"{o}\n{n}\n" for o, n in data)
+        head = text.encode().ljust(-(-len(text) // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE, b"\0")
+        info = tarfile.TarInfo(f"GNUSparseFile.0/{arcname}")
+        info.size = len(head) + sum(n for _, n in data)
+        info.mode, info.mtime = st.st_mode & 0o7777, int(st.st_mtime)
+        info.pax_headers = {
+            "GNU.sparse.major": "1",
+            "GNU.sparse.minor": "0",
+            "GNU.sparse.name": arcname,
+            "GNU.sparse.realsize": str(st.st_size),
+        }
+        tar.addfile(info, _SparseData(fd, head, data))  # type: ignore[arg-type]
+    finally:
+        os.close(fd)
+
+
+def _add_tree(tar: tarfile.TarFile, root: Path, relative: str) -> None:
+    path = root / relative if relative else root
+    for entry in sorted(os.listdir(path)):
+        if not relative and entry == "lost+found":
+            continue
+        name = f"{relative}/{entry}" if relative else entry
+        full = root / name
+        st = full.lstat()
+        if full.is_file() and not full.is_symlink() and st.st_blocks * 512 < st.st_size:
+            add_sparse(tar, full, name)
+        elif full.is_dir() and not full.is_symlink():
+            tar.add(full, arcname=name, recursive=False)
+            _add_tree(tar, root, name)
+        else:
+            tar.add(full, arcname=name, recursive=False)
+
+
 def tar_pieces(root: Path) -> Iterator[bytes]:
-    """A tar of ``root``'s entries (``lost+found`` excluded), made on a thread."""
+    """A PAX tar of ``root``'s entries (``lost+found`` excluded; files with holes as sparse
+    members), made on a thread."""
     read_fd, write_fd = os.pipe()
     failure: list[BaseException] = []
 
     def write() -> None:
         try:
-            with os.fdopen(write_fd, "wb") as out, tarfile.open(fileobj=out, mode="w|") as tar:
-                for entry in sorted(os.listdir(root)):
-                    if entry != "lost+found":
-                        tar.add(root / entry, arcname=entry)
+            with (
+                os.fdopen(write_fd, "wb") as out,
+                tarfile.open(
+                    fileobj=out, mode="w|", format=tarfile.PAX_FORMAT, bufsize=CHUNK_SIZE
+                ) as tar,
+            ):
+                tar.copybufsize = CHUNK_SIZE  # type: ignore[attr-defined]  # default: 16 KiB
+                _add_tree(tar, root, "")
         except BaseException as exc:  # reported to the reader below
             failure.append(exc)
 
@@ -126,9 +207,11 @@ def tar_pieces(root: Path) -> Iterator[bytes]:
         raise SourceNotFound(f"reading the source volume failed: {failure[0]}")
 
 
-def open_source(mount_point: str, block: bool, archive: bool) -> Payload:
+def open_source(mount_point: str, block: bool, raw: bool) -> Payload:
+    """A block source is sent raw; a filesystem source as a sparse tar of its files (CDI's
+    ``filesystem-clone``), or, ``raw``, its ``disk.img`` alone (for a block target)."""
     if block:
         return open_raw(mount_point)
-    if archive:
-        return Payload(ContentType.FILESYSTEM_CLONE, None, tar_pieces(Path(mount_point)))
-    return open_raw(str(Path(mount_point) / "disk.img"))
+    if raw:
+        return open_raw(str(Path(mount_point) / "disk.img"))
+    return Payload(ContentType.FILESYSTEM_CLONE, None, tar_pieces(Path(mount_point)))

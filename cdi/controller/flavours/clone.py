@@ -167,6 +167,9 @@ class CloneFlavour:
             return None, _step(view, Phase.CLONE_SCHEDULED), wait
         chosen = await self._plan(src, desired)
         desired = plan.annotate(desired, chosen, source.namespace, source.name)
+        if chosen.fallback is not None:
+            fallback = chosen.fallback
+            await self.deps.events.emit(dict(obj), WARNING, fallback.reason, fallback.message)
         if chosen.strategy != CSI_CLONE:
             msg = f"clone strategy {chosen.strategy} is not available in this build"
             if chosen.fallback is not None:
