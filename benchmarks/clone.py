@@ -12,9 +12,10 @@ Routes, on the benchmark's 2 GiB OS image (``disk.raw`` of ``benchmarks/run.py``
   loop device.
 
 Printed: seconds, the ratio reference/ours (>= 0.8 wanted), allocated bytes of the output
-against the source's (<= 1.01 wanted) and the peak RSS of the clone source and of the receiver
-(< 150 MB each wanted). Outputs are checked byte for byte (outside the timing). Needs root
-(loop devices). ``.venv/bin/python -m benchmarks.clone [--image PATH] [--workdir DIR]``.
+against the source's (<= 1.01 wanted), the peak RSS of the clone source and of the receiver
+(< 150 MB each wanted) and their CPU seconds. Outputs are checked byte for byte (outside the
+timing). Needs root (loop devices).
+``.venv/bin/python -m benchmarks.clone [--image PATH] [--workdir DIR]``.
 """
 
 from __future__ import annotations
@@ -146,7 +147,7 @@ def filesystem_routes(image: Path, work: Path, certs: dict[str, str]) -> list[Ru
         else:
             run = ours(route, work, certs, str(src), str(target), block=False)
         assert sha256_file(target) == image_hash(image), f"{route}: output differs"
-        runs.append(Run(run.route, run.seconds, allocated(target), run.rss_mb))
+        runs.append(Run(run.route, run.seconds, allocated(target), run.rss_mb, run.cpu))
     return runs
 
 
@@ -168,21 +169,22 @@ def block_routes(image: Path, work: Path, certs: dict[str, str]) -> list[Run]:
                 else:
                     run = ours(route, work, certs, src, dst, block=True)
                 assert sha256_file(Path(dst)) == image_hash(image), f"{route}: output differs"
-            runs.append(Run(run.route, run.seconds, allocated(backing), run.rss_mb))
+            runs.append(Run(run.route, run.seconds, allocated(backing), run.rss_mb, run.cpu))
     return runs
 
 
 def report(runs: list[Run], source_allocated: int) -> str:
     by = {r.route: r for r in runs}
-    lines = ["| route | seconds | ratio ref/ours | allocated / source | peak RSS MB |",
-             "|---|---|---|---|---|"]  # fmt: skip
+    lines = ["| route | seconds | ratio ref/ours | allocated / source | peak RSS MB | CPU s |",
+             "|---|---|---|---|---|---|"]  # fmt: skip
     for r in runs:
         kind = r.route.split(".")[0]
         ref = next(v for k, v in by.items() if k.startswith(f"{kind}.ref"))
         ratio = f"{ref.seconds / r.seconds:.2f}" if r.route.endswith("ours") else "-"
         rss = " / ".join(f"{m:.0f}" for m in r.rss_mb)
+        cpu = " / ".join(f"{c:.2f}" for c in r.cpu) or "-"
         lines.append(f"| {r.route} | {r.seconds:.2f} | {ratio} | "
-                     f"{r.allocated / source_allocated:.3f} | {rss} |")  # fmt: skip
+                     f"{r.allocated / source_allocated:.3f} | {rss} | {cpu} |")  # fmt: skip
     return "\n".join(lines)
 
 

@@ -2,7 +2,8 @@
 
 - a block volume: the device, read straight (``blockdevice-clone``);
 - a filesystem volume for a filesystem target: a PAX tar of its entries but ``lost+found``
-  (``filesystem-clone``, as CDI's ``tar -S``), written by ``tarfile`` on a thread into a pipe.
+  (``filesystem-clone``, as CDI's ``tar -S``): headers from ``tarfile.TarInfo``, data read
+  straight into the stream (no thread, no pipe, no buffer copies).
   A file with holes (``disk.img``) becomes a PAX 1.0 sparse member: its map, then only its data
   extents (found with ``SEEK_DATA``/``SEEK_HOLE``), so holes never travel and stay holes;
 - a filesystem volume for a block target (``CLONE_STREAM=raw``): ``disk.img`` alone as the raw
@@ -17,8 +18,8 @@ Content-Length (a tar goes chunked).
 from __future__ import annotations
 
 import os
+import stat
 import tarfile
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -103,108 +104,85 @@ def open_raw(path: str) -> Payload:
     return Payload(ContentType.BLOCKDEVICE_CLONE, size, pieces())
 
 
-class _SparseData:
-    """The stored bytes of a PAX 1.0 sparse member: the map block, then the data extents."""
-
-    def __init__(self, fd: int, head: bytes, data: list[tuple[int, int]]) -> None:
-        self.fd, self.head, self.data = fd, head, data
-        self.pending = b""
-
-    def read(self, n: int) -> bytes:
-        """Exactly ``n`` bytes unless the member ends first (tarfile insists)."""
-        parts, want = [], n
-        while want > 0:
-            if not self.pending and not self._refill():
-                break
-            piece, self.pending = self.pending[:want], self.pending[want:]
-            parts.append(piece)
-            want -= len(piece)
-        return parts[0] if len(parts) == 1 else b"".join(parts)
-
-    def _refill(self) -> bool:
-        if self.head:
-            self.pending, self.head = self.head, b""
-            return True
-        if not self.data:
-            return False
-        offset, length = self.data[0]
-        take = min(length, CHUNK_SIZE)
-        self.pending = os.pread(self.fd, take, offset)
-        if len(self.pending) != take:
-            raise SourceNotFound(f"the source shrank while it was read (at {offset})")
-        self.data[0] = (offset + take, length - take)
-        if self.data[0][1] == 0:
-            self.data.pop(0)
-        return True
+def _file_pieces(fd: int, spans: list[tuple[int, int]]) -> Iterator[bytes]:
+    for offset, length in spans:
+        end = offset + length
+        while offset < end:
+            piece = os.pread(fd, min(CHUNK_SIZE, end - offset), offset)
+            if not piece:
+                raise SourceNotFound(f"the source shrank while it was read (at {offset})")
+            yield piece
+            offset += len(piece)
 
 
-def add_sparse(tar: tarfile.TarFile, path: Path, arcname: str) -> None:
-    """Add a file with holes as a PAX 1.0 sparse member (GNU tar's ``-S``), which Python's
-    tarfile and GNU tar extract with the holes left holes: only data extents travel."""
-    st = path.stat()
+def _header(info: tarfile.TarInfo) -> bytes:
+    return info.tobuf(tarfile.PAX_FORMAT, tarfile.ENCODING, "surrogateescape")
+
+
+def _padding(size: int) -> bytes:
+    return bytes(-size % tarfile.BLOCKSIZE)
+
+
+def file_member(path: Path, info: tarfile.TarInfo) -> Iterator[bytes]:
+    """A regular file's member; one with holes as a PAX 1.0 sparse member (GNU tar's ``-S``,
+    which tarfile and GNU tar extract with the holes left holes): its map, then only its data
+    extents."""
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     try:
-        data = [(o, n) for o, n, is_data in extents(fd, st.st_size) if is_data and n]
+        size = os.fstat(fd).st_size
+        if os.fstat(fd).st_blocks * 512 >= size:
+            info.size = size
+            yield _header(info)
+            yield from _file_pieces(fd, [(0, size)])
+            yield _padding(size)
+            return
+        data = [(o, n) for o, n, is_data in extents(fd, size) if is_data and n]
         text = f"{len(data)}\n" + "".join(f"{o}\n{n}\n" for o, n in data)
-        head = text.encode().ljust(-(-len(text) // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE, b"\0")
-        info = tarfile.TarInfo(f"GNUSparseFile.0/{arcname}")
+        head = text.encode() + _padding(len(text))
+        name = info.name
+        info.name = f"GNUSparseFile.0/{name}"
         info.size = len(head) + sum(n for _, n in data)
-        info.mode, info.mtime = st.st_mode & 0o7777, int(st.st_mtime)
         info.pax_headers = {
             "GNU.sparse.major": "1",
             "GNU.sparse.minor": "0",
-            "GNU.sparse.name": arcname,
-            "GNU.sparse.realsize": str(st.st_size),
+            "GNU.sparse.name": name,
+            "GNU.sparse.realsize": str(size),
         }
-        tar.addfile(info, _SparseData(fd, head, data))  # type: ignore[arg-type]
+        yield _header(info) + head
+        yield from _file_pieces(fd, data)
+        yield _padding(info.size)
     finally:
         os.close(fd)
 
 
-def _add_tree(tar: tarfile.TarFile, root: Path, relative: str) -> None:
-    path = root / relative if relative else root
-    for entry in sorted(os.listdir(path)):
+def _entries(root: Path, relative: str = "") -> Iterator[tuple[Path, str]]:
+    """Every entry under ``root`` but the top ``lost+found``, parents first, sorted."""
+    for entry in sorted(os.listdir(root / relative if relative else root)):
         if not relative and entry == "lost+found":
             continue
         name = f"{relative}/{entry}" if relative else entry
-        full = root / name
-        st = full.lstat()
-        if full.is_file() and not full.is_symlink() and st.st_blocks * 512 < st.st_size:
-            add_sparse(tar, full, name)
-        elif full.is_dir() and not full.is_symlink():
-            tar.add(full, arcname=name, recursive=False)
-            _add_tree(tar, root, name)
-        else:
-            tar.add(full, arcname=name, recursive=False)
+        yield root / name, name
+        if (root / name).is_dir() and not (root / name).is_symlink():
+            yield from _entries(root, name)
 
 
 def tar_pieces(root: Path) -> Iterator[bytes]:
-    """A PAX tar of ``root``'s entries (``lost+found`` excluded; files with holes as sparse
-    members), made on a thread."""
-    read_fd, write_fd = os.pipe()
-    failure: list[BaseException] = []
-
-    def write() -> None:
-        try:
-            with (
-                os.fdopen(write_fd, "wb") as out,
-                tarfile.open(
-                    fileobj=out, mode="w|", format=tarfile.PAX_FORMAT, bufsize=CHUNK_SIZE
-                ) as tar,
-            ):
-                tar.copybufsize = CHUNK_SIZE  # type: ignore[attr-defined]  # default: 16 KiB
-                _add_tree(tar, root, "")
-        except BaseException as exc:  # reported to the reader below
-            failure.append(exc)
-
-    writer = threading.Thread(target=write, name="clone-tar", daemon=True)
-    writer.start()
-    with os.fdopen(read_fd, "rb") as pipe:
-        while piece := pipe.read(CHUNK_SIZE):
-            yield piece
-    writer.join()
-    if failure:
-        raise SourceNotFound(f"reading the source volume failed: {failure[0]}")
+    """A PAX tar of ``root``'s entries, made as it is sent: no thread, no copy of the data."""
+    for path, name in _entries(root):
+        st = path.lstat()
+        info = tarfile.TarInfo(name)
+        info.mode, info.mtime = st.st_mode & 0o7777, int(st.st_mtime)
+        info.uid, info.gid = st.st_uid, st.st_gid
+        if stat.S_ISREG(st.st_mode):
+            yield from file_member(path, info)
+        elif stat.S_ISDIR(st.st_mode):
+            info.type = tarfile.DIRTYPE
+            yield _header(info)
+        elif stat.S_ISLNK(st.st_mode):
+            info.type, info.linkname = tarfile.SYMTYPE, os.readlink(path)
+            yield _header(info)
+        # sockets, FIFOs and device nodes are not part of an image: left out
+    yield bytes(2 * tarfile.BLOCKSIZE)
 
 
 def open_source(mount_point: str, block: bool, raw: bool) -> Payload:
