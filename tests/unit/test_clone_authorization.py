@@ -111,3 +111,13 @@ def test_a_datasource_the_requester_cannot_read_is_authorized_against_its_namesp
     assert verdict(ref, Rights()) == (False, DENIED.format(u="alice"))
     granted = Rights({("alice", "golden", "create", "datavolumes/source")})
     assert verdict(ref, granted)[1] != DENIED.format(u="alice")
+
+
+def test_a_datasource_naming_another_is_resolved_one_level() -> None:
+    inner = {"spec": {"source": {"pvc": {"namespace": "golden", "name": "fedora"}}}}
+    outer = {"spec": {"source": {"dataSource": {"namespace": "tenant", "name": "inner"}}}}
+    lookup = StaticLookup(data_sources={("tenant", "inner"): inner, ("tenant", "outer"): outer})
+    ref = {"sourceRef": {"kind": "DataSource", "name": "outer"}}
+    granted = Rights({("alice", "golden", "create", "datavolumes/source")})
+    assert verdict(ref, granted, lookup) == (True, "")
+    assert verdict(ref, Rights(), lookup) == (False, DENIED.format(u="alice"))

@@ -52,6 +52,13 @@ def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
     return obj.get("metadata") or {}
 
 
+def _made_for(tmp: Mapping[str, Any], wanted: Mapping[str, Any], dv_uid: str) -> bool:
+    """Our temporary claim: labelled with the DataVolume's UID and cloned from the source."""
+    labelled = (_meta(tmp).get("labels") or {}).get(LABEL_CLONE_FOR) == dv_uid
+    source = ((tmp.get("spec") or {}).get("dataSource") or {}).get("name")
+    return labelled and source == wanted["spec"]["dataSource"]["name"]
+
+
 class VolumeMove:
     def __init__(self, kube: AsyncKube) -> None:
         self.kube = kube
@@ -68,7 +75,7 @@ class VolumeMove:
         """One step of 1-4 above; ``MoveState.pv`` set when the target claim may be created."""
         src_ns, tmp_name = temporary["metadata"]["namespace"], temporary["metadata"]["name"]
         tmp = await self.kube.get_or_none(PVCS, tmp_name, src_ns)
-        if tmp is not None and (_meta(tmp).get("labels") or {}).get(LABEL_CLONE_FOR) != dv_uid:
+        if tmp is not None and not _made_for(tmp, temporary, dv_uid):
             raise MoveRefused(f"claim {src_ns}/{tmp_name} exists and was not made for this clone")
         pv = await self.held_volume(dv_uid)
         if pv is None:
