@@ -9,7 +9,7 @@ import pytest
 
 from cdi.api.types import DataVolume
 from cdi.controller.flavours import select_flavour
-from cdi.controller.flavours.clone import content_problem, populated, writers_of
+from cdi.controller.flavours.clone import Throttle, content_problem, populated, writers_of
 from cdi.render import clone as plan
 
 LOOP = {"provisioner": "testkit.local/loop", "allowVolumeExpansion": True}
@@ -122,3 +122,15 @@ def test_a_sourceref_to_a_datasource_is_a_clone() -> None:
     )
     marker = object()
     assert select_flavour(dv, {"pvc": marker}) is marker  # type: ignore[dict-item]
+
+
+def test_a_waiting_clone_repeats_its_event_at_most_once_a_minute() -> None:
+    now = [1000.0]
+    throttle = Throttle(lambda: now[0])
+    assert throttle.due("uid", "CloneSourceInUse", "pod w")
+    now[0] += 2
+    assert not throttle.due("uid", "CloneSourceInUse", "pod w")
+    assert throttle.due("uid", "CloneSourceInUse", "pod x")  # something new is said at once
+    assert throttle.due("other", "CloneSourceInUse", "pod w")
+    now[0] += 60
+    assert throttle.due("uid", "CloneSourceInUse", "pod w")

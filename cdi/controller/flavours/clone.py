@@ -30,7 +30,7 @@ move, and records "Clone Complete" on the PVC: CloneSucceeded, Succeeded.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from cdi.api.cloneauth import CloneSource, clone_source
@@ -113,6 +113,25 @@ def content_problem(dv: DataVolume, source: Mapping[str, Any]) -> str | None:
     return f"Source contentType ({src}) and target contentType ({tgt}) do not match"
 
 
+class Throttle:
+    """Repeat an event about a waiting clone at most once a ``interval`` (the recorder does not
+    aggregate, and a clone re-checks its source every 2 s)."""
+
+    def __init__(self, clock: Callable[[], float], interval: float = 60.0) -> None:
+        self.clock, self.interval = clock, interval
+        self.last: dict[tuple[str, str, str], float] = {}
+
+    def due(self, uid: str, reason: str, message: str) -> bool:
+        now = self.clock()
+        if len(self.last) > 4096:  # forget everything rather than grow without bound
+            self.last.clear()
+        key = (uid, reason, message)
+        if now - self.last.get(key, -self.interval) < self.interval:
+            return False
+        self.last[key] = now
+        return True
+
+
 class CloneFlavour:
     phases = CLONE_PHASES
     events = CLONE_EVENTS
@@ -123,6 +142,12 @@ class CloneFlavour:
         self.kube = deps.kube
         self.authorizer = CloneAuthorizer(deps.kube, requester_key)
         self.move = VolumeMove(deps.kube)
+        self.throttle = Throttle(deps.clock)
+
+    async def _event(self, obj: Mapping[str, Any], kind: str, reason: str, message: str) -> None:
+        uid = str((obj.get("metadata") or {}).get("uid") or "")
+        if self.throttle.due(uid, reason, message):
+            await self.deps.events.emit(dict(obj), kind, reason, message)
 
     # -- before the target claim exists ----------------------------------------------------
     async def before_claim(
@@ -157,19 +182,19 @@ class CloneFlavour:
         desired = plan.fill_size(desired, src)
         problem = content_problem(dv, src) or plan.size_problem(src, desired)
         if problem is not None:
-            await self.deps.events.emit(dict(obj), WARNING, REASON_INCOMPATIBLE_PVC, problem)
+            await self._event(obj, WARNING, REASON_INCOMPATIBLE_PVC, problem)
             return None, _problem(view, REASON_INCOMPATIBLE_PVC, problem), Result(30.0)
         pods = (await self.kube.list(PODS, source.namespace)).get("items") or []
         writers = writers_of(pods, source.name)
         if writers:
             msg = f"pod {', '.join(writers)} using PersistentVolumeClaim {source.name}"
-            await self.deps.events.emit(dict(obj), NORMAL, SOURCE_IN_USE, msg)
+            await self._event(obj, NORMAL, SOURCE_IN_USE, msg)
             return None, _step(view, Phase.CLONE_SCHEDULED), wait
         chosen = await self._plan(src, desired)
         desired = plan.annotate(desired, chosen, source.namespace, source.name)
         if chosen.fallback is not None:
             fallback = chosen.fallback
-            await self.deps.events.emit(dict(obj), WARNING, fallback.reason, fallback.message)
+            await self._event(obj, WARNING, fallback.reason, fallback.message)
         if chosen.strategy != CSI_CLONE:
             msg = f"clone strategy {chosen.strategy} is not available in this build"
             if chosen.fallback is not None:
