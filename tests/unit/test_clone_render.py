@@ -11,6 +11,8 @@ from cdi.api.types import DataVolume
 from cdi.controller.flavours import select_flavour
 from cdi.controller.flavours.clone import Throttle, content_problem, populated, writers_of
 from cdi.render import clone as plan
+from cdi.render.clone_pod import CloneSourcePod, client_name, render_clone_source_pod
+from cdi.render.worker_pod import WorkerPod
 
 LOOP = {"provisioner": "testkit.local/loop", "allowVolumeExpansion": True}
 CLASSES: dict[str, dict[str, Any]] = {
@@ -134,3 +136,41 @@ def test_a_waiting_clone_repeats_its_event_at_most_once_a_minute() -> None:
     assert throttle.due("other", "CloneSourceInUse", "pod w")
     now[0] += 60
     assert throttle.due("uid", "CloneSourceInUse", "pod w")
+
+
+def test_the_source_pod_streams_the_source_to_the_targets_upload_server() -> None:
+    dv = DataVolume.from_dict({"metadata": {"name": "mine", "namespace": "tenant", "uid": "d1"}})
+    source = {"metadata": {"name": "fedora", "namespace": "golden"},
+              "spec": {"volumeMode": "Filesystem"}}  # fmt: skip
+    target = {"metadata": {"name": "mine", "namespace": "tenant", "uid": "t1"},
+              "spec": {"volumeMode": "Block"}}  # fmt: skip
+    config = CloneSourcePod(WorkerPod(image="quay.io/cdi-py/cdi-cloner:latest"), "t1-client")
+    pod = render_clone_source_pod(dv, source, target, config)
+    assert pod["metadata"]["name"] == "t1-source-pod"
+    assert pod["metadata"]["namespace"] == "golden"
+    assert "ownerReferences" not in pod["metadata"]  # no owner across namespaces
+    assert pod["metadata"]["labels"]["cdi.kubevirt.io/cloneTargetUID"] == "t1"
+    env = {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"]}
+    assert env["UPLOAD_URL"] == "https://cdi-upload-mine.tenant.svc:8443/v1beta1/upload"
+    assert env["VOLUME_MODE"] == "filesystem" and env["CLONE_STREAM"] == "raw"
+    assert env["MOUNT_POINT"] == "/var/run/cdi/clone/source"
+    assert all(not v.startswith("-----BEGIN") for v in env.values())  # keys are files
+    claim = pod["spec"]["volumes"][0]["persistentVolumeClaim"]
+    assert claim == {"claimName": "fedora", "readOnly": True}
+    assert client_name(source, target) == "golden/fedora-tenant/mine"
+    sec = pod["spec"]["containers"][0]["securityContext"]
+    assert sec["readOnlyRootFilesystem"] and not sec["allowPrivilegeEscalation"]
+
+
+def test_a_block_source_is_mounted_as_a_device() -> None:
+    dv = DataVolume.from_dict({"metadata": {"name": "mine", "namespace": "golden", "uid": "d1"}})
+    source = {"metadata": {"name": "fedora", "namespace": "golden"},
+              "spec": {"volumeMode": "Block"}}  # fmt: skip
+    target = {"metadata": {"name": "mine", "namespace": "golden", "uid": "t1"}, "spec": {}}
+    config = CloneSourcePod(WorkerPod(image="cloner"), "secret")
+    pod = render_clone_source_pod(dv, source, target, config)
+    container = pod["spec"]["containers"][0]
+    assert container["volumeDevices"] == [{"name": "source", "devicePath": "/dev/cdi-block-volume"}]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert (env["VOLUME_MODE"], env["CLONE_STREAM"]) == ("block", "raw")
+    assert pod["metadata"]["ownerReferences"][0]["uid"] == "d1"  # same namespace: owned
