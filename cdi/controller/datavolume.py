@@ -49,6 +49,7 @@ from cdi.controller.flavours import (
     Flavour,
     FlavourDeps,
     FlavourTable,
+    Forgets,
     PhaseEvent,
     ShapesClaim,
     Unsupported,
@@ -145,7 +146,12 @@ class DataVolumeReconciler:
         try:
             obj = await self.kube.get(DATAVOLUMES, name, namespace)
         except NotFound:
-            return Result()  # deleted: owner references let the garbage collector clean up
+            # deleted: owner references let the garbage collector clean up, and flavours
+            # that made objects in other namespaces undo them
+            for flavour in {id(f): f for f in self.flavours.values()}.values():
+                if isinstance(flavour, Forgets):
+                    await flavour.forget(namespace or "", name)
+            return Result()
         if (obj.get("metadata") or {}).get("deletionTimestamp"):
             return Result()
         try:

@@ -33,6 +33,7 @@ ANN_FALLBACK_REASON = f"{GROUP}/cloneFallbackReason"
 ANN_CLONE_REQUEST = "k8s.io/CloneRequest"
 ANN_CLONE_OF = "k8s.io/CloneOf"
 LABEL_CLONE_FOR = f"{GROUP}/cloneFor"  # on the temporary claim and the moving PV: the DV's UID
+ANN_MOVE_TARGET = f"{GROUP}/clone.moveTarget"  # on both too: "namespace/name" of the target
 REASON_INCOMPATIBLE_PVC = "ErrIncompatiblePVC"
 SMALLER = "target resources requests storage size is smaller than the source"
 
@@ -148,7 +149,9 @@ def temporary_claim_name(dv_uid: str) -> str:
     return f"tmp-pvc-{dv_uid}"
 
 
-def temporary_claim(target: Mapping[str, Any], dv_uid: str, source_ns: str, source: str) -> JSON:
+def temporary_claim(
+    target: Mapping[str, Any], dv_uid: str, source_ns: str, source: str, target_key: str = ""
+) -> JSON:
     """The claim cloned in the source namespace whose volume becomes the target's: the
     target's class, modes and size, ``dataSource`` = the source, labelled with the DV's UID."""
     spec = target.get("spec") or {}
@@ -160,6 +163,7 @@ def temporary_claim(target: Mapping[str, Any], dv_uid: str, source_ns: str, sour
             "name": temporary_claim_name(dv_uid),
             "namespace": source_ns,
             "labels": {LABEL_CLONE_FOR: dv_uid, "app": "containerized-data-importer"},
+            "annotations": {ANN_MOVE_TARGET: target_key},
         },
         "spec": {
             **{k: copy.deepcopy(spec[k]) for k in keep if k in spec},

@@ -111,6 +111,14 @@ class ShapesClaim(Protocol):
     ) -> tuple[JSON | None, View, Result]: ...
 
 
+@runtime_checkable
+class Forgets(Protocol):
+    """A flavour that leaves objects no owner reference can collect (a clone's temporary claim
+    in another namespace): ``forget`` runs when the DataVolume's key is found gone."""
+
+    async def forget(self, namespace: str, name: str) -> None: ...
+
+
 @dataclass(frozen=True)
 class Unsupported:
     """A DataVolume this controller does not fill (yet): which source, and why."""

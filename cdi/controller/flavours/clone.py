@@ -211,7 +211,8 @@ class CloneFlavour:
     async def _move(
         self, dv: DataVolume, source: CloneSource, desired: JSON, view: View
     ) -> tuple[JSON | None, View, Result]:
-        tmp = plan.temporary_claim(desired, dv.uid, source.namespace, source.name)
+        key = f"{dv.namespace}/{dv.name}"
+        tmp = plan.temporary_claim(desired, dv.uid, source.namespace, source.name, key)
         try:
             state = await self.move.step(dv.uid, tmp, dv.namespace, dv.name)
         except MoveRefused as exc:
@@ -263,6 +264,10 @@ class CloneFlavour:
             patch = {"metadata": {"annotations": record.annotations()}}
             await self.kube.patch(PVCS, meta["name"], patch, meta.get("namespace"))
         return dataclasses.replace(view, record=record), Result()
+
+    async def forget(self, namespace: str, name: str) -> None:
+        """The DataVolume ``namespace/name`` is gone: undo a move it left half-way."""
+        await self.move.abandon(namespace, name)
 
     async def finish(self, claim: Claim) -> None:
         """A CSI clone leaves no worker behind; a move ends in ``sync`` before the record."""

@@ -15,6 +15,12 @@ a controller killed at any point finishes the move on restart and never loses th
 5. the target claim is created with ``spec.volumeName`` = the PV, and the PV binder binds them;
 6. once the target is Bound to it, ``finish`` restores the reclaim policy and drops the label.
 
+``abandon`` undoes a move whose DataVolume was deleted (called when its key is gone): the
+temporary claim is deleted and a held volume gets its reclaim policy back, and, if it waited
+for a target that will never come, a claim reference that no claim has, so it is Released and
+reclaimed as its class says. A DataVolume deleted while the controller was down is not seen;
+its leftovers carry the label ``cdi.kubevirt.io/cloneFor``.
+
 Nothing here decides whether the clone is allowed: the flavour authorizes before step 1.
 """
 
@@ -25,14 +31,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from cdi.api.constants import GROUP
-from cdi.kube.client import PVCS, AsyncKube, Resource
+from cdi.kube.client import DATAVOLUMES, PVCS, AsyncKube, Resource
 from cdi.kube.errors import Conflict, NotFound
-from cdi.render.clone import LABEL_CLONE_FOR
+from cdi.render.clone import ANN_MOVE_TARGET, LABEL_CLONE_FOR
 
 JSON = dict[str, Any]
 PERSISTENT_VOLUMES = Resource("", "v1", "persistentvolumes", "PersistentVolume", namespaced=False)
 ANN_RECLAIM_POLICY = f"{GROUP}/clone.originalReclaimPolicy"
-ANN_MOVE_TARGET = f"{GROUP}/clone.moveTarget"
 RETAIN = "Retain"
 
 
@@ -171,3 +176,37 @@ class VolumeMove:
         }
         await self.kube.patch(PERSISTENT_VOLUMES, str(meta["name"]), patch)
         return True
+
+    async def abandon(self, target_ns: str, target: str) -> int:
+        """Undo the moves toward ``target_ns/target`` whose DataVolume is gone; how many."""
+        key, undone = f"{target_ns}/{target}", 0
+        alive = await self.kube.get_or_none(DATAVOLUMES, target, target_ns)
+        alive_uid = (_meta(alive).get("uid") if alive else None) or ""
+        for res in (PERSISTENT_VOLUMES, PVCS):
+            found = await self.kube.list(res, label_selector=LABEL_CLONE_FOR)
+            for obj in found.get("items") or []:
+                meta = _meta(obj)
+                if (meta.get("annotations") or {}).get(ANN_MOVE_TARGET) != key:
+                    continue
+                if (meta.get("labels") or {}).get(LABEL_CLONE_FOR) == alive_uid:
+                    continue  # a DataVolume of that name and UID exists: its move goes on
+                if res is PVCS:
+                    await self._delete_claim(obj)
+                else:
+                    await self._release(obj)
+                undone += 1
+        return undone
+
+    async def _release(self, pv: JSON) -> None:
+        meta, spec = _meta(pv), pv.get("spec") or {}
+        original = (meta.get("annotations") or {}).get(ANN_RECLAIM_POLICY) or "Delete"
+        patch: JSON = {
+            "metadata": {
+                "labels": {LABEL_CLONE_FOR: None},
+                "annotations": {ANN_RECLAIM_POLICY: None, ANN_MOVE_TARGET: None},
+            },
+            "spec": {"persistentVolumeReclaimPolicy": original},
+        }
+        if not (spec.get("claimRef") or {}).get("uid"):  # pre-bound to a claim never made
+            patch["spec"]["claimRef"] = {"uid": f"abandoned-{meta.get('uid')}"}
+        await self.kube.patch(PERSISTENT_VOLUMES, str(meta["name"]), patch)

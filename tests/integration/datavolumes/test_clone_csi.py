@@ -243,3 +243,23 @@ def test_controller_killed_during_a_cross_namespace_move_finishes_it_on_restart(
     assert not (moved["metadata"].get("labels") or {}).get("cdi.kubevirt.io/cloneFor")
     tmp = f"tmp-pvc-{uid}"
     assert kube.get_or_none(ns_path(namespace, "persistentvolumeclaims", tmp)) is None
+
+
+def test_a_datavolume_deleted_during_a_move_leaves_nothing_behind(
+    kube: Kube, namespace: str, other_namespace: str, controller: Any,
+    image_server: ImageServer, images: Images,
+) -> None:  # fmt: skip
+    import_source(kube, image_server, namespace, "golden", "Filesystem")
+    succeeded(kube, namespace, "golden")
+    dv = kube.create(dv_path(other_namespace), clone_of("gone", namespace, "golden", "Filesystem"))
+    uid = dv["metadata"]["uid"]
+    selector = f"cdi.kubevirt.io%2FcloneFor%3D{uid}"
+    pvs = f"/api/v1/persistentvolumes?labelSelector={selector}"
+    wait_until(lambda: kube.get(pvs)["items"], "the volume held for the move", 60, 0.02)
+    held = kube.get(pvs)["items"][0]["metadata"]["name"]
+    kube.delete(dv_path(other_namespace, "gone"))
+    tmp = ns_path(namespace, "persistentvolumeclaims", f"tmp-pvc-{uid}")
+    wait_until(lambda: kube.get_or_none(tmp) is None, "the temporary claim deleted", 60)
+    wait_until(lambda: kube.get_or_none(f"/api/v1/persistentvolumes/{held}") is None,
+               "the held volume reclaimed", 90)  # fmt: skip
+    same_prefix_then_zeros(data_of(kube, namespace, "golden"), images.reference)  # intact
