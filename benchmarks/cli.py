@@ -23,7 +23,13 @@ from pathlib import Path
 
 from benchmarks import inputs as inputs_mod
 from benchmarks import report
-from benchmarks.measure import Paths, RunResult, ours_argv, reference_argv, run_route
+from benchmarks.measure import (
+    Paths,
+    RunResult,
+    ours_argv,
+    reference_argv,
+    run_route,
+)
 from benchmarks.routes import ROUTES, Route, inputs_for, rows_for, select_routes, split_patterns
 from benchmarks.server import ServerProcess
 
@@ -75,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--data-mb",
         type=float,
         default=None,
-        help=f"MB of files staged into the image (default {DATA_FRACTION:.0%} of --size)",
+        help=f"MB of files staged into the image (default {DATA_FRACTION * 100:.0f}%% of --size)",
     )
     p.add_argument(
         "--workdir",
@@ -188,11 +194,10 @@ def run_rounds(
     for n in range(1, args.rounds + 1):
         for route in (r for r in routes if r.name not in skip):
             url = server.url(route.input_name, throttled=route.throttled)
-            argv = (
-                ours_argv(args.cdi, url, paths.out, inputs.virtual_size)
-                if route.ours
-                else reference_argv(route, url, paths, inputs.path(route.input_name))
-            )
+            if route.ours and not route.upload:
+                argv = ours_argv(args.cdi, url, paths.out, inputs.virtual_size)
+            else:
+                argv = reference_argv(route, url, paths, inputs.path(route.input_name))
             res = run_route(
                 route,
                 argv=argv,

@@ -201,11 +201,14 @@ def run_route(
         argv, logdir, timeout, fsync=paths.out if route.ours else None
     )
     result = RunResult(route.name, round_no, rc == 0, seconds, user, sys_, rss, rc)
-    if route.ours:
+    if route.ours or route.upload:
         result.report = _parse_report(so)
         if rc == 0 and not result.report:
             result.ok = False
             result.error = "no JSON object on stdout"
+    timed = result.report.get("timed_seconds") if route.upload else None
+    if isinstance(timed, int | float):  # an upload: from its first byte (upload.py)
+        result.seconds = float(timed)
     if rc != 0:
         killed = rc == -signal.SIGKILL
         result.error = (

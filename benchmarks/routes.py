@@ -10,8 +10,10 @@ without running anything.
 from __future__ import annotations
 
 import fnmatch
+import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 CURL = "curl -sSf"
 DD_SPARSE = "dd of={out} bs=1M iflag=fullblock conv=sparse,fsync status=none"
@@ -42,6 +44,7 @@ class Route:
     description: str
     command: str = ""
     throttled: bool = False
+    upload: str = ""  # "direct" or "proxy": an upload (benchmarks/upload.py), not an import
 
 
 @dataclass(frozen=True)
@@ -65,6 +68,30 @@ def _ours(name: str, input_name: str, *, throttled: bool = False) -> Route:
         ours=True,
         description=f"cdi import {input_name} ({what})",
         throttled=throttled,
+    )
+
+
+UPLOAD = f"{sys.executable} {Path(__file__).resolve().parent / 'upload.py'} {{input}} {{out}}"
+"""benchmarks/upload.py: one upload, timed from its first byte to a durable disk.img."""
+
+
+_UPLOAD_WAYS = {
+    "direct": ("", "upload {} to a python -m uploader"),
+    "proxy": (" --via-proxy", "upload {} through the upload proxy to a python -m uploader"),
+    "cdi": (" --cdi-way", "CDI way: curl -T over TLS to scratch, then convert/decompress, sync"),
+}
+
+
+def _upload(name: str, input_name: str, via: str, *, suffix: str = "ours") -> Route:
+    """An upload (``via``: direct, proxy, or CDI's scratch route as a reference)."""
+    flag, what = _UPLOAD_WAYS[via]
+    return Route(
+        name=f"{name}.{suffix}",
+        input_name=input_name,
+        ours=suffix == "ours",
+        description=what.format(input_name),
+        command=UPLOAD + flag,
+        upload=via,
     )
 
 
@@ -148,6 +175,14 @@ ROUTES: tuple[Route, ...] = (
         "single curl -o disk.img && sync",
         f"{CURL} -o {{out}} {{url}} && sync {{out}}",
     ),
+    _upload("upqcow2", "disk.qcow2", "direct"),
+    _upload("upqcow2", "disk.qcow2", "cdi", suffix="ref-scratch"),
+    _upload("upgz", "disk.raw.gz", "direct"),
+    _upload("upgz", "disk.raw.gz", "cdi", suffix="ref-scratch"),
+    _upload("upqcow2proxy", "disk.qcow2", "proxy"),
+    _upload("upqcow2proxy", "disk.qcow2", "direct", suffix="ref-direct"),
+    _upload("upgzproxy", "disk.raw.gz", "proxy"),
+    _upload("upgzproxy", "disk.raw.gz", "direct", suffix="ref-direct"),
     _ours("rawslow", "disk.raw", throttled=True),
     Route(
         "rawslow.ref-curl",
@@ -188,6 +223,39 @@ RATIO_ROWS: tuple[RatioRow, ...] = (
         needs_zero_scratch=True,
     ),
     RatioRow("raw", "raw (parallel ranges) vs single curl", "raw.ours", "raw.ref-curl", 1.0, 4),
+    RatioRow(
+        "up-qcow2",
+        "qcow2 upload vs CDI's upload way (scratch + qemu-img)",
+        "upqcow2.ours",
+        "upqcow2.ref-scratch",
+        1.5,
+        12,
+        needs_zero_scratch=True,
+    ),
+    RatioRow(
+        "up-gz",
+        "raw.gz upload vs CDI's upload way (scratch + decompress)",
+        "upgz.ours",
+        "upgz.ref-scratch",
+        1.0,
+        12,
+    ),
+    RatioRow(
+        "up-qcow2-proxy",
+        "qcow2 upload through the proxy vs straight to the server",
+        "upqcow2proxy.ours",
+        "upqcow2proxy.ref-direct",
+        0.9,
+        12,
+    ),
+    RatioRow(
+        "up-gz-proxy",
+        "raw.gz upload through the proxy vs straight to the server",
+        "upgzproxy.ours",
+        "upgzproxy.ref-direct",
+        0.9,
+        12,
+    ),
     RatioRow(
         "rawslow",
         "raw, throttled per connection, vs single curl",

@@ -1,45 +1,15 @@
 """The importer's last line: any failure at all ends as a typed termination message.
 
-A typed ``WorkerError`` already carries a reason and a message fit for the DataVolume. Anything
-else is a bug, and its text cannot be shown: an exception message or traceback may hold the
-source URL with its credentials or a signed query. So the termination message gets the reason
-``InternalError`` and a fixed message, and the traceback goes to the pod log only, with URL
-userinfo and query strings redacted.
+The policy is shared by every worker and lives in ``cdi.api.failure`` (the workers may not
+import each other): a typed ``WorkerError`` keeps its reason and message; anything else is a
+bug that ends as ``InternalError`` with a fixed message, its traceback only in the pod log with
+URL userinfo and query strings redacted. This module names the importer in that message.
 """
 
 from __future__ import annotations
 
-import logging
-import traceback
-from collections.abc import Awaitable, Callable
+from cdi.api.failure import failure_message, guarded, internal_message
 
-from cdi.api.errors import InternalError, WorkerError
-from cdi.api.redact import redact_text
-from cdi.api.termination import TerminationMessage
+INTERNAL_MESSAGE = internal_message("importer")
 
-INTERNAL_MESSAGE = "the importer failed unexpectedly; the pod log has the details"
-
-
-def failure_message(exc: BaseException, log: logging.Logger) -> TerminationMessage:
-    """The termination message for ``exc``; an untyped one is logged (redacted) first."""
-    if isinstance(exc, WorkerError):
-        return TerminationMessage(reason=exc.reason, message=exc.message, transient=exc.transient)
-    text = "".join(traceback.format_exception(exc))
-    log.error("unexpected failure:\n%s", redact_text(text))
-    return TerminationMessage(reason=InternalError.reason, message=INTERNAL_MESSAGE)
-
-
-async def guarded(
-    work: Callable[[], Awaitable[TerminationMessage]],
-    termination_path: str | None,
-    log: logging.Logger,
-) -> TerminationMessage:
-    """Run ``work``; whatever it raises becomes a failed, typed termination message (written
-    to ``termination_path``, as ``work`` writes its own result on success)."""
-    try:
-        return await work()
-    except Exception as exc:
-        message = failure_message(exc, log)
-        if termination_path:
-            message.write(termination_path)
-        return message
+__all__ = ["INTERNAL_MESSAGE", "failure_message", "guarded"]

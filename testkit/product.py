@@ -1,6 +1,7 @@
 """Install the product on a testkit cluster the way a user does: ``kubectl apply`` of ``crds/``
 and ``deploy/`` as they are in the repository, then wait until every Deployment there is
-Available and the admission webhook answers through its Service.
+Available, the admission webhook answers through its Service and every APIService (the upload
+token API) is Available through the kube-apiserver's aggregation.
 
 The node maps our image names to ``python -m cdi`` and friends (``images.yaml``), so the
 Deployments run the checkout's code; nothing is started by hand and nothing in the manifests
@@ -11,9 +12,7 @@ uses the same steps for the one-command try-out. :class:`Kubectl` runs the kubec
 
 from __future__ import annotations
 
-import base64
 import os
-import secrets
 import signal
 import subprocess
 import time
@@ -25,7 +24,7 @@ import yaml
 
 from testkit.cluster import DEFAULT_BIN_DIR, REPO_ROOT, Cluster
 from testkit.images import ImageMap
-from testkit.kubeclient import ApiError, Kube, ns_path
+from testkit.kubeclient import Kube
 from testkit.podenv import expand
 from testkit.waiting import wait_until
 
@@ -35,7 +34,6 @@ CRD_DIR = REPO_ROOT / "crds"
 NAMESPACE = "cdi"
 LEASE = "cdi-controller-leader-election-helper"
 CONTROLLER = "cdi-controller"
-REQUESTER_KEY_SECRET = "cdi-requester-key"  # deploy/20-controller.yaml, 30-webhook.yaml
 # A DataVolume with two sources: only our validating webhook refuses it with this message.
 WEBHOOK_PROBE = {
     "apiVersion": "cdi.kubevirt.io/v1beta1",
@@ -119,6 +117,13 @@ def container_argv(
     return [expand(a, env) for a in argv]
 
 
+def api_services(deploy_dir: Path = DEPLOY_DIR) -> list[str]:
+    """Names of the APIServices in ``deploy/`` (the UploadTokenRequest API)."""
+    return [
+        d["metadata"]["name"] for d in deploy_documents(deploy_dir) if d["kind"] == "APIService"
+    ]
+
+
 @dataclass
 class Product:
     """``crds/`` and ``deploy/`` applied to one cluster."""
@@ -138,8 +143,6 @@ class Product:
     def install(self, timeout: float = 180) -> Product:
         t0 = time.monotonic()
         self.apply_crds()
-        self.kubectl("apply", "-f", str(DEPLOY_DIR / "00-namespace.yaml"))
-        self.ensure_requester_key()
         self.kubectl("apply", "-f", str(DEPLOY_DIR))
         try:
             for ns, name in deployments():
@@ -148,26 +151,12 @@ class Product:
                     f"--timeout={int(timeout)}s", timeout=timeout + 10,
                 )  # fmt: skip
             wait_until(self._webhook_refuses_probe, "the webhook to answer through its Service", 60)
+            for name in api_services():
+                wait_until(lambda n=name: self._api_service_available(n), f"APIService {name}", 60)
         except (KubectlFailed, TimeoutError, subprocess.TimeoutExpired) as e:
             raise ProductNotReady(f"{e}\n{self._pod_log_tails()}") from e
         self.installed_in = time.monotonic() - t0
         return self
-
-    def ensure_requester_key(self) -> None:
-        """The installer's part of clone authorization: the HMAC key the webhook signs the
-        requester record with and the controller checks it with (``cdi.api.requester``),
-        random per cluster, in the Secret both Deployments mount. Kept if it exists."""
-        secret = {
-            "apiVersion": "v1",
-            "kind": "Secret",
-            "metadata": {"name": REQUESTER_KEY_SECRET, "namespace": "cdi"},
-            "data": {"key": base64.b64encode(secrets.token_hex(32).encode()).decode()},
-        }
-        try:
-            self.kube.create(ns_path("cdi", "secrets"), secret)
-        except ApiError as e:
-            if not e.conflict:
-                raise
 
     def _pod_log_tails(self, chars: int = 2000) -> str:
         """What the product's pods said, for a start-up that went wrong."""
@@ -179,6 +168,13 @@ class Product:
         self.kubectl(
             "wait", "--for=condition=Established", "--timeout=60s", "-f", str(CRD_DIR), timeout=70
         )
+
+    def _api_service_available(self, name: str) -> bool:
+        """The kube-apiserver reaches the aggregated API through its Service (the node's
+        service proxy writes the EndpointSlice its availability check wants)."""
+        svc = self.kube.get_or_none(f"/apis/apiregistration.k8s.io/v1/apiservices/{name}") or {}
+        conditions = (svc.get("status") or {}).get("conditions") or []
+        return any(c["type"] == "Available" and c["status"] == "True" for c in conditions)
 
     def _webhook_refuses_probe(self) -> bool:
         """A server-side dry run goes through admission: our webhook, reached by the API server

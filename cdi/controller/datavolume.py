@@ -11,9 +11,12 @@ left alone), then takes at most one step toward the goal and writes the status o
    (``allowClaimAdoption``; an adopted PVC gets no owner reference, so it outlives the DV);
 2. PVC not bound on a WaitForFirstConsumer class: wait (WaitForFirstConsumer) unless the DV
    asks for immediate binding, in which case the worker pod is the first consumer;
-3. otherwise the flavour's ``sync`` takes one step of its work (import: create the attempt's
+3. a claim that names a ``VolumeImportSource`` (created with it on CSI storage, or when
+   ``storage.usePopulator`` asks) is the populator's to fill
+   (``cdi.controller.populators``): its status is read from the claim, nothing is run here;
+4. otherwise the flavour's ``sync`` takes one step of its work (import: create the attempt's
    importer pod, follow it, let the failure policy decide) and says what it saw;
-4. once the outcome is recorded on the PVC, the flavour's ``finish`` cleans up.
+5. once the outcome is recorded on the PVC, the flavour's ``finish`` cleans up.
 
 The status is the pure ``compute_status`` of what was seen, with the flavour's phases. Every
 child name is deterministic and every create treats 409 AlreadyExists as "already done", so a
@@ -39,6 +42,7 @@ from cdi.api.constants import (
     ANN_POPULATED_FOR,
     ANN_PRE_POPULATED,
     CDICONFIG_NAME,
+    KIND_VOLUME_IMPORT_SOURCE,
     ConditionReason,
     Phase,
 )
@@ -57,8 +61,10 @@ from cdi.controller.flavours import (
 )
 from cdi.controller.flavours.import_ import ImportSettings
 from cdi.controller.flavours.table import standard_flavours
+from cdi.controller.flavours.upload import UploadSettings
 from cdi.controller.pods import owned_pods
 from cdi.controller.policy import FailurePolicy
+from cdi.controller.populators.datavolume import populated_claim, population_view
 from cdi.controller.progress import Scraper
 from cdi.controller.record import OUTCOME_SUCCEEDED, ImportRecord
 from cdi.controller.status import ClaimProblem, View, compute_status
@@ -67,6 +73,7 @@ from cdi.kube.errors import Conflict, NotFound
 from cdi.kube.events import NORMAL, WARNING, EventRecorder
 from cdi.kube.workqueue import Result
 from cdi.render import RenderError
+from cdi.render.prime import populator_kind
 from cdi.render.pvc import render_pvc
 
 log = logging.getLogger(__name__)
@@ -106,6 +113,7 @@ class ControllerConfig:
     claim_adoption_gate: bool = False  # CDI feature gate DataVolumeClaimAdoption
     cluster_cidrs: tuple[str, ...] = ()  # pod/service/node ranges imports may not reach
     requester_key: bytes | None = None  # checks the webhook's requester record (clones)
+    upload: UploadSettings = field(default_factory=UploadSettings)
 
 
 def utc_now() -> str:
@@ -138,7 +146,9 @@ class DataVolumeReconciler:
         self.config = config
         if flavours is None:
             deps = FlavourDeps(kube, events, scraper, clock)
-            flavours = standard_flavours(deps, import_settings(config), config.requester_key)
+            flavours = standard_flavours(
+                deps, import_settings(config), config.upload, config.requester_key
+            )
         self.flavours = flavours
 
     async def reconcile(self, key: str) -> Result:
@@ -239,6 +249,9 @@ class Step:
             deleting = f'Resource "{dv.name}" marked for deletion'
             self._see(problem=ClaimProblem(ConditionReason.PENDING, deleting))
             return Result(requeue_after=5.0)
+        if populator_kind(pvc) == KIND_VOLUME_IMPORT_SOURCE:  # the populator fills it
+            self.view = population_view(self.view, pvc, r.waits_for_consumer(pvc))
+            return Result()
         pods = owned_pods(r.caches.pods.items(), dv.uid)
         claim = Claim(dv, self.obj, pvc, record, pods, r.cdi_config())
         if record.done:
@@ -281,6 +294,9 @@ class Step:
             if shaped is None:
                 return result
             desired = shaped
+        desired = await populated_claim(
+            self.r.kube, self.dv, desired, self.r.caches.storage_classes
+        )
         try:
             await self.r.kube.create(PVCS, desired, self.dv.namespace)
         except Conflict:

@@ -179,23 +179,26 @@ class VolumeMove:
 
     async def abandon(self, target_ns: str, target: str) -> int:
         """Undo the moves toward ``target_ns/target`` whose DataVolume is gone; how many."""
-        key, undone = f"{target_ns}/{target}", 0
+        key = f"{target_ns}/{target}"
         alive = await self.kube.get_or_none(DATAVOLUMES, target, target_ns)
         alive_uid = (_meta(alive).get("uid") if alive else None) or ""
-        for res in (PERSISTENT_VOLUMES, PVCS):
-            found = await self.kube.list(res, label_selector=LABEL_CLONE_FOR)
-            for obj in found.get("items") or []:
-                meta = _meta(obj)
-                if (meta.get("annotations") or {}).get(ANN_MOVE_TARGET) != key:
-                    continue
-                if (meta.get("labels") or {}).get(LABEL_CLONE_FOR) == alive_uid:
-                    continue  # a DataVolume of that name and UID exists: its move goes on
-                if res is PVCS:
-                    await self._delete_claim(obj)
-                else:
-                    await self._release(obj)
-                undone += 1
-        return undone
+
+        def orphans(found: JSON) -> list[JSON]:
+            """Moves toward ``key`` whose DataVolume (by UID) no longer exists."""
+            return [
+                obj
+                for obj in found.get("items") or []
+                if (_meta(obj).get("annotations") or {}).get(ANN_MOVE_TARGET) == key
+                and (_meta(obj).get("labels") or {}).get(LABEL_CLONE_FOR) != alive_uid
+            ]
+
+        volumes = orphans(await self.kube.list(PERSISTENT_VOLUMES, label_selector=LABEL_CLONE_FOR))
+        claims = orphans(await self.kube.list(PVCS, label_selector=LABEL_CLONE_FOR))
+        for pv in volumes:
+            await self._release(pv)
+        for tmp in claims:
+            await self._delete_claim(tmp)
+        return len(volumes) + len(claims)
 
     async def _release(self, pv: JSON) -> None:
         meta, spec = _meta(pv), pv.get("spec") or {}

@@ -1,9 +1,9 @@
 """Which flavour fills a DataVolume, by the member of ``spec.source``: the one table.
 
-Every ``SourceKind`` has an entry, so a source is never silently dropped: it is imported,
-or it maps to ``Unsupported`` with the reason, which the reconciler logs and otherwise leaves
-alone (no status is written, as for a DataVolume another controller owns). When the upload
-and clone flavours land, their entries here change from ``Unsupported`` to the flavour.
+Every ``SourceKind`` has an entry, so a source is never silently dropped: it is imported or
+uploaded (``flavours/upload.py``), or it maps to ``Unsupported`` with the reason, which the
+reconciler logs and otherwise leaves alone (no status is written, as for a DataVolume another
+controller owns). When the clone flavour lands, its entries change from ``Unsupported``.
 
 imageio and vddk stay unsupported: the importer has no such source, and an importer pod for
 them would only fail. s3, gcs and registry are rendered as importer pods, as before this
@@ -16,12 +16,16 @@ from cdi.api.constants import SourceKind
 from cdi.controller.flavours import Flavour, FlavourDeps, FlavourTable, Unsupported
 from cdi.controller.flavours.clone import CloneFlavour
 from cdi.controller.flavours.import_ import ImportFlavour, ImportSettings
+from cdi.controller.flavours.upload import UploadFlavour, UploadSettings
 
 NOT_YET = "not supported yet"
 
 
 def standard_flavours(
-    deps: FlavourDeps, import_settings: ImportSettings, requester_key: bytes | None = None
+    deps: FlavourDeps,
+    import_settings: ImportSettings,
+    upload_settings: UploadSettings | None = None,
+    requester_key: bytes | None = None,
 ) -> FlavourTable:
     importer: Flavour = ImportFlavour(deps, import_settings)
     cloner: Flavour = CloneFlavour(deps, requester_key)
@@ -31,7 +35,7 @@ def standard_flavours(
         SourceKind.GCS: importer,
         SourceKind.REGISTRY: importer,
         SourceKind.BLANK: importer,
-        SourceKind.UPLOAD: Unsupported(SourceKind.UPLOAD, f"upload is {NOT_YET}"),
+        SourceKind.UPLOAD: UploadFlavour(deps, upload_settings or UploadSettings()),
         SourceKind.PVC: cloner,  # and sourceRef DataSource (select_flavour)
         SourceKind.SNAPSHOT: cloner,  # waits as CloneWithoutSource: no snapshot API here
         SourceKind.IMAGEIO: Unsupported(SourceKind.IMAGEIO, f"imageio import is {NOT_YET}"),

@@ -16,7 +16,6 @@ stay refused: the same set-up an operator makes.
 from __future__ import annotations
 
 import asyncio
-import base64
 import copy
 import os
 import random
@@ -266,8 +265,7 @@ class ControllerProcess:
     def start(self) -> ControllerProcess:
         self.starts += 1
         argv = container_argv("cdi-controller", {"POD_IP": "127.0.0.1"})
-        argv += [f"--kubeconfig={self.cluster.kubeconfig}", f"--requester-key-file={self._key()}"]
-        argv += self.args
+        argv += [f"--kubeconfig={self.cluster.kubeconfig}", *self.args]
         with open(self.log_dir / f"controller-{self.starts}.log", "wb") as log:
             self.proc = subprocess.Popen(
                 argv,
@@ -278,13 +276,6 @@ class ControllerProcess:
                 start_new_session=True,
             )
         return self
-
-    def _key(self) -> Path:
-        """The installed requester key (the Deployment mounts it from its Secret)."""
-        secret = self.cluster.kube().get("/api/v1/namespaces/cdi/secrets/cdi-requester-key")
-        path = self.log_dir / "requester.key"
-        path.write_bytes(base64.b64decode(secret["data"]["key"]))
-        return path
 
     def kill(self) -> None:
         """SIGKILL: no graceful shutdown, no lease release (a crash)."""

@@ -1,0 +1,286 @@
+"""One timed upload (or N at once) for the benchmark's upload rows.
+
+``python benchmarks/upload.py INPUT OUT [--via-proxy | --cdi-way] [--concurrent N]`` makes a
+throw-away PKI and then, per mode:
+
+- default: a real upload server (``python -m uploader``, DESTINATION=OUT) and an upload of
+  INPUT with the client library (``cdi.upload.client``) straight to it;
+- ``--via-proxy``: the same through a real upload proxy process (``make_proxy_app`` with a
+  fixed PVC table; its Kubernetes lookups are the only part not exercised);
+- ``--cdi-way``: CDI's route for an upload: ``curl -T`` sends INPUT over TLS to a receiver that
+  writes the body to a scratch file (OpenSSL does the TLS, the loop is ``recv_into`` +
+  ``write``, as thin as a Go server's), then ``qemu-img convert`` (a ``.gz`` input: ``pigz -dc
+  | dd conv=sparse``) into OUT, ``sync``.
+
+The timed region is the same in every mode: from the first byte of the upload request to a
+durable OUT (``timed_seconds`` in the JSON, which the runner uses as the run's time). Starting
+the server, the proxy and the receiver is not in it: the upload pod is ready before a user
+uploads. The last stdout line is JSON: the server's termination message (``scratch_used``,
+``duration_seconds``), ``timed_seconds``, and the peak RSS (VmHWM, sampled from /proc) of the
+server and the proxy. With ``--concurrent N``: N servers and N uploads of INPUT at once
+(OUT.0 ... OUT.N-1) and every server's peak RSS (issue 12's "10 uploads at once").
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import json
+import os
+import socket
+import ssl
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if __package__ in (None, ""):  # run as a script: the repository root (tests/) importable
+    sys.path.insert(0, str(ROOT))
+
+from cdi.upload.client import ClientSettings, upload_file  # noqa: E402
+from cdi.upload.token import UploadGrant, issue  # noqa: E402
+from tests.component.upload_peers import Pki, make_pki  # noqa: E402
+
+DD_SPARSE = "dd of={out} bs=1M iflag=fullblock conv=sparse,fsync status=none"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _peak_rss_mb(pid: int) -> float:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024 / 1e6
+    except OSError:
+        pass
+    return 0.0
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_pki(pki: Pki, folder: Path) -> None:
+    files = {"tls.crt": pki.server.cert_pem, "tls.key": pki.server.key_pem}
+    files |= {"ca.crt": pki.client_ca.cert_pem, "server-ca.crt": pki.server_ca.cert_pem}
+    for name, data in files.items():
+        (folder / name).write_bytes(data)
+
+
+async def _listening(port: int) -> None:
+    for _ in range(800):
+        try:
+            _, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.close()
+            return
+        except OSError:
+            await asyncio.sleep(0.025)
+    raise RuntimeError(f"nothing listens on {port}")
+
+
+class Server:
+    """A ``python -m uploader`` child writing OUT, sampled for its peak RSS while it runs."""
+
+    def __init__(self, folder: Path, out: Path) -> None:
+        self.port = _free_port()
+        self.termination = folder / "termination-log"
+        self.env = {
+            "TLS_CERT_FILE": str(folder / "tls.crt"),
+            "TLS_KEY_FILE": str(folder / "tls.key"),
+            "CLIENT_CERT_FILE": str(folder / "ca.crt"),
+            "DESTINATION": str(out),
+            "UPLOAD_SERVER_ADDRESS": "127.0.0.1",
+            "UPLOAD_SERVER_PORT": str(self.port),
+            "UPLOAD_SCRATCH_DIR": str(folder / "no-scratch-volume"),
+            "UPLOAD_TERMINATION_PATH": str(self.termination),
+        }
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.peak = 0.0
+
+    async def start(self) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "uploader"],
+            env={**os.environ, **self.env},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        await _listening(self.port)
+
+    async def finish(self) -> dict[str, Any]:
+        assert self.proc is not None
+        while self.proc.poll() is None:
+            self.peak = max(self.peak, _peak_rss_mb(self.proc.pid))
+            await asyncio.sleep(0.05)
+        report: dict[str, Any] = json.loads(self.termination.read_text())
+        return report
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+async def _proxy(pki: Pki, folder: Path, server_port: int) -> tuple[subprocess.Popen[str], int]:
+    pvc = {
+        "metadata": {
+            "name": "disk",
+            "namespace": "tenant",
+            "uid": "uid-disk",
+            "annotations": {
+                "cdi.kubevirt.io/storage.upload.target": "",
+                "cdi.kubevirt.io/storage.pod.ready": "true",
+            },
+        },
+        "spec": {},
+    }
+    config = {
+        "proxy_cert": pki.proxy.cert_pem.decode(),
+        "proxy_key": pki.proxy.key_pem.decode(),
+        "server_ca": pki.server_ca.cert_pem.decode(),
+        "client_cert": pki.client.cert_pem.decode(),
+        "client_key": pki.client.key_pem.decode(),
+        "public_keys": {k: v.decode() for k, v in pki.ring.public_keys().items()},
+        "pvcs": [pvc],
+        "peer": f"https://127.0.0.1:{server_port}",
+    }
+    (folder / "proxy.json").write_text(json.dumps(config))
+    argv = [
+        sys.executable,
+        "-m",
+        "tests.component.upload_proxy_process",
+        str(folder / "proxy.json"),
+    ]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    assert proc.stdout is not None
+    line = await asyncio.to_thread(proc.stdout.readline)
+    return proc, int(line)
+
+
+async def ours(pki: Pki, folder: Path, source: Path, out: Path, proxy: bool) -> dict[str, Any]:
+    server = Server(folder, out)
+    await server.start()
+    proxy_proc, proxy_peak = None, 0.0
+    url, ctx = f"https://127.0.0.1:{server.port}", pki.upstream()
+    try:
+        if proxy:
+            proxy_proc, port = await _proxy(pki, folder, server.port)
+            url, ctx = f"https://127.0.0.1:{port}", pki.client_trusting_proxy()
+        token = issue(pki.ring, UploadGrant("tenant", "disk", "uid-disk"), dt.datetime.now(dt.UTC))
+        started = time.perf_counter()
+        await upload_file(str(source), ClientSettings(url, ssl=ctx), token=lambda: token)
+        report = await server.finish()
+        await asyncio.to_thread(_fsync, out)
+        timed = time.perf_counter() - started
+        if proxy_proc is not None:
+            proxy_peak = _peak_rss_mb(proxy_proc.pid)
+    finally:
+        if proxy_proc is not None:
+            proxy_proc.terminate()
+            proxy_proc.wait()
+        server.stop()
+    return report | {
+        "timed_seconds": round(timed, 3),
+        "server_rss_mb": round(server.peak, 1),
+        "proxy_rss_mb": round(proxy_peak, 1),
+    }
+
+
+def _sink(listener: socket.socket, ctx: ssl.SSLContext, scratch: Path) -> None:
+    """Receive one HTTP upload over TLS and write its body to ``scratch`` (CDI's route)."""
+    conn, _ = listener.accept()
+    with ctx.wrap_socket(conn, server_side=True) as tls, open(scratch, "wb") as fh:
+        head = b""
+        while b"\r\n\r\n" not in head:
+            head += tls.recv(65536)
+        head, _, body = head.partition(b"\r\n\r\n")
+        length = next(
+            int(line.split(b":", 1)[1])
+            for line in head.split(b"\r\n")
+            if line.lower().startswith(b"content-length:")
+        )
+        fh.write(body)
+        left, buf = length - len(body), memoryview(bytearray(1 << 20))
+        while left > 0:
+            n = tls.recv_into(buf, min(left, len(buf)))
+            if not n:
+                raise ConnectionError("body cut")
+            fh.write(buf[:n])
+            left -= n
+        tls.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+
+
+async def cdi_way(pki: Pki, folder: Path, source: Path, out: Path) -> dict[str, Any]:
+    scratch = out.with_name("scratch.img")
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(folder / "tls.crt", folder / "tls.key")
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    thread = threading.Thread(target=_sink, args=(listener, ctx, scratch), daemon=True)
+    thread.start()
+    send = (
+        f"curl -sSf --cacert {folder / 'server-ca.crt'} -T {source} "
+        f"-H 'Content-Type: application/octet-stream' https://127.0.0.1:{port}/v1beta1/upload"
+    )
+    if source.name.endswith(".gz"):
+        convert = f"pigz -dc {scratch} | " + DD_SPARSE.format(out=out)
+    else:
+        convert = f"qemu-img convert -O raw {scratch} {out} && sync {out}"
+    started = time.perf_counter()
+    cmd = f"{send} && {convert} && rm -f {scratch}"
+    done = await asyncio.to_thread(subprocess.run, ["bash", "-o", "pipefail", "-c", cmd])
+    timed = time.perf_counter() - started
+    listener.close()
+    if done.returncode:
+        return {"reason": "Failed", "message": f"exit {done.returncode}"}
+    return {"reason": "Completed", "timed_seconds": round(timed, 3), "scratch_used": True}
+
+
+async def main_async(args: argparse.Namespace) -> int:
+    with tempfile.TemporaryDirectory(prefix="cdi-upload-bench-") as tmp:
+        pki = make_pki()
+        jobs = []
+        for n in range(args.concurrent):
+            folder = Path(tmp) / str(n)
+            folder.mkdir()
+            _write_pki(pki, folder)
+            out = args.out if args.concurrent == 1 else args.out.with_suffix(f".{n}")
+            if args.cdi_way:
+                jobs.append(cdi_way(pki, folder, args.input, out))
+            else:
+                jobs.append(ours(pki, folder, args.input, out, args.via_proxy))
+        reports = await asyncio.gather(*jobs)
+    if args.concurrent > 1:
+        rss = [r["server_rss_mb"] for r in reports]
+        ok = all(r.get("reason") == "Completed" for r in reports)
+        print(json.dumps({"uploads": len(reports), "all_completed": ok, "server_rss_mb": rss}))
+        return 0 if ok else 1
+    print(json.dumps(reports[0]))
+    return 0 if reports[0].get("reason") == "Completed" else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    p.add_argument("input", type=Path)
+    p.add_argument("out", type=Path)
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--via-proxy", action="store_true", help="through a real upload proxy")
+    mode.add_argument("--cdi-way", action="store_true", help="CDI's route: scratch, then convert")
+    p.add_argument("--concurrent", type=int, default=1)
+    return asyncio.run(main_async(p.parse_args(argv)))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
