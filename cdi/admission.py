@@ -30,6 +30,7 @@ from typing import Any
 
 from aiohttp import web
 
+from cdi.api.cloneauth import AccessCheck, access_review_body
 from cdi.api.constants import CDICONFIG_NAME
 from cdi.api.requester import RequesterSigner
 from cdi.kube.client import (
@@ -86,6 +87,11 @@ class KubeLookup:
     def claim_adoption_enabled(self) -> bool:
         config = self.kube.get_or_none(CDI_CONFIGS, CDICONFIG_NAME) or {}
         return CLAIM_ADOPTION_GATE in ((config.get("spec") or {}).get("featureGates") or [])
+
+    def allows(self, user: UserInfo, namespace: str, check: AccessCheck) -> bool:
+        body = access_review_body(user.username, user.groups, namespace, check)
+        review = self.kube.create(SUBJECT_ACCESS_REVIEWS, body)
+        return bool((review.get("status") or {}).get("allowed"))
 
     def can_read(
         self, user: UserInfo, namespace: str, group: str, resource: str, name: str
@@ -222,7 +228,7 @@ async def serve_webhook(kube: Kube, config: WebhookConfig) -> None:
 
     lookup = KubeLookup(kube)
     signer = RequesterSigner(config.requester_key) if config.requester_key else None
-    runner = web.AppRunner(make_app(lookup, run_blocking, lookup, signer))
+    runner = web.AppRunner(make_app(lookup, run_blocking, lookup, signer, lookup))
     await runner.setup()
     await web.TCPSite(runner, config.host, config.port, ssl_context=ctx).start()
     log.info("serving admission webhooks on %s:%d", config.host, config.port)

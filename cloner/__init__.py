@@ -1,1 +1,2 @@
-"""Cloner worker (data plane). Reuses the importer pipeline; see docs/architecture.md."""
+"""The host-assisted clone source (``python -m cloner``): reads the source volume and streams
+it over mutual TLS to the upload server on the target claim (``docs/controller.md``)."""

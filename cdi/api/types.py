@@ -19,6 +19,7 @@ from typing import Any
 from cdi.api.codec import ApiObject, api_field
 from cdi.api.constants import (
     API_VERSION,
+    KIND_DATASOURCE,
     KIND_DATAVOLUME,
     ConditionStatus,
     ContentType,
@@ -308,3 +309,47 @@ class DataVolume(ApiObject):
 def resolve_volume_mode(mode: str | None) -> VolumeMode:
     """Kubernetes' default: anything but Block is a filesystem volume."""
     return VolumeMode.BLOCK if mode == VolumeMode.BLOCK else VolumeMode.FILESYSTEM
+
+
+# --- DataSource ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DataSourceSource(ApiObject):
+    """``spec.source`` of a DataSource: at most one of a PVC, a VolumeSnapshot or another
+    DataSource (CDI allows one level of indirection), each ``{namespace, name}``."""
+
+    pvc: ObjectRef | None = None
+    snapshot: ObjectRef | None = None
+    data_source: ObjectRef | None = None
+
+    @property
+    def empty(self) -> bool:
+        return self.pvc is None and self.snapshot is None and self.data_source is None
+
+
+@dataclass(frozen=True)
+class DataSourceSpec(ApiObject):
+    source: DataSourceSource = dataclasses.field(default_factory=DataSourceSource)
+
+
+@dataclass(frozen=True)
+class DataSourceStatus(ApiObject):
+    """The resolved source (through a referenced DataSource) and the ``Ready`` condition."""
+
+    source: DataSourceSource | None = None
+    conditions: tuple[Condition, ...] = ()
+
+    def condition(self, type_: str) -> Condition | None:
+        return next((c for c in self.conditions if c.type == type_), None)
+
+
+@dataclass(frozen=True)
+class DataSource(ApiObject):
+    """A named pointer to a golden image (``cdi.kubevirt.io/v1beta1`` ``DataSource``)."""
+
+    metadata: ObjectMeta = dataclasses.field(default_factory=ObjectMeta)
+    spec: DataSourceSpec = dataclasses.field(default_factory=DataSourceSpec)
+    status: DataSourceStatus | None = None
+    api_version: str = API_VERSION
+    kind: str = KIND_DATASOURCE

@@ -27,13 +27,12 @@ from cdi.controller.dataimportcron_desired import (
     ANN_NEXT_CRON_TIME,
     ANN_POLLER_UID,
     DATAIMPORTCRONS,
-    DATASOURCES,
     GC_NEVER,
     LABEL_CRON,
     Cron,
 )
 from cdi.controller.policy import pod_outcome
-from cdi.kube.client import CDI_CONFIGS, DATAVOLUMES, PODS, AsyncKube
+from cdi.kube.client import CDI_CONFIGS, DATA_SOURCES, DATAVOLUMES, PODS, AsyncKube
 from cdi.kube.errors import Conflict, NotFound
 from cdi.kube.workqueue import Result
 from cdi.render.importer_pod import ImporterPodConfig
@@ -203,27 +202,13 @@ class DataImportCronReconciler:
             if ".kubevirt.io/" in k and not k.startswith("cdi.kubevirt.io/")
         }
         want = desired.desired_data_source(cron, pvc, labels)
-        found = await self.kube.get_or_none(DATASOURCES, cron.managed, cron.namespace)
+        found = await self.kube.get_or_none(DATA_SOURCES, cron.managed, cron.namespace)
         if found is None:
-            found = await self.kube.create(DATASOURCES, want)
+            await self.kube.create(DATA_SOURCES, want)
         elif (found.get("spec") or {}).get("source") != want["spec"]["source"]:
             patch = {"spec": want["spec"], "metadata": {"labels": want["metadata"]["labels"]}}
-            found = await self.kube.patch(DATASOURCES, cron.managed, patch, cron.namespace)
-        ready = {
-            "source": want["spec"]["source"],
-            "conditions": [
-                desired.condition(
-                    ((found.get("status") or {}).get("conditions") or []),
-                    "Ready", True, "Ready", "DataSource is ready to be consumed",
-                    desired.rfc3339(self.clock()),
-                )
-            ],
-        }  # fmt: skip
-        if (found.get("status") or {}) != ready:
-            try:
-                await self.kube.replace(DATASOURCES, {**found, "status": ready}, sub="status")
-            except Conflict:
-                pass  # re-read on the next reconcile
+            await self.kube.patch(DATA_SOURCES, cron.managed, patch, cron.namespace)
+        # Its Ready condition and status.source are the DataSource reconciler's (datasource.py).
 
     async def _collect(self, cron: Cron, current: str) -> None:
         if cron.garbage_collect == GC_NEVER:

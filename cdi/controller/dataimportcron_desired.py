@@ -34,7 +34,6 @@ from cdi.render.importer_pod import (
 
 JSON = dict[str, Any]
 DATAIMPORTCRONS = Resource("cdi.kubevirt.io", "v1beta1", "dataimportcrons", "DataImportCron")
-DATASOURCES = Resource("cdi.kubevirt.io", "v1beta1", "datasources", "DataSource")
 _A = "cdi.kubevirt.io/"
 ANN_DESIRED_DIGEST = _A + "storage.import.sourceDesiredDigest"
 ANN_NEXT_CRON_TIME = _A + "storage.import.nextCronTime"

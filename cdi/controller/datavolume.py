@@ -53,7 +53,9 @@ from cdi.controller.flavours import (
     Flavour,
     FlavourDeps,
     FlavourTable,
+    Forgets,
     PhaseEvent,
+    ShapesClaim,
     Unsupported,
     select_flavour,
 )
@@ -110,6 +112,7 @@ class ControllerConfig:
     progress_interval: float = 2.0
     claim_adoption_gate: bool = False  # CDI feature gate DataVolumeClaimAdoption
     cluster_cidrs: tuple[str, ...] = ()  # pod/service/node ranges imports may not reach
+    requester_key: bytes | None = None  # checks the webhook's requester record (clones)
     upload: UploadSettings = field(default_factory=UploadSettings)
 
 
@@ -143,7 +146,9 @@ class DataVolumeReconciler:
         self.config = config
         if flavours is None:
             deps = FlavourDeps(kube, events, scraper, clock)
-            flavours = standard_flavours(deps, import_settings(config), config.upload)
+            flavours = standard_flavours(
+                deps, import_settings(config), config.upload, config.requester_key
+            )
         self.flavours = flavours
 
     async def reconcile(self, key: str) -> Result:
@@ -151,7 +156,12 @@ class DataVolumeReconciler:
         try:
             obj = await self.kube.get(DATAVOLUMES, name, namespace)
         except NotFound:
-            return Result()  # deleted: owner references let the garbage collector clean up
+            # deleted: owner references let the garbage collector clean up, and flavours
+            # that made objects in other namespaces undo them
+            for flavour in {id(f): f for f in self.flavours.values()}.values():
+                if isinstance(flavour, Forgets):
+                    await flavour.forget(namespace or "", name)
+            return Result()
         if (obj.get("metadata") or {}).get("deletionTimestamp"):
             return Result()
         try:
@@ -251,7 +261,8 @@ class Step:
             return Result()
         waiting = r.waits_for_consumer(pvc)
         immediate = ANN_IMMEDIATE_BINDING in dv.annotations
-        if phase != "Bound" and not (waiting and immediate):
+        fills_unbound = isinstance(self.flavour, ShapesClaim) and self.flavour.fills_unbound
+        if phase != "Bound" and not (waiting and immediate) and not fills_unbound:
             self._see(waiting_for_consumer=waiting)
             return Result()
         self.view, result = await self.flavour.sync(claim, self.view)
@@ -276,6 +287,13 @@ class Step:
         desired = self._render_pvc()
         if desired is None:
             return Result(requeue_after=30.0)
+        if isinstance(self.flavour, ShapesClaim):
+            shaped, self.view, result = await self.flavour.before_claim(
+                self.dv, self.obj, desired, self.view
+            )
+            if shaped is None:
+                return result
+            desired = shaped
         desired = await populated_claim(
             self.r.kube, self.dv, desired, self.r.caches.storage_classes
         )

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import signal
 from dataclasses import dataclass, field
@@ -38,7 +39,8 @@ from cdi.api.constants import (
 )
 from cdi.controller.cdiconfig import CDIConfigReconciler
 from cdi.controller.dataimportcron import CronSettings, DataImportCronReconciler
-from cdi.controller.dataimportcron_desired import DATAIMPORTCRONS, DATASOURCES, LABEL_CRON
+from cdi.controller.dataimportcron_desired import DATAIMPORTCRONS, LABEL_CRON
+from cdi.controller.datasource import DataSourceReconciler, keys_naming
 from cdi.controller.datavolume import (
     Caches,
     ControllerConfig,
@@ -57,6 +59,7 @@ from cdi.controller.storageprofile import StorageProfileReconciler
 from cdi.controller.uploadpvc import UploadPVCReconciler, is_upload_target, owned_by_datavolume
 from cdi.kube.client import (
     CDI_CONFIGS,
+    DATA_SOURCES,
     DATAVOLUMES,
     PODS,
     PVCS,
@@ -151,7 +154,7 @@ class Manager:
             "profile": Informer(kube, STORAGE_PROFILES, resync=r),
             "config": Informer(kube, CDI_CONFIGS, resync=r),
             "cron": Informer(kube, DATAIMPORTCRONS, resync=r),
-            "datasource": Informer(kube, DATASOURCES, resync=r),
+            "ds": Informer(kube, DATA_SOURCES, resync=r),
         }
         self.scraper = HttpScraper()
         self.metrics = ControllerMetrics(
@@ -174,7 +177,8 @@ class Manager:
             ),
             EventRecorder(self.kube, "datavolume-controller", identity),
             self.scraper,
-            cfg.controller,
+            # the clone flavour checks the webhook's signed requester record with this key
+            dataclasses.replace(cfg.controller, requester_key=cfg.requester_key),
         )
         profiles = StorageProfileReconciler(self.kube, utc_now)
         cdi_config = CDIConfigReconciler(self.kube, i["sc"], cfg.namespace, cfg.config_recheck)
@@ -204,6 +208,7 @@ class Manager:
             ImportFlavour(deps, import_settings(cfg.controller)),
         )
         self.populator_kinds = populator.kinds
+        datasources = DataSourceReconciler(self.kube, utc_now)
         reconcilers: list[tuple[str, Reconcile, int]] = [
             ("datavolume", datavolumes.reconcile, cfg.workers),
             ("uploadpvc", uploads.reconcile, 1),
@@ -211,6 +216,7 @@ class Manager:
             ("dataimportcron", crons.reconcile, 1),
             ("storageprofile", profiles.reconcile, 1),
             ("cdiconfig", cdi_config.reconcile, 1),
+            ("datasource", datasources.reconcile, 1),
         ]
         return {
             name: Loop(name, new_queue(), self.metrics.timed(name, fn), workers)
@@ -240,9 +246,29 @@ class Manager:
             self.informers[name].add_handler(lambda _o: self._enqueue_waiting())
         crons = self.loops["dataimportcron"]
         self.informers["cron"].add_handler(lambda o: crons.enqueue(object_key(o)))
-        for name in ("dv", "pod", "datasource"):
+        for name in ("dv", "pod", "ds"):
             self.informers[name].add_handler(lambda o: crons.enqueue(cron_key(o)))
         config.enqueue(CDICONFIG_NAME)  # created if missing, even before any event
+        self._wire_datasources()
+
+    def _wire_datasources(self) -> None:
+        """A DataSource maps to itself and to those naming it; a PVC or DataVolume to every
+        DataSource naming a PVC of its name (a DataSource follows its DataVolume's phase)."""
+        loop, store = self.loops["datasource"], self.informers["ds"]
+
+        def naming(kind: str, obj: dict[str, Any]) -> None:
+            meta = obj.get("metadata") or {}
+            ns, name = str(meta.get("namespace") or ""), str(meta.get("name") or "")
+            for key in keys_naming(store.items(), kind, ns, name):
+                loop.enqueue(key)
+
+        def itself_and_referrers(obj: dict[str, Any]) -> None:
+            loop.enqueue(object_key(obj))
+            naming("dataSource", obj)
+
+        store.add_handler(itself_and_referrers)
+        for name in ("pvc", "dv"):
+            self.informers[name].add_handler(lambda o: naming("pvc", o))
 
     def _upload_key(self, pvc: dict[str, Any]) -> str | None:
         """A plain PVC that is an upload target, or any PVC with an upload server that is no

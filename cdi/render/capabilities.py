@@ -129,6 +129,8 @@ KNOWN: Mapping[str, tuple[Capability, ...]] = {
 
 CSI_CLONE, SNAPSHOT, COPY = "csi-clone", "snapshot", "copy"
 CLONE_STRATEGY: Mapping[str, str] = {
+    LOCAL_PROVISIONER: CSI_CLONE,  # testkit's provisioner clones a claim named in dataSource
+    f"{LOCAL_PROVISIONER}/block": CSI_CLONE,
     "rbd.csi.ceph.com": CSI_CLONE,
     "rook-ceph.rbd.csi.ceph.com": CSI_CLONE,
     "openshift-storage.rbd.csi.ceph.com": CSI_CLONE,

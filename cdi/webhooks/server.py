@@ -30,6 +30,7 @@ from typing import Any
 
 from aiohttp import web
 
+from cdi.webhooks.clone_auth import AccessReviewer, NoCrossNamespaceClones, authorize_clone
 from cdi.webhooks.dataimportcron import validate_dataimportcron
 from cdi.webhooks.mutation import Signer, UserInfo, mutate_datavolume
 from cdi.webhooks.populators import validate_populator
@@ -77,6 +78,7 @@ def validate_review(
     request: Mapping[str, Any],
     lookup: ClusterLookup,
     authorizer: Authorizer | None = None,
+    reviewer: AccessReviewer | None = None,
 ) -> dict[str, Any]:
     uid = str(request.get("uid", ""))
     if request.get("operation") not in ("CREATE", "UPDATE"):
@@ -84,12 +86,13 @@ def validate_review(
     new = request.get("object") or {}
     old = request.get("oldObject") if request.get("operation") == "UPDATE" else None
     namespace = (new.get("metadata") or {}).get("namespace") or request.get("namespace") or ""
-    seen = RequesterLookup(
-        lookup,
-        authorizer or NoCrossNamespaceReads(),
-        UserInfo.from_dict(request.get("userInfo") or {}),
-        str(namespace),
-    )
+    user = UserInfo.from_dict(request.get("userInfo") or {})
+    seen = RequesterLookup(lookup, authorizer or NoCrossNamespaceReads(), user, str(namespace))
+    if old is None:  # clone authorization first, as CDI's mutating webhook answers it first
+        clones = reviewer or NoCrossNamespaceClones()
+        denied = authorize_clone(new, str(namespace), user, seen, clones)
+        if not denied.allowed:
+            return verdict_response(uid, denied)
     verdict = validate_datavolume(new, old, seen, namespace=request.get("namespace"))
     return verdict_response(uid, verdict)
 
@@ -148,13 +151,15 @@ def make_app(
     run_blocking: RunBlocking,
     authorizer: Authorizer | None = None,
     signer: Signer | None = None,
+    reviewer: AccessReviewer | None = None,
 ) -> web.Application:
     """``authorizer`` None: no requester may see objects in other namespaces. ``signer`` None:
-    the requester record is written unsigned (the controller will not trust it for clones)."""
+    the requester record is written unsigned (the controller will not trust it for clones).
+    ``reviewer`` None: no cross-namespace clone is admitted."""
 
     async def validate(request: web.Request) -> web.Response:
         review = await _read_review(request)
-        verdict = await run_blocking(validate_review, review, lookup, authorizer)
+        verdict = await run_blocking(validate_review, review, lookup, authorizer, reviewer)
         return web.json_response(verdict)
 
     async def mutate(request: web.Request) -> web.Response:

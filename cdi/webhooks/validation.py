@@ -363,6 +363,10 @@ def _check_source_ref(
             )
         ]
     source = (data_source.get("spec") or {}).get("source") or {}
+    inner = source.get("dataSource")
+    if isinstance(inner, dict) and inner.get("name"):  # one reference deep, as CDI resolves it
+        referenced = ctx.get_data_source(ref_ns, str(inner["name"])) or {}
+        source = (referenced.get("spec") or {}).get("source") or {}
     if source.get("pvc"):
         pvc = ObjectRef.from_dict(source["pvc"], "spec.source.pvc")
         return _check_source_pvc(spec, pvc, ctx, "spec.sourceRef")

@@ -33,6 +33,9 @@ class Grants:
             raise OSError("API server unreachable")
         return key in self.allowed
 
+    def allows(self, *_: Any) -> bool:
+        return True  # clone rights granted: these tests are about what the rules may read
+
 
 class CountingLookup:
     """A ``StaticLookup`` that remembers which PVCs the webhook read."""
@@ -101,8 +104,8 @@ def test_same_answer_whether_the_foreign_object_exists_or_not(source: Mapping[st
     )
     absent = CountingLookup()
     grants = Grants()
-    with_object = answer(validate_review(review(source), present, grants))
-    without = answer(validate_review(review(source), absent, grants))
+    with_object = answer(validate_review(review(source), present, grants, grants))
+    without = answer(validate_review(review(source), absent, grants, grants))
     assert with_object == without
     assert "payroll" not in with_object[1] and "50Gi" not in with_object[1]
     assert ("finance", "payroll") not in present.reads  # not even looked up
@@ -112,16 +115,18 @@ def test_same_answer_whether_the_foreign_object_exists_or_not(source: Mapping[st
 def test_a_requester_who_may_read_the_source_gets_cdis_answer() -> None:
     lookup = CountingLookup(pvcs={("finance", "payroll"): SECRET_PVC})
     grants = Grants({("alice", "finance", "persistentvolumeclaims", "payroll")})
-    allowed, message = answer(validate_review(review(CLONE, "alice"), lookup, grants))
+    allowed, message = answer(validate_review(review(CLONE, "alice"), lookup, grants, grants))
     assert not allowed
     assert message == "Source contentType (archive) and target contentType (kubevirt) do not match"
 
 
 def test_no_authorizer_or_a_failing_one_reveals_nothing() -> None:
+    # Without clone rights the answer is clone authorization's, which names no object either.
+    denied = (False, "User alice has insufficient permissions in clone source namespace finance")
     lookup = CountingLookup(pvcs={("finance", "payroll"): SECRET_PVC})
-    assert answer(validate_review(review(CLONE, "alice"), lookup)) == (True, "")
+    assert answer(validate_review(review(CLONE, "alice"), lookup)) == denied
     broken = Grants({("alice", "finance", "persistentvolumeclaims", "payroll")}, broken=True)
-    assert answer(validate_review(review(CLONE, "alice"), lookup, broken)) == (True, "")
+    assert answer(validate_review(review(CLONE, "alice"), lookup, broken, broken)) == (True, "")
     assert set(lookup.reads) == {("tenant", "dv")}  # only the target claim, in the DV's namespace
 
 

@@ -23,6 +23,7 @@ from cdi.controller.flavours import (
     Unsupported,
     select_flavour,
 )
+from cdi.controller.flavours.clone import CloneFlavour
 from cdi.controller.flavours.import_ import ImportFlavour, ImportSettings
 from cdi.controller.flavours.table import standard_flavours
 from cdi.controller.flavours.upload import UploadFlavour
@@ -108,7 +109,10 @@ def test_upload_is_filled_by_the_upload_flavour(table: FlavourTable) -> None:
     assert chosen.phases.in_progress == Phase.UPLOAD_READY
 
 
-@pytest.mark.parametrize("kind", sorted(set(SourceKind) - FILLED))
+CLONED = {SourceKind.PVC, SourceKind.SNAPSHOT}
+
+
+@pytest.mark.parametrize("kind", sorted(set(SourceKind) - FILLED - CLONED))
 def test_other_sources_are_not_supported_yet_and_say_so(
     table: FlavourTable, kind: SourceKind
 ) -> None:
@@ -118,11 +122,11 @@ def test_other_sources_are_not_supported_yet_and_say_so(
     assert "not supported yet" in chosen.message
 
 
-def test_a_datasource_reference_is_not_supported_yet(table: FlavourTable) -> None:
+def test_clones_and_datasource_references_get_the_clone_flavour(table: FlavourTable) -> None:
     dv = datavolume({"sourceRef": {"kind": "DataSource", "name": "fedora"}})
-    assert select_flavour(dv, table) == Unsupported(
-        "DataSource", "sourceRef DataSource is not supported yet"
-    )
+    assert isinstance(select_flavour(dv, table), CloneFlavour)
+    for kind in CLONED:
+        assert isinstance(select_flavour(from_source(kind), table), CloneFlavour)
 
 
 class StubUpload:

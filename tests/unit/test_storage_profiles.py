@@ -111,7 +111,7 @@ def test_spec_claim_property_sets_override_the_table_even_when_incomplete() -> N
 @pytest.mark.parametrize(
     ("cls", "fields", "strategy"),
     [
-        (sc("a", caps.LOCAL_PROVISIONER), {}, "copy"),
+        (sc("a", caps.LOCAL_PROVISIONER), {}, "csi-clone"),
         (sc("a", "rbd.csi.ceph.com"), {}, "csi-clone"),
         (sc("a", "rbd.csi.ceph.com"), {"cloneStrategy": "copy"}, "copy"),
         (
@@ -122,7 +122,7 @@ def test_spec_claim_property_sets_override_the_table_even_when_incomplete() -> N
         (sc("a", "pd.csi.storage.gke.io"), {}, "copy"),  # snapshot, but no snapshot class
         (sc("a", "pd.csi.storage.gke.io"), {"snapshotClass": "vsc"}, "snapshot"),
     ],
-    ids=["default", "table", "spec wins", "class annotation", "no snapshot class", "snapshot"],
+    ids=["local", "table", "spec wins", "class annotation", "no snapshot class", "snapshot"],
 )
 def test_clone_strategy_precedence(
     cls: dict[str, Any], fields: dict[str, Any], strategy: str

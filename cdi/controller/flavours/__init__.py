@@ -24,10 +24,10 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from cdi.api.config import CDIConfig
-from cdi.api.constants import SourceKind
+from cdi.api.constants import KIND_DATASOURCE, SourceKind
 from cdi.api.types import DataVolume
 from cdi.controller.progress import Scraper
 from cdi.controller.record import ImportRecord
@@ -96,6 +96,29 @@ class Flavour(Protocol):
         ...
 
 
+@runtime_checkable
+class ShapesClaim(Protocol):
+    """A flavour that decides its claim itself (a clone: size, ``dataSource``, a moved volume).
+
+    The reconciler calls ``before_claim`` with the rendered claim while none exists, and creates
+    what it returns (None: not yet); ``fills_unbound`` flavours get ``sync`` while the claim is
+    still Pending (a clone waits for its bind there)."""
+
+    fills_unbound: bool
+
+    async def before_claim(
+        self, dv: DataVolume, obj: Mapping[str, Any], desired: JSON, view: View
+    ) -> tuple[JSON | None, View, Result]: ...
+
+
+@runtime_checkable
+class Forgets(Protocol):
+    """A flavour that leaves objects no owner reference can collect (a clone's temporary claim
+    in another namespace): ``forget`` runs when the DataVolume's key is found gone."""
+
+    async def forget(self, namespace: str, name: str) -> None: ...
+
+
 @dataclass(frozen=True)
 class Unsupported:
     """A DataVolume this controller does not fill (yet): which source, and why."""
@@ -111,7 +134,10 @@ def select_flavour(dv: DataVolume, table: FlavourTable) -> Flavour | Unsupported
     """The flavour for ``dv``'s source, or why there is none."""
     if dv.spec.source_ref is not None:
         kind = dv.spec.source_ref.kind or "sourceRef"
-        return Unsupported(kind, f"sourceRef {kind} is not supported yet")
+        if kind != KIND_DATASOURCE:
+            return Unsupported(kind, f"sourceRef {kind} is not supported")
+        via = table.get(SourceKind.PVC)  # a DataSource is cloned like the PVC it names
+        return via if via is not None else Unsupported(kind, "no flavour for it")
     source = dv.spec.source_kind
     if source is None:
         return Unsupported("none", "the DataVolume has no single source")

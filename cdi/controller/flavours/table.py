@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from cdi.api.constants import SourceKind
 from cdi.controller.flavours import Flavour, FlavourDeps, FlavourTable, Unsupported
+from cdi.controller.flavours.clone import CloneFlavour
 from cdi.controller.flavours.import_ import ImportFlavour, ImportSettings
 from cdi.controller.flavours.upload import UploadFlavour, UploadSettings
 
@@ -24,8 +25,10 @@ def standard_flavours(
     deps: FlavourDeps,
     import_settings: ImportSettings,
     upload_settings: UploadSettings | None = None,
+    requester_key: bytes | None = None,
 ) -> FlavourTable:
     importer: Flavour = ImportFlavour(deps, import_settings)
+    cloner: Flavour = CloneFlavour(deps, requester_key)
     return {
         SourceKind.HTTP: importer,
         SourceKind.S3: importer,
@@ -33,10 +36,8 @@ def standard_flavours(
         SourceKind.REGISTRY: importer,
         SourceKind.BLANK: importer,
         SourceKind.UPLOAD: UploadFlavour(deps, upload_settings or UploadSettings()),
-        SourceKind.PVC: Unsupported(SourceKind.PVC, f"clone from a PVC is {NOT_YET}"),
-        SourceKind.SNAPSHOT: Unsupported(
-            SourceKind.SNAPSHOT, f"clone from a snapshot is {NOT_YET}"
-        ),
+        SourceKind.PVC: cloner,  # and sourceRef DataSource (select_flavour)
+        SourceKind.SNAPSHOT: cloner,  # waits as CloneWithoutSource: no snapshot API here
         SourceKind.IMAGEIO: Unsupported(SourceKind.IMAGEIO, f"imageio import is {NOT_YET}"),
         SourceKind.VDDK: Unsupported(SourceKind.VDDK, f"vddk import is {NOT_YET}"),
     }

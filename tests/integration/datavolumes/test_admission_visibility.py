@@ -94,6 +94,10 @@ def test_a_tenant_cannot_probe_another_namespace_through_admission(
     rule = {"apiGroups": ["cdi.kubevirt.io"], "resources": ["datavolumes"],
             "verbs": ["create", "delete", "get"]}  # fmt: skip
     grant(kube, admission, f"bob-dvs-{secrets.token_hex(2)}", "bob", rule)
+    # bob may clone from finance (cdi-cloner's right) but not read its PVCs.
+    clone = {"apiGroups": ["cdi.kubevirt.io"], "resources": ["datavolumes/source"],
+             "verbs": ["create"]}  # fmt: skip
+    grant(kube, finance, "bob-clones", "bob", clone)
     bob = Kube.from_kubeconfig(cluster.kubeconfig_for("bob"))
 
     def bob_may_create() -> bool:

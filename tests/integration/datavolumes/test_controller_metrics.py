@@ -71,7 +71,7 @@ async def test_storage_profile_info_and_datavolume_phases_from_the_cluster(
             "default": "true",
             "virtdefault": "false",
             "rwx": "false",
-            "smartclone": "false",
+            "smartclone": "true",  # the local provisioner clones (csi-clone)
             "degraded": "true",
         }
         assert info["testkit-block"]["default"] == "false"

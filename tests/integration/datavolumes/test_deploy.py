@@ -180,6 +180,11 @@ CONTROLLER_MAY = [
     ("get", "secrets", "", "cdi", "cdi-uploadserver-ca", None),
     ("update", "secrets", "", "cdi", "cdi-uploadserver-client-ca", None),
     ("list", "storageclasses", "storage.k8s.io", None, None, None),
+    # a cross-namespace clone: its temporary claim, the PV it moves, the requester's rights
+    ("delete", "persistentvolumeclaims", "", "some-ns", "tmp-pvc-x", None),
+    ("patch", "persistentvolumes", "", None, "pv", None),
+    ("create", "subjectaccessreviews", "authorization.k8s.io", None, None, None),
+    ("patch", "datasources", "cdi.kubevirt.io", "some-ns", "ds", None),
     ("watch", "storageprofiles", "cdi.kubevirt.io", None, None, None),
     ("get", "cdiconfigs", "cdi.kubevirt.io", None, "config", None),
     ("create", "leases", "coordination.k8s.io", "cdi", None, None),
@@ -204,6 +209,8 @@ CONTROLLER_MUST_NOT = [
     ("update", "leases", "coordination.k8s.io", "kube-system", "kube-scheduler", None),
     ("update", "leases", "coordination.k8s.io", "cdi", "someone-elses-lease", None),
     ("create", "pods", "", "some-ns", None, "exec"),
+    ("delete", "persistentvolumes", "", None, "pv", None),
+    ("update", "datasources", "cdi.kubevirt.io", "some-ns", "ds", None),  # spec: users' only
 ]
 WEBHOOK_MAY = [
     ("get", "persistentvolumeclaims", "", "some-ns", "x", None),

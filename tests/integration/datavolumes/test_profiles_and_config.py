@@ -102,7 +102,7 @@ def test_every_local_storage_class_gets_a_recognized_complete_profile(
             "accessModes": ["ReadWriteOnce"],
             "volumeMode": mode,
         }
-        assert status["cloneStrategy"] == "copy"
+        assert status["cloneStrategy"] == "csi-clone"  # the provisioner clones dataSource
         recognized = status["conditions"][0]
         assert (recognized["type"], recognized["status"]) == ("Recognized", "True")
         assert profile["spec"] == {}

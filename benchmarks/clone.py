@@ -1,0 +1,204 @@
+"""Host-assisted clone's data path against the copy a user would make by hand, one run each.
+
+Routes, on the benchmark's 2 GiB OS image (``disk.raw`` of ``benchmarks/run.py``'s input cache,
+601 MB of files in ext4, the rest holes):
+
+- ``fs.ref-cp``: ``cp --sparse=always src/disk.img out/disk.img`` then ``sync``;
+- ``fs.ours``: ``python -m cloner`` (filesystem source) -> mutual TLS on loopback ->
+  ``benchmarks.clone_receiver`` (the upload server's stand-in: the data path into
+  ``out/disk.img``);
+- ``block.ref-dd``: ``dd if=<src loop> of=<dst loop> bs=1M conv=sparse,fsync``;
+- ``block.ours``: the cloner reading the source loop device -> the receiver writing the target
+  loop device.
+
+Printed: seconds, the ratio reference/ours (>= 0.8 wanted), allocated bytes of the output
+against the source's (<= 1.01 wanted), the peak RSS of the clone source and of the receiver
+(< 150 MB each wanted) and their CPU seconds. Outputs are checked byte for byte (outside the
+timing). Needs root (loop devices).
+``.venv/bin/python -m benchmarks.clone [--image PATH] [--workdir DIR]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from benchmarks.inputs import sha256_file
+from cdi.webhooks.certs import issue_client, issue_serving, new_ca
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_IMAGE = Path("/var/tmp/cdi-bench/inputs-2147483648-601MB-v1/disk.raw")
+CLIENT_NAME = "golden/os-tenant/os"
+
+
+@dataclass(frozen=True)
+class Run:
+    route: str
+    seconds: float
+    allocated: int
+    rss_mb: tuple[float, ...]
+    cpu: tuple[float, ...] = ()  # user+sys seconds of each process
+
+
+_HASHES: dict[Path, str] = {}
+
+
+def image_hash(image: Path) -> str:
+    if image not in _HASHES:
+        _HASHES[image] = sha256_file(image)
+    return _HASHES[image]
+
+
+def allocated(path: Path) -> int:
+    return os.stat(path).st_blocks * 512
+
+
+def timed(argv: list[str]) -> tuple[float, float]:
+    """Seconds and peak RSS (MB) of one child."""
+    t0 = time.monotonic()
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=REPO)
+    _, status, usage = os.wait4(proc.pid, 0)
+    if os.waitstatus_to_exitcode(status):
+        raise RuntimeError(
+            f"{argv[:3]} failed: {proc.stderr.read().decode()[-400:] if proc.stderr else ''}"
+        )
+    return time.monotonic() - t0, usage.ru_maxrss / 1024
+
+
+def certificates(work: Path) -> dict[str, str]:
+    now = dt.datetime.now(dt.UTC)
+    ca = new_ca("clone-bench-ca", now)
+    server = issue_serving(ca, ("localhost", "127.0.0.1"), now)
+    client = issue_client(ca, CLIENT_NAME, now)
+    files = {"ca": ca.cert_pem, "srv.crt": server.cert_pem, "srv.key": server.key_pem,
+             "cl.crt": client.cert_pem, "cl.key": client.key_pem}  # fmt: skip
+    for name, data in files.items():
+        (work / name).write_bytes(data)
+    return {name: str(work / name) for name in files}
+
+
+def ours(
+    route: str, work: Path, certs: dict[str, str], source: str, target: str, block: bool
+) -> Run:
+    port_file = work / "port"
+    port_file.unlink(missing_ok=True)
+    receiver = [sys.executable, "-m", "benchmarks.clone_receiver", "--target", target,
+                "--cert", certs["srv.crt"], "--key", certs["srv.key"], "--client-ca", certs["ca"],
+                "--client-name", CLIENT_NAME, "--port-file", str(port_file)]  # fmt: skip
+    t0 = time.monotonic()
+    proc = subprocess.Popen(receiver + (["--block"] if block else []), cwd=REPO,
+                            stdout=subprocess.DEVNULL)  # fmt: skip
+    while not port_file.exists() or not port_file.read_text():
+        time.sleep(0.01)
+    env = {**os.environ, "UPLOAD_URL": f"https://127.0.0.1:{port_file.read_text()}/v1beta1/upload",
+           "CLIENT_CERT_FILE": certs["cl.crt"], "CLIENT_KEY_FILE": certs["cl.key"],
+           "SERVER_CA_CERT_FILE": certs["ca"], "MOUNT_POINT": source,
+           "VOLUME_MODE": "block" if block else "filesystem",
+           "CLONER_TERMINATION_PATH": str(work / "termination")}  # fmt: skip
+    cloner = subprocess.Popen([sys.executable, "-m", "cloner"], env=env, cwd=REPO,
+                              stdout=subprocess.DEVNULL)  # fmt: skip
+    _, cstatus, cusage = os.wait4(cloner.pid, 0)
+    _, rstatus, rusage = os.wait4(proc.pid, 0)
+    seconds = time.monotonic() - t0
+    if os.waitstatus_to_exitcode(cstatus) or os.waitstatus_to_exitcode(rstatus):
+        raise RuntimeError(f"{route}: {(work / 'termination').read_text()}")
+    rss = (cusage.ru_maxrss / 1024, rusage.ru_maxrss / 1024)
+    cpu = (cusage.ru_utime + cusage.ru_stime, rusage.ru_utime + rusage.ru_stime)
+    return Run(route, seconds, 0, rss, cpu)
+
+
+@contextmanager
+def loop(backing: Path, size: int) -> Iterator[str]:
+    with open(backing, "wb") as fh:
+        fh.truncate(size)
+    dev = subprocess.run(["losetup", "--find", "--show", str(backing)], check=True,
+                         capture_output=True, text=True).stdout.strip()  # fmt: skip
+    try:
+        yield dev
+    finally:
+        subprocess.run(["losetup", "-d", dev], check=False)
+
+
+def filesystem_routes(image: Path, work: Path, certs: dict[str, str]) -> list[Run]:
+    src = work / "src"
+    src.mkdir(exist_ok=True)
+    (src / "disk.img").unlink(missing_ok=True)
+    os.link(image, src / "disk.img")
+    out = work / "out"
+    out.mkdir(exist_ok=True)
+    target = out / "disk.img"
+    runs = []
+    for route in ("fs.ref-cp", "fs.ours"):
+        target.unlink(missing_ok=True)
+        subprocess.run(["sync"], check=True)
+        if route == "fs.ref-cp":
+            seconds, rss = timed(
+                ["sh", "-c", f"cp --sparse=always {src}/disk.img {target} && sync {target}"]
+            )
+            run = Run(route, seconds, 0, (rss,))
+        else:
+            run = ours(route, work, certs, str(src), str(target), block=False)
+        assert sha256_file(target) == image_hash(image), f"{route}: output differs"
+        runs.append(Run(run.route, run.seconds, allocated(target), run.rss_mb, run.cpu))
+    return runs
+
+
+def block_routes(image: Path, work: Path, certs: dict[str, str]) -> list[Run]:
+    size = image.stat().st_size
+    runs = []
+    with loop(work / "src.blk", size) as src:
+        subprocess.run(["dd", f"if={image}", f"of={src}", "bs=1M", "conv=sparse,fsync",
+                        "status=none"], check=True)  # fmt: skip
+        for route in ("block.ref-dd", "block.ours"):
+            backing = work / "dst.blk"
+            backing.unlink(missing_ok=True)
+            with loop(backing, size) as dst:
+                subprocess.run(["sync"], check=True)
+                if route == "block.ref-dd":
+                    seconds, rss = timed(["dd", f"if={src}", f"of={dst}", "bs=1M",
+                                          "conv=sparse,fsync", "status=none"])  # fmt: skip
+                    run = Run(route, seconds, 0, (rss,))
+                else:
+                    run = ours(route, work, certs, src, dst, block=True)
+                assert sha256_file(Path(dst)) == image_hash(image), f"{route}: output differs"
+            runs.append(Run(run.route, run.seconds, allocated(backing), run.rss_mb, run.cpu))
+    return runs
+
+
+def report(runs: list[Run], source_allocated: int) -> str:
+    by = {r.route: r for r in runs}
+    lines = ["| route | seconds | ratio ref/ours | allocated / source | peak RSS MB | CPU s |",
+             "|---|---|---|---|---|---|"]  # fmt: skip
+    for r in runs:
+        kind = r.route.split(".")[0]
+        ref = next(v for k, v in by.items() if k.startswith(f"{kind}.ref"))
+        ratio = f"{ref.seconds / r.seconds:.2f}" if r.route.endswith("ours") else "-"
+        rss = " / ".join(f"{m:.0f}" for m in r.rss_mb)
+        cpu = " / ".join(f"{c:.2f}" for c in r.cpu) or "-"
+        lines.append(f"| {r.route} | {r.seconds:.2f} | {ratio} | "
+                     f"{r.allocated / source_allocated:.3f} | {rss} | {cpu} |")  # fmt: skip
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--image", type=Path, default=DEFAULT_IMAGE)
+    p.add_argument("--workdir", type=Path, default=Path("/var/tmp/cdi-bench/clone"))
+    a = p.parse_args(argv)
+    a.workdir.mkdir(parents=True, exist_ok=True)
+    certs = certificates(a.workdir)
+    runs = filesystem_routes(a.image, a.workdir, certs) + block_routes(a.image, a.workdir, certs)
+    print(report(runs, allocated(a.image)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

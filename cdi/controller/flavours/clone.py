@@ -1,0 +1,273 @@
+"""The clone flavour: a DataVolume filled from a PVC (``source.pvc``, or ``sourceRef`` to a
+DataSource), in its namespace or another one.
+
+A clone decides its target claim from the source (size, strategy, ``dataSource`` or a moved
+volume), so it works mostly before the claim exists, in ``before_claim``, which the reconciler
+calls instead of creating the rendered claim; each call takes one step and says what it saw:
+
+1. resolve the source (through the DataSource and one it references); none yet: Bound False
+   ``CloneWithoutSource`` "The source pvc <x> doesn't exist" (event, then proceed when it
+   appears). A snapshot source waits the same way: this cluster serves no snapshot API;
+2. authorize (``clone_auth``): a cross-namespace clone needs a requester record the webhook
+   signed and, now, the rights CDI asks for in the source namespace. Nothing of the source is
+   read before this;
+3. wait until the source is populated (its DataVolume Succeeded) and no running pod writes it
+   (event ``CloneSourceInUse``, phase CloneScheduled);
+4. size: ``storage`` without a size takes the source's; a smaller target is
+   ``ErrIncompatiblePVC`` with CDI's message; content types must match;
+5. strategy (``cdi.render.clone.plan_strategy``): the target profile's, or ``copy`` with CDI's
+   fallback reason (annotation ``cloneFallbackReason`` and an event);
+6. ``csi-clone``: same namespace, the claim is created with ``dataSource`` = the source;
+   across namespaces, ``clone_transfer.VolumeMove`` clones in the source namespace and moves
+   the volume, then the claim is created bound to it (phases CSICloneInProgress,
+   NamespaceTransferInProgress). ``copy`` (host-assisted, through an upload server on the target)
+   is not built yet: the DataVolume says so (``CloneStrategyUnavailable``) and waits.
+
+``sync`` (``fills_unbound``: called while the claim is still Pending) waits for the bind, ends a
+move, and records "Clone Complete" on the PVC: CloneSucceeded, Succeeded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from cdi.api.cloneauth import CloneSource, clone_source
+from cdi.api.constants import ANN_CONTENT_TYPE, ContentType, Phase
+from cdi.api.types import DataVolume
+from cdi.controller.flavours import JSON, Claim, FlavourDeps, PhaseEvent
+from cdi.controller.flavours.clone_auth import REASON_UNAUTHORIZED, CloneAuthorizer
+from cdi.controller.flavours.clone_transfer import MoveRefused, VolumeMove
+from cdi.controller.record import OUTCOME_SUCCEEDED, ImportRecord
+from cdi.controller.status import ClaimProblem, FlavourPhases, View
+from cdi.kube.client import DATA_SOURCES, PODS, PVCS, STORAGE_CLASSES, STORAGE_PROFILES
+from cdi.kube.events import NORMAL, WARNING
+from cdi.kube.workqueue import Result
+from cdi.render import clone as plan
+from cdi.render.clone import ANN_CLONE_REQUEST, CSI_CLONE, REASON_INCOMPATIBLE_PVC
+
+CLONE_PHASES = FlavourPhases(
+    scheduled=Phase.CLONE_SCHEDULED,
+    in_progress=Phase.CLONE_IN_PROGRESS,
+    worker="Clone source",
+    activity="Clone",
+)
+CLONE_EVENTS: Mapping[str, PhaseEvent] = {
+    Phase.CLONE_SCHEDULED: PhaseEvent(NORMAL, "CloneScheduled", "Cloning into {claim} scheduled"),
+    Phase.CLONE_IN_PROGRESS: PhaseEvent(NORMAL, "CloneInProgress", "Cloning into {claim}"),
+    Phase.CSI_CLONE_IN_PROGRESS: PhaseEvent(
+        NORMAL, "CSICloneInProgress", "CSI Volume clone in progress (for pvc: {claim})"
+    ),
+    Phase.NAMESPACE_TRANSFER_IN_PROGRESS: PhaseEvent(
+        NORMAL, "NamespaceTransferInProgress", "Moving the cloned volume to {claim}"
+    ),
+    Phase.SUCCEEDED: PhaseEvent(NORMAL, "CloneSucceeded", "Successfully cloned into {claim}"),
+    Phase.FAILED: PhaseEvent(WARNING, "CloneFailed"),
+}
+WITHOUT_SOURCE = "CloneWithoutSource"
+SOURCE_IN_USE = "CloneSourceInUse"
+UNAVAILABLE = "CloneStrategyUnavailable"
+CLONE_COMPLETE = ImportRecord(
+    outcome=OUTCOME_SUCCEEDED, reason="Completed", message="Clone Complete"
+)
+POLL = 1.0
+
+
+def _step(view: View, phase: Phase) -> View:
+    return dataclasses.replace(view, step=phase, pvc_phase=view.pvc_phase or "Pending")
+
+
+def _problem(view: View, reason: str, message: str) -> View:
+    return dataclasses.replace(view, problem=ClaimProblem(reason, message))
+
+
+def writers_of(pods: list[Mapping[str, Any]], claim: str) -> list[str]:
+    """Names of the pods not yet finished that mount ``claim`` writable (CDI's in-use rule)."""
+    out = []
+    for pod in pods:
+        if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+            continue
+        for vol in (pod.get("spec") or {}).get("volumes") or []:
+            ref = vol.get("persistentVolumeClaim") or {}
+            if ref.get("claimName") == claim and not ref.get("readOnly"):
+                out.append(str(pod["metadata"]["name"]))
+    return out
+
+
+def populated(pvc: Mapping[str, Any]) -> bool:
+    """Bound, and (when a DataVolume made it) filled: its record says Succeeded."""
+    if (pvc.get("status") or {}).get("phase") != "Bound":
+        return False
+    ann = (pvc.get("metadata") or {}).get("annotations") or {}
+    made_for_dv = "cdi.kubevirt.io/createdForDataVolume" in ann
+    return not made_for_dv or ImportRecord.from_pvc(pvc).outcome == OUTCOME_SUCCEEDED
+
+
+def content_problem(dv: DataVolume, source: Mapping[str, Any]) -> str | None:
+    ann = (source.get("metadata") or {}).get("annotations") or {}
+    src = ContentType.ARCHIVE if ann.get(ANN_CONTENT_TYPE) == ContentType.ARCHIVE else "kubevirt"
+    tgt = dv.spec.effective_content_type
+    if str(src) == str(tgt):
+        return None
+    return f"Source contentType ({src}) and target contentType ({tgt}) do not match"
+
+
+class Throttle:
+    """Repeat an event about a waiting clone at most once a ``interval`` (the recorder does not
+    aggregate, and a clone re-checks its source every 2 s)."""
+
+    def __init__(self, clock: Callable[[], float], interval: float = 60.0) -> None:
+        self.clock, self.interval = clock, interval
+        self.last: dict[tuple[str, str, str], float] = {}
+
+    def due(self, uid: str, reason: str, message: str) -> bool:
+        now = self.clock()
+        if len(self.last) > 4096:  # forget everything rather than grow without bound
+            self.last.clear()
+        key = (uid, reason, message)
+        if now - self.last.get(key, -self.interval) < self.interval:
+            return False
+        self.last[key] = now
+        return True
+
+
+class CloneFlavour:
+    phases = CLONE_PHASES
+    events = CLONE_EVENTS
+    fills_unbound = True
+
+    def __init__(self, deps: FlavourDeps, requester_key: bytes | None) -> None:
+        self.deps = deps
+        self.kube = deps.kube
+        self.authorizer = CloneAuthorizer(deps.kube, requester_key)
+        self.move = VolumeMove(deps.kube)
+        self.throttle = Throttle(deps.clock)
+
+    async def _event(self, obj: Mapping[str, Any], kind: str, reason: str, message: str) -> None:
+        uid = str((obj.get("metadata") or {}).get("uid") or "")
+        if self.throttle.due(uid, reason, message):
+            await self.deps.events.emit(dict(obj), kind, reason, message)
+
+    # -- before the target claim exists ----------------------------------------------------
+    async def before_claim(
+        self, dv: DataVolume, obj: Mapping[str, Any], desired: JSON, view: View
+    ) -> tuple[JSON | None, View, Result]:
+        source = await self._resolve(dv)
+        if source is None or source.snapshot:
+            what = f"{source.label} {source.name}" if source else "pvc"
+            msg = f"The source {what} doesn't exist"
+            return None, _problem(view, WITHOUT_SOURCE, msg), Result(requeue_after=5.0)
+        denial = await self.authorizer.denial(obj, source)
+        if denial is not None:
+            return None, _problem(view, REASON_UNAUTHORIZED, denial), Result(requeue_after=30.0)
+        src = await self.kube.get_or_none(PVCS, source.name, source.namespace)
+        if src is None:
+            msg = f"The source pvc {source.name} doesn't exist"
+            return None, _problem(view, WITHOUT_SOURCE, msg), Result(requeue_after=5.0)
+        return await self._with_source(dv, obj, source, src, desired, view)
+
+    async def _with_source(
+        self,
+        dv: DataVolume,
+        obj: Mapping[str, Any],
+        source: CloneSource,
+        src: JSON,
+        desired: JSON,
+        view: View,
+    ) -> tuple[JSON | None, View, Result]:
+        wait = Result(requeue_after=2.0)
+        if not populated(src):
+            return None, _step(view, Phase.CLONE_SCHEDULED), wait
+        desired = plan.fill_size(desired, src)
+        problem = content_problem(dv, src) or plan.size_problem(src, desired)
+        if problem is not None:
+            await self._event(obj, WARNING, REASON_INCOMPATIBLE_PVC, problem)
+            return None, _problem(view, REASON_INCOMPATIBLE_PVC, problem), Result(30.0)
+        pods = (await self.kube.list(PODS, source.namespace)).get("items") or []
+        writers = writers_of(pods, source.name)
+        if writers:
+            msg = f"pod {', '.join(writers)} using PersistentVolumeClaim {source.name}"
+            await self._event(obj, NORMAL, SOURCE_IN_USE, msg)
+            return None, _step(view, Phase.CLONE_SCHEDULED), wait
+        chosen = await self._plan(src, desired)
+        desired = plan.annotate(desired, chosen, source.namespace, source.name)
+        if chosen.fallback is not None:
+            fallback = chosen.fallback
+            await self._event(obj, WARNING, fallback.reason, fallback.message)
+        if chosen.strategy != CSI_CLONE:
+            msg = f"clone strategy {chosen.strategy} is not available in this build"
+            if chosen.fallback is not None:
+                msg = f"{chosen.fallback.message}; {msg}"
+            return None, _problem(view, UNAVAILABLE, msg), Result(requeue_after=60.0)
+        if source.namespace == dv.namespace:
+            return (
+                plan.csi_target(desired, source.name),
+                _step(view, Phase.CSI_CLONE_IN_PROGRESS),
+                wait,
+            )
+        return await self._move(dv, source, desired, view)
+
+    async def _move(
+        self, dv: DataVolume, source: CloneSource, desired: JSON, view: View
+    ) -> tuple[JSON | None, View, Result]:
+        key = f"{dv.namespace}/{dv.name}"
+        tmp = plan.temporary_claim(desired, dv.uid, source.namespace, source.name, key)
+        try:
+            state = await self.move.step(dv.uid, tmp, dv.namespace, dv.name)
+        except MoveRefused as exc:
+            return None, _problem(view, UNAVAILABLE, str(exc)), Result(requeue_after=30.0)
+        if state.pv is None:
+            held = await self.move.held_volume(dv.uid)
+            phase = Phase.NAMESPACE_TRANSFER_IN_PROGRESS if held else Phase.CSI_CLONE_IN_PROGRESS
+            return None, _step(view, phase), Result(requeue_after=POLL)
+        target = plan.moved_target(desired, state.pv)
+        return target, _step(view, Phase.NAMESPACE_TRANSFER_IN_PROGRESS), Result(POLL)
+
+    async def _resolve(self, dv: DataVolume) -> CloneSource | None:
+        found: dict[tuple[str, str], JSON | None] = {}
+        ref = dv.spec.source_ref
+        if ref is not None:
+            ns = ref.namespace or dv.namespace
+            outer = await self.kube.get_or_none(DATA_SOURCES, ref.name, ns)
+            found[(ns, ref.name)] = outer
+            inner = (((outer or {}).get("spec") or {}).get("source") or {}).get("dataSource")
+            if inner and inner.get("name"):
+                name = str(inner["name"])
+                found[(ns, name)] = await self.kube.get_or_none(DATA_SOURCES, name, ns)
+        return clone_source(dv.spec, dv.namespace, lambda ns, name: found.get((ns, name)))
+
+    async def _plan(self, src: Mapping[str, Any], desired: JSON) -> plan.StrategyPlan:
+        class_name = str((desired.get("spec") or {}).get("storageClassName") or "")
+        names = {class_name, str((src.get("spec") or {}).get("storageClassName") or "")}
+        classes = {
+            n: c for n in names if n and (c := await self.kube.get_or_none(STORAGE_CLASSES, n))
+        }
+        profile = await self.kube.get_or_none(STORAGE_PROFILES, class_name) if class_name else None
+        wanted = ((profile or {}).get("status") or {}).get("cloneStrategy")
+        return plan.plan_strategy(wanted, src, desired, classes)
+
+    # -- once the target claim exists ------------------------------------------------------
+    async def sync(self, claim: Claim, view: View) -> tuple[View, Result]:
+        pvc = claim.pvc
+        if (pvc.get("status") or {}).get("phase") != "Bound":
+            moving = bool((pvc.get("spec") or {}).get("volumeName"))
+            phase = Phase.NAMESPACE_TRANSFER_IN_PROGRESS if moving else Phase.CSI_CLONE_IN_PROGRESS
+            return _step(view, phase), Result(requeue_after=POLL)
+        request = ((pvc.get("metadata") or {}).get("annotations") or {}).get(ANN_CLONE_REQUEST, "")
+        if request.partition("/")[0] != claim.dv.namespace:
+            if not await self.move.finish(claim.dv.uid, pvc):
+                return _step(view, Phase.NAMESPACE_TRANSFER_IN_PROGRESS), Result(POLL)
+        record = dataclasses.replace(CLONE_COMPLETE, failed_attempts=claim.record.failed_attempts)
+        if record.differs_from(pvc):
+            meta = pvc["metadata"]
+            patch = {"metadata": {"annotations": record.annotations()}}
+            await self.kube.patch(PVCS, meta["name"], patch, meta.get("namespace"))
+        return dataclasses.replace(view, record=record), Result()
+
+    async def forget(self, namespace: str, name: str) -> None:
+        """The DataVolume ``namespace/name`` is gone: undo a move it left half-way."""
+        await self.move.abandon(namespace, name)
+
+    async def finish(self, claim: Claim) -> None:
+        """A CSI clone leaves no worker behind; a move ends in ``sync`` before the record."""

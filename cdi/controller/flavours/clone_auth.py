@@ -1,0 +1,70 @@
+"""The controller's own clone authorization, asked again before it touches a source.
+
+The webhook refuses an unauthorized cross-namespace clone at admission, but the controller cannot
+know that admission happened: the webhook may have been out of the path (failurePolicy, an
+outage, a restore from backup), and a DataVolume's annotations are its creator's to write. So
+before it reads or clones a source in another namespace, the controller
+
+1. takes the requester only from a record the webhook signed (``cdi.api.requester``
+   ``trusted_requester``: HMAC over namespace, name, user, groups and time); no signed record,
+   or no key configured, means no cross-namespace clone;
+2. asks the API server the same SubjectAccessReviews as the webhook (``cdi.api.cloneauth``) for
+   that user and groups, in the source namespace, now (rights may have been revoked since).
+
+Same-namespace clones need neither. The answer is a message (CDI's for a denial) or None.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from cdi.api.cloneauth import (
+    AccessCheck,
+    CloneSource,
+    access_review_body,
+    authorized,
+    clone_checks,
+    denial_message,
+)
+from cdi.api.requester import Requester, trusted_requester
+from cdi.kube.client import SUBJECT_ACCESS_REVIEWS, AsyncKube
+from cdi.kube.errors import KubeError
+
+UNRECORDED = (
+    "the requester of this DataVolume was not recorded by the admission webhook, so it may "
+    "not clone from namespace {ns}"
+)
+REASON_UNAUTHORIZED = "CloneNotAuthorized"
+
+
+class CloneAuthorizer:
+    def __init__(self, kube: AsyncKube, key: bytes | None) -> None:
+        self.kube = kube
+        self.key = key
+
+    async def denial(self, obj: Mapping[str, Any], source: CloneSource) -> str | None:
+        """None when the DataVolume ``obj`` (as read) may clone ``source``; else why not."""
+        namespace = str((obj.get("metadata") or {}).get("namespace") or "")
+        if source.namespace == namespace:
+            return None
+        requester = trusted_requester(obj, self.key)
+        if requester is None:
+            return UNRECORDED.format(ns=source.namespace)
+        alternatives = clone_checks(source.snapshot, source.name)
+        answers = {
+            check: await self._allowed(requester, source.namespace, check)
+            for checks in alternatives
+            for check in checks
+        }
+        if authorized(answers.__getitem__, alternatives):
+            return None
+        return denial_message(requester.username, source.namespace)
+
+    async def _allowed(self, requester: Requester, namespace: str, check: AccessCheck) -> bool:
+        body = access_review_body(requester.username, requester.groups, namespace, check)
+        try:
+            review = await self.kube.create(SUBJECT_ACCESS_REVIEWS, body)
+        except KubeError:
+            return False  # no answer is not a yes
+        return bool((review.get("status") or {}).get("allowed"))

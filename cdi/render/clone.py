@@ -1,0 +1,181 @@
+"""Pure decisions and objects of a clone: strategy, size, the claims a clone creates.
+
+Given the source PVC, the target claim the DataVolume renders to, the storage classes and the
+target's StorageProfile, these functions say what the clone flavour
+(``cdi.controller.flavours.clone``) should create, so every rule is tested without a cluster:
+
+- ``plan_strategy``: the profile's ``cloneStrategy`` (CDI's planner, reference §4.1), and the
+  fallback to host-assisted ``copy`` with CDI's reason when the storage cannot do it:
+  different provisioners, different volume modes, a bigger target on a class without volume
+  expansion, a snapshot strategy with no snapshot API;
+- ``fill_size`` / ``size_problem``: ``storage`` without a size takes the source's request; a
+  target smaller than the source is CDI's ``ErrIncompatiblePVC``;
+- ``csi_target``: a same-namespace CSI clone is the target claim with ``dataSource`` = source;
+- ``temporary_claim`` / ``moved_target``: a cross-namespace CSI clone is made in the source
+  namespace (the CSI driver clones only within a namespace) as ``tmp-pvc-<dv uid>``, whose
+  volume then moves to the target claim (``cdi.controller.flavours.clone_transfer``).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from cdi.api.constants import GROUP
+from cdi.api.quantity import Quantity, QuantityError
+
+JSON = dict[str, Any]
+COPY, SNAPSHOT, CSI_CLONE = "copy", "snapshot", "csi-clone"
+ANN_CLONE_TYPE = f"{GROUP}/cloneType"
+ANN_FALLBACK_REASON = f"{GROUP}/cloneFallbackReason"
+ANN_CLONE_REQUEST = "k8s.io/CloneRequest"
+ANN_CLONE_OF = "k8s.io/CloneOf"
+LABEL_CLONE_FOR = f"{GROUP}/cloneFor"  # on the temporary claim and the moving PV: the DV's UID
+ANN_MOVE_TARGET = f"{GROUP}/clone.moveTarget"  # on both too: "namespace/name" of the target
+REASON_INCOMPATIBLE_PVC = "ErrIncompatiblePVC"
+SMALLER = "target resources requests storage size is smaller than the source"
+
+
+@dataclass(frozen=True)
+class Fallback:
+    """Why the profile's strategy cannot be used: the event reason and CDI's message."""
+
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class StrategyPlan:
+    strategy: str
+    fallback: Fallback | None = None
+
+
+INCOMPATIBLE_PROVISIONERS = Fallback("IncompatibleProvisioners", "Provisioners do not match")
+INCOMPATIBLE_MODES = Fallback(
+    "IncompatibleVolumeModes", "Source and target volume modes do not match"
+)
+NO_EXPANSION = Fallback("NoVolumeExpansion", "No volume expansion is possible")
+NO_SNAPSHOT_CLASS = Fallback(
+    "NoVolumeSnapshotClass", "No VolumeSnapshotClass found for the storage class"
+)
+
+
+def requested(claim: Mapping[str, Any]) -> int | None:
+    raw = (((claim.get("spec") or {}).get("resources") or {}).get("requests") or {}).get("storage")
+    if raw is None:
+        return None
+    try:
+        return Quantity.parse(str(raw)).value()
+    except QuantityError:
+        return None
+
+
+def volume_mode(claim: Mapping[str, Any]) -> str:
+    return str((claim.get("spec") or {}).get("volumeMode") or "Filesystem")
+
+
+def plan_strategy(
+    wanted: str | None,
+    source: Mapping[str, Any],
+    target: Mapping[str, Any],
+    classes: Mapping[str, Mapping[str, Any]],
+    snapshots_served: bool = False,
+) -> StrategyPlan:
+    """The strategy to use for cloning ``source`` into ``target`` (both claims; ``classes``
+    by name), from the profile's ``wanted`` strategy (None: copy)."""
+    strategy = wanted or COPY
+    if strategy == COPY:
+        return StrategyPlan(COPY)
+    src_class = classes.get(str((source.get("spec") or {}).get("storageClassName") or ""))
+    tgt_class = classes.get(str((target.get("spec") or {}).get("storageClassName") or ""))
+    if strategy == SNAPSHOT and not snapshots_served:
+        return StrategyPlan(COPY, NO_SNAPSHOT_CLASS)
+    if (
+        not src_class
+        or not tgt_class
+        or src_class.get("provisioner") != tgt_class.get("provisioner")
+    ):
+        return StrategyPlan(COPY, INCOMPATIBLE_PROVISIONERS)
+    if volume_mode(source) != volume_mode(target):
+        return StrategyPlan(COPY, INCOMPATIBLE_MODES)
+    bigger = (requested(target) or 0) > (requested(source) or 0)
+    if bigger and not tgt_class.get("allowVolumeExpansion"):
+        return StrategyPlan(COPY, NO_EXPANSION)
+    return StrategyPlan(strategy)
+
+
+def fill_size(target: JSON, source: Mapping[str, Any]) -> JSON:
+    """``storage`` without a size takes the source's request (CDI: the source decides)."""
+    if requested(target) is not None:
+        return target
+    raw = (((source.get("spec") or {}).get("resources") or {}).get("requests") or {}).get("storage")
+    out = copy.deepcopy(target)
+    resources = out["spec"].setdefault("resources", {})
+    resources.setdefault("requests", {})["storage"] = raw
+    return out
+
+
+def size_problem(source: Mapping[str, Any], target: Mapping[str, Any]) -> str | None:
+    """CDI's ``ValidateRequestedCloneSize`` message, or None when the target is big enough."""
+    src, tgt = requested(source), requested(target)
+    if src is None or tgt is None or tgt >= src:
+        return None
+    return f"{SMALLER} {tgt} < {src}"
+
+
+def annotate(target: JSON, plan: StrategyPlan, source_ns: str, source_name: str) -> JSON:
+    """The target claim with CDI's clone bookkeeping: ``cloneType``, the fallback reason,
+    ``k8s.io/CloneRequest``."""
+    out = copy.deepcopy(target)
+    ann = out["metadata"].setdefault("annotations", {})
+    ann[ANN_CLONE_TYPE] = plan.strategy
+    ann[ANN_CLONE_REQUEST] = f"{source_ns}/{source_name}"
+    if plan.fallback is not None:
+        ann[ANN_FALLBACK_REASON] = plan.fallback.message
+    return out
+
+
+def csi_target(target: JSON, source_name: str) -> JSON:
+    """A same-namespace CSI clone: the provisioner fills the claim from ``dataSource``."""
+    out = copy.deepcopy(target)
+    out["spec"]["dataSource"] = {"kind": "PersistentVolumeClaim", "name": source_name}
+    out["spec"].pop("dataSourceRef", None)
+    return out
+
+
+def temporary_claim_name(dv_uid: str) -> str:
+    return f"tmp-pvc-{dv_uid}"
+
+
+def temporary_claim(
+    target: Mapping[str, Any], dv_uid: str, source_ns: str, source: str, target_key: str = ""
+) -> JSON:
+    """The claim cloned in the source namespace whose volume becomes the target's: the
+    target's class, modes and size, ``dataSource`` = the source, labelled with the DV's UID."""
+    spec = target.get("spec") or {}
+    keep = ("accessModes", "resources", "storageClassName", "volumeMode")
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {
+            "name": temporary_claim_name(dv_uid),
+            "namespace": source_ns,
+            "labels": {LABEL_CLONE_FOR: dv_uid, "app": "containerized-data-importer"},
+            "annotations": {ANN_MOVE_TARGET: target_key},
+        },
+        "spec": {
+            **{k: copy.deepcopy(spec[k]) for k in keep if k in spec},
+            "dataSource": {"kind": "PersistentVolumeClaim", "name": source},
+        },
+    }
+
+
+def moved_target(target: JSON, pv_name: str) -> JSON:
+    """The target claim that binds to the moved volume and nothing else."""
+    out = copy.deepcopy(target)
+    out["spec"]["volumeName"] = pv_name
+    out["spec"].pop("dataSource", None)
+    out["spec"].pop("dataSourceRef", None)
+    return out

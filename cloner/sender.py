@@ -1,0 +1,73 @@
+"""One POST of the source's bytes to the target's upload server, over mutual TLS.
+
+The upload server (``uploader/``) accepts a clone only from a client certificate whose CN names
+this clone and that its client CA signed, and tells the stream's kind by CDI's header
+``x-cdi-content-type`` (``blockdevice-clone`` | ``filesystem-clone``). The body is streamed with
+``http.client`` (a Content-Length when known, else chunked), so memory stays at one piece
+whatever the volume's size; the server answers only when the data is on the target. Nothing is
+retried here: the stream cannot be replayed cheaply, and the controller's failure policy
+restarts the pod.
+"""
+
+from __future__ import annotations
+
+import http.client
+import ssl
+from collections.abc import Iterator
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from cdi.api.errors import SourceUnavailable, TargetError
+from cloner.config import CloneConfig
+from cloner.reader import Payload
+
+CLONE_HEADER = "x-cdi-content-type"
+TIMEOUT = 300.0  # per socket operation: the server may flush a big tail before answering
+
+
+@dataclass(frozen=True)
+class Sent:
+    bytes_sent: int
+    status: int
+
+
+def tls_context(config: CloneConfig) -> ssl.SSLContext:
+    ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=config.server_ca)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.load_cert_chain(config.client_cert, config.client_key)
+    return ctx
+
+
+def _counted(pieces: Iterator[bytes], count: list[int]) -> Iterator[bytes]:
+    for piece in pieces:
+        count[0] += len(piece)
+        yield piece
+
+
+def send(config: CloneConfig, payload: Payload) -> Sent:
+    url = urlsplit(config.upload_url)
+    conn = http.client.HTTPSConnection(
+        url.hostname or "", url.port or 443, context=tls_context(config), timeout=TIMEOUT
+    )
+    headers = {CLONE_HEADER: str(payload.content_type), "Content-Type": "application/octet-stream"}
+    if payload.length is not None:
+        headers["Content-Length"] = str(payload.length)
+    count = [0]
+    body = _counted(payload.pieces, count)
+    try:
+        conn.request(
+            "POST", url.path or "/", body=body, headers=headers,
+            encode_chunked=payload.length is None,
+        )  # fmt: skip
+        response = conn.getresponse()
+        text = response.read(4096).decode(errors="replace").strip()
+    except (OSError, http.client.HTTPException) as exc:
+        raise SourceUnavailable(f"sending to the clone target failed: {exc}") from exc
+    finally:
+        conn.close()
+    if response.status // 100 != 2:
+        raise TargetError(
+            f"the clone target answered {response.status}: {text[:200]}",
+            transient=response.status >= 500,  # a refusal (4xx) will not change on retry
+        )
+    return Sent(count[0], response.status)
