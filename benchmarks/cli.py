@@ -81,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--data-mb",
         type=float,
         default=None,
-        help=f"MB of files staged into the image (default {DATA_FRACTION:.0%} of --size)",
+        help=f"MB of files staged into the image (default {DATA_FRACTION * 100:.0f}%% of --size)",
     )
     p.add_argument(
         "--workdir",

@@ -266,6 +266,9 @@ def main(argv: list[str] | None = None) -> int:
     from cdi.cli_control import add_control_commands
 
     add_control_commands(sub)
+    from cdi.upload.cli import add_upload_parser
+
+    add_upload_parser(sub)
     args = parser.parse_args(argv)
     return int(args.func(args))
 

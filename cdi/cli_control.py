@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from cdi.kube.client import Kube
     from cdi.upload.serve import UploadPlaneConfig
 
 
@@ -29,6 +30,13 @@ def add_controller_parser(sub: argparse._SubParsersAction) -> None:  # type: ign
     _common(p)
     p.add_argument("--importer-image", default="quay.io/cdi-py/cdi-importer:latest")
     p.add_argument("--pull-policy", default="IfNotPresent")
+    p.add_argument("--uploadserver-image", default="quay.io/cdi-py/cdi-uploadserver:latest")
+    p.add_argument(
+        "--uploadserver-cert-lifetime",
+        type=float,
+        default=86400.0,
+        help="seconds an upload server's certificate lives; the pod is replaced at 80%%",
+    )
     p.add_argument("--workers", type=int, default=3, help="reconciles in parallel")
     p.add_argument("--max-attempts", type=int, default=3, help="importer pods per import")
     p.add_argument("--retry-base-delay", type=float, default=2.0, help="seconds, doubling")
@@ -52,10 +60,34 @@ def add_controller_parser(sub: argparse._SubParsersAction) -> None:  # type: ign
     p.add_argument("--lease-duration", type=float, default=15.0)
     p.add_argument("--renew-deadline", type=float, default=10.0)
     p.add_argument("--retry-period", type=float, default=2.0)
-    p.add_argument("--namespace", default="cdi", help="CDI namespace (upload proxy lookup)")
+    p.add_argument(
+        "--namespace", default="cdi", help="CDI namespace (upload proxy lookup, upload CAs)"
+    )
     p.add_argument("--metrics-host", default="0.0.0.0")
     p.add_argument("--metrics-port", type=int, default=0, help="serve /metrics here; 0: off")
+    _requester_key_flags(p, "to check the recorded requester (clone authorization)")
     p.set_defaults(func=cmd_controller)
+
+
+def _requester_key_flags(p: argparse.ArgumentParser, why: str) -> None:
+    p.add_argument("--requester-key-file", type=Path, help=f"HMAC key file {why}")
+    p.add_argument(
+        "--requester-key-secret",
+        metavar="NAME",
+        help=f"Secret in --namespace holding the HMAC key {why}; created with a random key "
+        "if missing (cdi/kube/shared_key.py). --requester-key-file wins",
+    )
+
+
+def _requester_key(a: argparse.Namespace, kube: Kube) -> bytes | None:
+    """The key from the file, else from (or made into) the Secret, else None (unsigned)."""
+    from cdi.kube.shared_key import ensure_shared_key
+
+    if a.requester_key_file:
+        return bytes(a.requester_key_file.read_bytes().strip())
+    if a.requester_key_secret:
+        return ensure_shared_key(kube, a.namespace, a.requester_key_secret)
+    return None
 
 
 def add_webhook_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -75,11 +107,7 @@ def add_webhook_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore
     p.add_argument("--validating-config", default="cdi-datavolume-validator")
     p.add_argument("--mutating-config", default="cdi-datavolume-mutator")
     p.add_argument("--cert-check-interval", type=float, default=3600.0)
-    p.add_argument(
-        "--requester-key-file",
-        type=Path,
-        help="HMAC key (a mounted Secret) to sign the recorded requester; unset: unsigned",
-    )
+    _requester_key_flags(p, "to sign the recorded requester (neither flag: unsigned)")
     p.set_defaults(func=cmd_webhook)
 
 
@@ -131,7 +159,10 @@ def _logging(level: str) -> None:
 
 
 def cmd_controller(a: argparse.Namespace) -> int:
+    import datetime as dt
+
     from cdi.controller.datavolume import ControllerConfig
+    from cdi.controller.flavours.upload import UploadSettings
     from cdi.controller.manager import Manager, ManagerConfig, serve
     from cdi.controller.policy import FailurePolicy
     from cdi.kube.client import Kube, load_api_client
@@ -157,6 +188,13 @@ def cmd_controller(a: argparse.Namespace) -> int:
             progress_interval=a.progress_interval,
             claim_adoption_gate=a.claim_adoption,
             cluster_cidrs=tuple(a.cluster_cidr),
+            upload=UploadSettings(
+                image=a.uploadserver_image,
+                pull_policy=a.pull_policy,
+                namespace=a.namespace,
+                cert_lifetime=dt.timedelta(seconds=a.uploadserver_cert_lifetime),
+                poll_interval=a.progress_interval,
+            ),
         ),
         leader=leader,
         workers=a.workers,
@@ -164,6 +202,7 @@ def cmd_controller(a: argparse.Namespace) -> int:
         namespace=a.namespace,
         metrics_host=a.metrics_host,
         metrics_port=a.metrics_port or None,
+        requester_key=_requester_key(a, Kube(load_api_client(a.kubeconfig))),
     )
 
     async def main() -> None:
@@ -178,6 +217,7 @@ def cmd_webhook(a: argparse.Namespace) -> int:
     from cdi.kube.client import Kube, load_api_client
 
     _logging(a.log_level)
+    kube = Kube(load_api_client(a.kubeconfig))
     config = WebhookConfig(
         host=a.host,
         port=a.port,
@@ -188,9 +228,9 @@ def cmd_webhook(a: argparse.Namespace) -> int:
         validating_config=a.validating_config,
         mutating_config=a.mutating_config,
         cert_check_interval=a.cert_check_interval,
-        requester_key=a.requester_key_file.read_bytes().strip() if a.requester_key_file else None,
+        requester_key=_requester_key(a, kube),
     )
-    asyncio.run(serve_webhook(Kube(load_api_client(a.kubeconfig)), config))
+    asyncio.run(serve_webhook(kube, config))
     return 0
 
 

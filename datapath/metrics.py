@@ -5,7 +5,9 @@ exposed as a counter). The richer series let our controller show bytes and rate.
 from ``Progress`` at scrape time by a custom collector, so the hot path pays nothing per chunk.
 A private registry keeps process-global state out of the library's default one. The page is
 served by ``datapath.metrics_server`` (bounded connections and timeouts), not by
-prometheus_client's unbounded ``start_http_server``.
+prometheus_client's unbounded ``start_http_server``. ``cdi_import_checkpoint_bytes{digest}`` is
+the last durable resume checkpoint, which the controller keeps (outside the tenant's volume)
+to attest the next attempt's resume (``datapath.checkpoint``).
 """
 
 from __future__ import annotations
@@ -51,6 +53,15 @@ class ProgressCollector(Collector):
         for name in PHASES:
             phase.add_metric([self.owner_uid, name], 1.0 if p.phase == name else 0.0)
         yield phase
+        if p.checkpoint is not None:  # what the controller attests for the next attempt
+            offset, digest = p.checkpoint
+            mark = GaugeMetricFamily(
+                f"cdi_{kind}_checkpoint_bytes",
+                "Bytes durably written at the last resume checkpoint; digest: their BLAKE3",
+                labels=["ownerUID", "digest"],
+            )
+            mark.add_metric([self.owner_uid, digest], offset)
+            yield mark
 
 
 def serve_metrics(

@@ -25,11 +25,19 @@ class CheckpointPlan:
 
     ``source_id`` is an opaque string the worker chooses to identify its source (the importer
     uses the URL or file path); a checkpoint left by a different source is ignored.
+
+    The checkpoint file lives beside the target, so whoever can write the volume can plant one
+    (``datapath.checkpoint``). ``attested`` is the (offset, BLAKE3 of the prefix) a resume may
+    start from, known from outside the volume; with ``require_attested`` a checkpoint the file
+    alone vouches for is not resumed (a worker in a tenant's volume); without it (``cdi
+    import`` on the user's own disk) the file's digest, recomputed over the prefix, suffices.
     """
 
     path: str
     source_id: str
     interval: int = INTERVAL
+    attested: tuple[int, str] | None = None
+    require_attested: bool = False
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ from cdi.api.constants import ContentType
 from cdi.api.errors import InvalidConfig, WorkerError
 from cdi.api.termination import REASON_COMPLETED, TerminationMessage
 from datapath import qemu
+from datapath.checkpoint import Checkpoint
 from datapath.decode import DecodePlan, DecodeResult, decode_into
 from datapath.decode.rawpieces import LayoutNotStreamable
 from datapath.plan import ProcessPlan
@@ -189,6 +190,8 @@ class Processor:
             offset, notes = await asyncio.to_thread(self.files.resume_offset, info)
             state = replace(state, resume_offset=offset, notes=state.notes + notes)
             await self.target.open(truncate=not offset)
+            if offset:  # what lay past the verified prefix is not the source's
+                await asyncio.to_thread(os.ftruncate, self.target.fd, offset)
         return Phase.TRANSFER, state
 
     async def _blank(self, state: RunState) -> Step:
@@ -253,11 +256,17 @@ class Processor:
             stream_images=stream_images,
             before_random_writes=self._zero_block_device if zero_first else None,
             resume_offset=state.resume_offset,
-            checkpointer=self.files.checkpointer(state.info, writer, state.resume_offset),
+            checkpointer=self.files.checkpointer(
+                state.info, writer, state.resume_offset, self._checkpointed
+            ),
             spill_limit=self.plan.spill_limit,
             source_size=state.info.size,
             tar_member=self.plan.tar_member,
         )
+
+    def _checkpointed(self, saved: Checkpoint) -> None:
+        """Published on the metrics page, for the controller to attest the next resume."""
+        self.progress.checkpoint = (saved.offset, saved.digest)
 
     def _zero_block_device(self) -> None:
         """Random-order writes leave gaps: zero the device first (runs on the decode thread)."""

@@ -11,7 +11,8 @@ from __future__ import annotations
 import contextlib
 import glob
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from cdi.api.constants import ContentType
 from cdi.api.errors import InvalidConfig
@@ -30,12 +31,17 @@ _RESTARTED = (
     "resume; qcow2, vmdk, vdi and compressed ones cannot); restarted from byte 0"
 )
 _MISMATCH = "an earlier attempt's checkpoint does not match the source; restarted from byte 0"
+_UNBOUND = (
+    "an earlier attempt's checkpoint does not match the bytes in the volume (or was not "
+    "attested); restarted from byte 0"
+)
 
 
 class RunFiles:
     def __init__(self, plan: ProcessPlan) -> None:
         self.plan = plan
         self.scratch_dir = self._pick_scratch_dir()
+        self._resumed_hash: Any | None = None  # running BLAKE3 of the verified prefix
 
     def _pick_scratch_dir(self) -> str:
         """The mounted scratch volume, else (filesystem targets) a folder beside the target."""
@@ -68,7 +74,22 @@ class RunFiles:
             and os.path.exists(self.plan.target.path)
         ):
             return 0, (_MISMATCH,)
-        return found.offset, ()
+        offset, digest = self._claim(found)
+        self._resumed_hash = checkpoint.verify_prefix(self.plan.target.path, offset, digest)
+        if not offset or self._resumed_hash is None:
+            return 0, (_UNBOUND,)
+        return offset, ()
+
+    def _claim(self, found: Checkpoint) -> tuple[int, str]:
+        """The prefix a resume may keep: the attested one when the worker has one (it must
+        not lie beyond what the file says was made durable), else the file's own claim unless
+        the plan requires an attestation."""
+        plan = self.plan.checkpoint
+        assert plan is not None
+        if plan.attested is not None:
+            offset, digest = plan.attested
+            return (offset, digest) if 0 < offset <= found.offset else (0, "")
+        return (0, "") if plan.require_attested else (found.offset, found.digest)
 
     def mark_attempt(self, info: SourceInfo, resume_offset: int) -> None:
         """A checkpoint at offset 0 before the first byte: if this attempt is killed, the next
@@ -80,12 +101,18 @@ class RunFiles:
                 checkpoint.save(path, self._base(info, 0))
 
     def checkpointer(
-        self, info: SourceInfo, writer: RawWriter | None, resume_offset: int
+        self,
+        info: SourceInfo,
+        writer: RawWriter | None,
+        resume_offset: int,
+        on_saved: Callable[[Checkpoint], None] | None = None,
     ) -> Checkpointer | None:
         plan = self.plan.checkpoint
         if not (plan and info.ranges and info.size and info.validator and writer is not None):
             return None
-        return Checkpointer(plan.path, self._base(info, resume_offset), writer, plan.interval)
+        running = self._resumed_hash if resume_offset else None
+        base = self._base(info, resume_offset)
+        return Checkpointer(plan.path, base, writer, plan.interval, running, on_saved)
 
     def target_prefix(self, resume_offset: int) -> Iterator[bytes]:
         """On resume the checksum must still cover the bytes imported before: re-read them

@@ -45,6 +45,8 @@ class Progress:
     done: int = 0
     phase: str = "Pending"
     started: float = field(default_factory=time.monotonic)
+    # the last durable resume checkpoint (offset, BLAKE3 of the prefix), for the controller
+    checkpoint: tuple[int, str] | None = None
 
     def add(self, n: int) -> None:
         self.done += n

@@ -27,6 +27,7 @@ from cdi.api.constants import (
     DATAVOLUME_CONTENT_TYPES,
     EXTRA_HEADERS_DIR,
     IMPORTER_EXTRA_HEADER_PREFIX,
+    QEMU_UID,
     SECRET_KEY_PROXY_HTTP,
     SECRET_KEY_PROXY_HTTPS,
     ContentType,
@@ -46,6 +47,7 @@ SCRATCH_DIR = "/scratch"
 TERMINATION_PATH = "/dev/termination-log"
 CHECKPOINT_NAME = ".cdi-import-checkpoint"  # beside disk.img; removed when the import ends
 CHECKPOINT_SUFFIX = ".cdi-checkpoint"  # the CLI's: <target>.cdi-checkpoint
+_HEX = frozenset("0123456789abcdef")
 
 
 @dataclass(frozen=True)
@@ -87,6 +89,15 @@ class TargetExists(InvalidConfig):
     """The CLI would overwrite a file the user did not ask it to replace."""
 
 
+def attested_checkpoint(text: str | None) -> tuple[int, str] | None:
+    """``IMPORTER_CHECKPOINT_ATTESTED`` (``<offset>:<blake3 hex>``, what the controller scraped
+    from the previous attempt) as a pair; anything malformed is no attestation (restart)."""
+    offset, _, digest = (text or "").partition(":")
+    if not (offset.isdigit() and len(digest) == 64 and all(c in _HEX for c in digest)):
+        return None
+    return int(offset), digest
+
+
 def source_id(source: SourceOptions) -> str:
     """The identity a checkpoint records for this source (a changed source restarts)."""
     if isinstance(source, HttpOptions):
@@ -105,6 +116,8 @@ def build_plan(
     scratch_dir: str | None = SCRATCH_DIR,
     checkpoint_path: str | None = None,
     checkpoint_interval: int = CHECKPOINT_INTERVAL,
+    checkpoint_attested: tuple[int, str] | None = None,
+    require_attested: bool = False,
     spill_limit: int = SPILL_MEMORY_LIMIT,
     labels: Mapping[str, str] | None = None,
 ) -> ProcessPlan:
@@ -113,7 +126,13 @@ def build_plan(
         raise InvalidConfig(f"content type {content_type} is not one an import can take")
     checkpoint = None
     if checkpoint_path and not isinstance(source, BlankOptions):
-        checkpoint = CheckpointPlan(checkpoint_path, source_id(source), checkpoint_interval)
+        checkpoint = CheckpointPlan(
+            checkpoint_path,
+            source_id(source),
+            checkpoint_interval,
+            attested=checkpoint_attested,
+            require_attested=require_attested,
+        )
     return ProcessPlan(
         target=target,
         content_type=content_type,
@@ -256,6 +275,7 @@ def _target_from_env(env: Mapping[str, str], kind: ContentType) -> TargetSpec:
         size=parse_size(size) if size else None,
         filesystem_overhead=float(env.get(ImporterEnv.FILESYSTEM_OVERHEAD, "0") or 0),
         preallocate=env.get(ImporterEnv.PREALLOCATION, "false").lower() == "true",
+        owner=(QEMU_UID, QEMU_UID),
     )
 
 
@@ -317,6 +337,9 @@ def from_env(env: Mapping[str, str]) -> ImportConfig:
         scratch_dir=env.get("IMPORTER_SCRATCH_DIR", SCRATCH_DIR),
         checkpoint_path=checkpoint,
         checkpoint_interval=int(env.get("IMPORTER_CHECKPOINT_INTERVAL", CHECKPOINT_INTERVAL)),
+        # The pod writes a tenant's volume: only a prefix attested from outside it is resumed.
+        checkpoint_attested=attested_checkpoint(env.get(ImporterEnv.CHECKPOINT_ATTESTED)),
+        require_attested=True,
     )
     edges = WorkerEdges(
         termination_path=env.get("IMPORTER_TERMINATION_PATH", TERMINATION_PATH),

@@ -1,7 +1,8 @@
 """Start and stop a real Kubernetes cluster on loopback for integration tests.
 
 Order: etcd, kube-apiserver (secure port on 127.0.0.1, RBAC, a static token file, service-
-account signing keys, admission webhooks), kube-controller-manager, kube-scheduler, then the
+account signing keys, admission webhooks, aggregation with a front-proxy client certificate),
+kube-controller-manager, kube-scheduler, then the
 local node agent and the local provisioner (``testkit.node``, ``testkit.provisioner``). Each
 runs in its own process group, logs to ``<state>/logs/<name>.log`` and is stopped by group, so
 a teardown leaves no stray process, mount or loop device.
@@ -47,12 +48,14 @@ from testkit.kubeconfig import (
 )
 from testkit.node import MARKER_ENV
 from testkit.procs import ManagedProcess, kill_processes_with_env
+from testkit.provisioner import storage_classes
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_BIN_DIR = REPO_ROOT / "hack" / "kube" / "_build" / "bin"
 NET_LOCK_DIR = Path(tempfile.gettempdir())
 # Shared by every cluster on the machine: host paths containers had to create as mount points.
 MOUNT_POINT_RECORD = NET_LOCK_DIR / "testkit-created-mount-points"
+FRONT_PROXY_CLIENT = "front-proxy-client"
 BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler")
 
 # Controllers the tests rely on; everything else in kube-controller-manager stays off, which
@@ -275,6 +278,20 @@ class Cluster:
         if not self.config.keep_state:
             shutil.rmtree(self.state, ignore_errors=True)
 
+    def restart(self, name: str, down_for: float = 0.0) -> float:
+        """Stop the control-plane process ``name`` (``etcd``, ``kube-apiserver``...: SIGTERM,
+        SIGKILL after 5 s), leave it down ``down_for`` seconds, start it again with the same
+        command line and wait until the API server answers /readyz. Returns the seconds the
+        component was down. For fault tests: clients see refused connections meanwhile."""
+        index = next(i for i, p in enumerate(self.processes) if p.name == name)
+        old = self.processes[index]
+        began = time.monotonic()
+        old.stop(grace=5.0)
+        time.sleep(down_for)
+        self.processes[index] = ManagedProcess(name, old.argv, old.log_path, env=old.env)
+        self._wait(f"kube-apiserver /readyz after restarting {name}", self._apiserver_ready)
+        return time.monotonic() - began
+
     def _other_clusters_running(self) -> bool:
         own = f"testkit-net-{self.net.n}.lock" if self.net else ""
         for lock in NET_LOCK_DIR.glob("testkit-net-*.lock"):
@@ -317,6 +334,10 @@ class Cluster:
             ips=("127.0.0.1",),
         )
         serving.write(d / "apiserver.crt", d / "apiserver.key")
+        # The aggregator's client certificate: the cluster CA is also the requestheader CA, so
+        # aggregated API servers (our UploadTokenRequest API) trust requests it forwards.
+        front_proxy = ca.issue(FRONT_PROXY_CLIENT, client=True)
+        front_proxy.write(d / "front-proxy-client.crt", d / "front-proxy-client.key")
         pki.signing_key_pair().write(d / "sa.pub", d / "sa.key")
         write_token_file(d / "tokens.csv", self.identities)
         self.api_port = free_port()
@@ -371,7 +392,9 @@ class Cluster:
                 f"--tls-private-key-file={d / 'apiserver.key'}",
                 f"--client-ca-file={self.ca_path}",
                 f"--requestheader-client-ca-file={self.ca_path}",
-                "--requestheader-allowed-names=front-proxy-client",
+                f"--requestheader-allowed-names={FRONT_PROXY_CLIENT}",
+                f"--proxy-client-cert-file={d / 'front-proxy-client.crt'}",
+                f"--proxy-client-key-file={d / 'front-proxy-client.key'}",
                 "--requestheader-username-headers=X-Remote-User",
                 "--requestheader-group-headers=X-Remote-Group",
                 "--requestheader-extra-headers-prefix=X-Remote-Extra-",
@@ -498,7 +521,7 @@ class Cluster:
                 sc["metadata"]["name"]
                 for sc in kube.get("/apis/storage.k8s.io/v1/storageclasses")["items"]
             }
-            return {"testkit-fs", "testkit-fs-wffc", "testkit-block"} <= names
+            return {sc["metadata"]["name"] for sc in storage_classes()} <= names
 
         self._wait("node Ready", node_ready)
         self._wait("storage classes", classes)

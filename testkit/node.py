@@ -162,7 +162,7 @@ class NodeAgent:
         self.pods_dir = config.state_dir / "pods"
         self.pods_dir.mkdir(parents=True, exist_ok=True)
         self._last_heartbeat = 0.0
-        self.proxy = ServiceProxy()
+        self.proxy = ServiceProxy(kube)  # also writes the served Services' EndpointSlices
         self.version = "v0.0.0"
 
     # -- node object ------------------------------------------------------------------------

@@ -28,6 +28,7 @@ class ManagedProcess:
     ) -> None:
         self.name = name
         self.argv = argv
+        self.env = env
         self.log_path = log_path
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(log_path, "ab")

@@ -1,6 +1,7 @@
 """Install the product on a testkit cluster the way a user does: ``kubectl apply`` of ``crds/``
 and ``deploy/`` as they are in the repository, then wait until every Deployment there is
-Available and the admission webhook answers through its Service.
+Available, the admission webhook answers through its Service and every APIService (the upload
+token API) is Available through the kube-apiserver's aggregation.
 
 The node maps our image names to ``python -m cdi`` and friends (``images.yaml``), so the
 Deployments run the checkout's code; nothing is started by hand and nothing in the manifests
@@ -116,6 +117,13 @@ def container_argv(
     return [expand(a, env) for a in argv]
 
 
+def api_services(deploy_dir: Path = DEPLOY_DIR) -> list[str]:
+    """Names of the APIServices in ``deploy/`` (the UploadTokenRequest API)."""
+    return [
+        d["metadata"]["name"] for d in deploy_documents(deploy_dir) if d["kind"] == "APIService"
+    ]
+
+
 @dataclass
 class Product:
     """``crds/`` and ``deploy/`` applied to one cluster."""
@@ -143,6 +151,8 @@ class Product:
                     f"--timeout={int(timeout)}s", timeout=timeout + 10,
                 )  # fmt: skip
             wait_until(self._webhook_refuses_probe, "the webhook to answer through its Service", 60)
+            for name in api_services():
+                wait_until(lambda n=name: self._api_service_available(n), f"APIService {name}", 60)
         except (KubectlFailed, TimeoutError, subprocess.TimeoutExpired) as e:
             raise ProductNotReady(f"{e}\n{self._pod_log_tails()}") from e
         self.installed_in = time.monotonic() - t0
@@ -158,6 +168,13 @@ class Product:
         self.kubectl(
             "wait", "--for=condition=Established", "--timeout=60s", "-f", str(CRD_DIR), timeout=70
         )
+
+    def _api_service_available(self, name: str) -> bool:
+        """The kube-apiserver reaches the aggregated API through its Service (the node's
+        service proxy writes the EndpointSlice its availability check wants)."""
+        svc = self.kube.get_or_none(f"/apis/apiregistration.k8s.io/v1/apiservices/{name}") or {}
+        conditions = (svc.get("status") or {}).get("conditions") or []
+        return any(c["type"] == "Available" and c["status"] == "True" for c in conditions)
 
     def _webhook_refuses_probe(self) -> bool:
         """A server-side dry run goes through admission: our webhook, reached by the API server

@@ -7,10 +7,18 @@ kube-controller-manager's PV binder does the binding; this process only answers 
 * Filesystem claims get a sparse image formatted ext4, attached to a loop device and mounted
   under the state directory; the PV's ``local.path`` is that mount point.
 * Block claims get a loop device over a sparse image; ``local.path`` is the device.
-* ``dataSource`` naming a bound PVC of ours clones it with a sparse copy.
+* ``dataSource`` naming a bound PVC of ours clones it with a sparse copy. A claim whose data
+  source is any other kind (a volume populator's, e.g. CDI's ``VolumeImportSource``) is left
+  alone, as the CSI external-provisioner leaves it: its populator fills another claim and
+  hands that claim's PV over.
 * WaitForFirstConsumer claims are provisioned only once the scheduler has chosen this node.
 * Growing ``spec.resources.requests.storage`` grows file, device and filesystem online.
 * A Released PV with reclaim policy Delete loses its backing files, then its object.
+
+The same volumes are also served under a second provisioner name, ``loop.testkit.local``, for
+which a ``CSIDriver`` object is registered (classes ``testkit-csi-fs``, ``testkit-csi-fs-wffc``,
+``testkit-csi-block``): to CDI those classes are CSI storage, where DataVolumes are filled
+through volume populators by default, while the first three are not.
 
 The loop is level-triggered and polls (a few list calls a second is nothing for a test API
 server); every step re-reads state, so a crash or restart never leaves it confused.
@@ -34,6 +42,8 @@ from testkit.kubeclient import JSON, ApiError, Kube, ns_path
 log = logging.getLogger("testkit.provisioner")
 
 PROVISIONER = "testkit.local/loop"
+CSI_PROVISIONER = "loop.testkit.local"  # a CSIDriver name must be a DNS subdomain
+PROVISIONERS = (PROVISIONER, CSI_PROVISIONER)
 ANN_PROVISIONER = "volume.kubernetes.io/storage-provisioner"
 ANN_PROVISIONER_BETA = "volume.beta.kubernetes.io/storage-provisioner"
 ANN_SELECTED_NODE = "volume.kubernetes.io/selected-node"
@@ -43,18 +53,21 @@ ANN_IMAGE = "testkit.local/image"
 FS_IMMEDIATE = "testkit-fs"
 FS_WFFC = "testkit-fs-wffc"
 BLOCK = "testkit-block"
+CSI_FS = "testkit-csi-fs"
+CSI_FS_WFFC = "testkit-csi-fs-wffc"
+CSI_BLOCK = "testkit-csi-block"
 
 
 def storage_classes() -> list[JSON]:
     """The classes this provisioner serves; ``testkit-fs`` is the cluster default."""
 
-    def sc(name: str, mode: str, default: bool = False) -> JSON:
+    def sc(name: str, mode: str, default: bool = False, provisioner: str = PROVISIONER) -> JSON:
         ann = {"storageclass.kubernetes.io/is-default-class": "true"} if default else {}
         return {
             "apiVersion": "storage.k8s.io/v1",
             "kind": "StorageClass",
             "metadata": {"name": name, "annotations": ann},
-            "provisioner": PROVISIONER,
+            "provisioner": provisioner,
             "reclaimPolicy": "Delete",
             "volumeBindingMode": mode,
             "allowVolumeExpansion": True,
@@ -64,7 +77,19 @@ def storage_classes() -> list[JSON]:
         sc(FS_IMMEDIATE, "Immediate", default=True),
         sc(FS_WFFC, "WaitForFirstConsumer"),
         sc(BLOCK, "Immediate"),
+        sc(CSI_FS, "Immediate", provisioner=CSI_PROVISIONER),
+        sc(CSI_FS_WFFC, "WaitForFirstConsumer", provisioner=CSI_PROVISIONER),
+        sc(CSI_BLOCK, "Immediate", provisioner=CSI_PROVISIONER),
     ]
+
+
+def csi_driver() -> JSON:
+    return {
+        "apiVersion": "storage.k8s.io/v1",
+        "kind": "CSIDriver",
+        "metadata": {"name": CSI_PROVISIONER},
+        "spec": {"attachRequired": False, "podInfoOnMount": False},
+    }
 
 
 @dataclass(frozen=True)
@@ -83,9 +108,10 @@ class Provisioner:
 
     # -- set-up ---------------------------------------------------------------------------
     def ensure_storage_classes(self) -> None:
-        for sc in storage_classes():
+        objects = [("storageclasses", sc) for sc in storage_classes()]
+        for plural, obj in [*objects, ("csidrivers", csi_driver())]:
             try:
-                self.kube.create("/apis/storage.k8s.io/v1/storageclasses", sc)
+                self.kube.create(f"/apis/storage.k8s.io/v1/{plural}", obj)
             except ApiError as e:
                 if not e.conflict:
                     raise
@@ -104,7 +130,7 @@ class Provisioner:
         classes = {
             sc["metadata"]["name"]: sc
             for sc in self.kube.get("/apis/storage.k8s.io/v1/storageclasses")["items"]
-            if sc.get("provisioner") == PROVISIONER
+            if sc.get("provisioner") in PROVISIONERS
         }
         pvs = {
             pv["metadata"]["name"]: pv for pv in self.kube.get("/api/v1/persistentvolumes")["items"]
@@ -131,9 +157,11 @@ class Provisioner:
 
     def _wants_volume(self, pvc: JSON, cls: JSON) -> bool:
         ann = pvc["metadata"].get("annotations") or {}
-        if PROVISIONER not in (ann.get(ANN_PROVISIONER), ann.get(ANN_PROVISIONER_BETA)):
+        if cls.get("provisioner") not in (ann.get(ANN_PROVISIONER), ann.get(ANN_PROVISIONER_BETA)):
             return False
         if pvc["spec"].get("volumeName") or pvc.get("status", {}).get("phase") != "Pending":
+            return False
+        if not _own_data_source(pvc):
             return False
         if cls.get("volumeBindingMode") == "WaitForFirstConsumer":
             return ann.get(ANN_SELECTED_NODE) == self.config.node_name
@@ -214,7 +242,7 @@ class Provisioner:
             "kind": "PersistentVolume",
             "metadata": {
                 "name": name,
-                "annotations": {ANN_PROVISIONED_BY: PROVISIONER, ANN_IMAGE: str(image)},
+                "annotations": {ANN_PROVISIONED_BY: cls["provisioner"], ANN_IMAGE: str(image)},
             },
             "spec": {
                 "capacity": {"storage": pvc["spec"]["resources"]["requests"]["storage"]},
@@ -326,12 +354,18 @@ class Provisioner:
             mnt.rmdir()
 
 
+def _own_data_source(pvc: JSON) -> bool:
+    """No data source, or one this provisioner fills itself (a PVC of the core group)."""
+    src = pvc["spec"].get("dataSourceRef") or pvc["spec"].get("dataSource")
+    return not src or (not src.get("apiGroup") and src.get("kind") == "PersistentVolumeClaim")
+
+
 def _pv_name(pvc: JSON) -> str:
     return f"pvc-{pvc['metadata']['uid']}"
 
 
 def _ours(pv: JSON) -> bool:
-    return (pv["metadata"].get("annotations") or {}).get(ANN_PROVISIONED_BY) == PROVISIONER
+    return (pv["metadata"].get("annotations") or {}).get(ANN_PROVISIONED_BY) in PROVISIONERS
 
 
 def _released_for_delete(pv: JSON) -> bool:

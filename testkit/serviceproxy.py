@@ -6,6 +6,14 @@ ClusterIPs from a loopback range (127.2.0.0/16) and this proxy listens on each C
 and forwards every TCP connection to a ready pod chosen by the Service's selector, exactly what
 kube-proxy does with endpoints. The API server reaches Service-referenced webhooks and
 aggregated APIs through ClusterIPs, so they work too.
+
+Some clients want an EndpointSlice before they dial a ClusterIP at all: the kube-apiserver's
+aggregator marks an APIService Available only when its Service has a ready endpoint. So for
+every Service it serves, the proxy writes one EndpointSlice (managed-by
+``testkit.serviceproxy``, owned by the Service) with one ready endpoint per ready backend.
+Their addresses are placeholders from TEST-NET-1 (192.0.2.0/24, never routed): loopback pod
+IPs are refused in slices, and nothing dials them, since the aggregator routes to the
+ClusterIP. A slice is written only when it changes.
 """
 
 from __future__ import annotations
@@ -17,6 +25,8 @@ import socket
 import threading
 from dataclasses import dataclass, field
 from typing import Any
+
+from testkit.kubeclient import ApiError, Kube
 
 JSON = dict[str, Any]
 log = logging.getLogger("testkit.serviceproxy")
@@ -116,24 +126,92 @@ def _pump(src: socket.socket, dst: socket.socket) -> None:
             src.close()
 
 
+SLICE_MANAGER = "testkit.serviceproxy"
+PLACEHOLDER_NET = "192.0.2."  # TEST-NET-1: documentation addresses, never dialled
+
+
+def endpoint_slice(svc: JSON, ready: int, ports: list[JSON]) -> JSON:
+    """The slice for ``svc`` with ``ready`` placeholder endpoints."""
+    meta = svc["metadata"]
+    return {
+        "apiVersion": "discovery.k8s.io/v1",
+        "kind": "EndpointSlice",
+        "metadata": {
+            "name": f"{meta['name']}-testkit",
+            "namespace": meta["namespace"],
+            "labels": {
+                "kubernetes.io/service-name": meta["name"],
+                "endpointslice.kubernetes.io/managed-by": SLICE_MANAGER,
+            },
+            "ownerReferences": [
+                {"apiVersion": "v1", "kind": "Service", "name": meta["name"], "uid": meta["uid"]}
+            ],
+        },
+        "addressType": "IPv4",
+        "ports": ports,
+        "endpoints": [
+            {"addresses": [f"{PLACEHOLDER_NET}{i + 1}"], "conditions": {"ready": True}}
+            for i in range(min(ready, 250))
+        ],
+    }
+
+
+class SliceWriter:
+    """Applies each Service's slice when it differs from what was last written."""
+
+    def __init__(self, kube: Kube) -> None:
+        self.kube = kube
+        self.written: dict[tuple[str, str], JSON] = {}
+
+    def write(self, slices: list[JSON]) -> None:
+        for body in slices:
+            meta = body["metadata"]
+            key = (meta["namespace"], meta["name"])
+            if self.written.get(key) == body:
+                continue
+            path = f"/apis/discovery.k8s.io/v1/namespaces/{key[0]}/endpointslices/{key[1]}"
+            try:
+                self.kube.request(
+                    "PATCH",
+                    path,
+                    body,
+                    content_type="application/apply-patch+yaml",
+                    query={"fieldManager": SLICE_MANAGER, "force": "true"},
+                )
+            except (ApiError, OSError) as e:  # a namespace going away: retried next sync
+                log.warning("endpoint slice %s/%s: %s", key[0], key[1], e)
+                continue
+            self.written[key] = body
+
+
 class ServiceProxy:
-    def __init__(self) -> None:
+    def __init__(self, kube: Kube | None = None) -> None:
         self.listeners: dict[tuple[str, int], Listener] = {}
+        self.slices = SliceWriter(kube) if kube is not None else None
 
     def sync(self, services: list[JSON], pods: list[JSON]) -> None:
         desired: dict[tuple[str, int], Target] = {}
+        slices: list[JSON] = []
         for svc in services:
             spec = svc.get("spec") or {}
             ip = spec.get("clusterIP") or ""
             if not ip.startswith("127.") or not spec.get("selector"):
                 continue
             selector = tuple(sorted(spec["selector"].items()))
+            slice_ports: list[JSON] = []
+            ready = 0
             for p in spec.get("ports") or []:
                 if p.get("protocol", "TCP") == "TCP":
                     target = p.get("targetPort", p["port"])
-                    desired[(ip, int(p["port"]))] = Target(
-                        svc["metadata"]["namespace"], selector, target
-                    )
+                    t = Target(svc["metadata"]["namespace"], selector, target)
+                    desired[(ip, int(p["port"]))] = t
+                    found = backends(t, pods)
+                    ready = max(ready, len(found))
+                    port: JSON = {"name": p.get("name", ""), "protocol": "TCP"}
+                    if found:
+                        port["port"] = found[0][1]
+                    slice_ports.append(port)
+            slices.append(endpoint_slice(svc, ready, slice_ports))
         for addr in list(self.listeners):
             if addr not in desired or self.listeners[addr].target != desired[addr]:
                 self.listeners.pop(addr).close()
@@ -142,6 +220,8 @@ class ServiceProxy:
                 self._listen(addr, target)
             if addr in self.listeners:
                 self.listeners[addr].backends = backends(target, pods)
+        if self.slices is not None:
+            self.slices.write(slices)
 
     def _listen(self, addr: tuple[str, int], target: Target) -> None:
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)

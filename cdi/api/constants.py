@@ -215,6 +215,14 @@ ANN_MINIMUM_SUPPORTED_PVC_SIZE: Final = _A + "minimumSupportedPvcSize"  # on Sto
 # Upload: on the PVC (the upload proxy reads them; the upload flavour writes them).
 ANN_UPLOAD_REQUEST: Final = _A + "storage.upload.target"
 ANN_PVC_PRIME_NAME: Final = _A + "storage.populator.pvcPrime"
+# Volume populators (VolumeImportSource ...): on the target PVC and on its prime PVC.
+ANN_POPULATOR_PROGRESS: Final = _A + "storage.populator.progress"
+ANN_POPULATOR_KIND: Final = _A + "storage.populator.kind"
+# Not CDI: the populator source's spec, copied onto the prime when it is created, so deleting
+# the source object mid-population changes nothing.
+ANN_POPULATOR_SOURCE: Final = _A + "storage.populator.source"
+KIND_VOLUME_IMPORT_SOURCE: Final = "VolumeImportSource"
+ANN_SELECTED_NODE: Final = "volume.kubernetes.io/selected-node"
 KIND_VOLUME_UPLOAD_SOURCE: Final = "VolumeUploadSource"
 
 # Source values of ANN_SOURCE (and of the importer's IMPORTER_SOURCE).
@@ -315,6 +323,8 @@ class ImporterEnv(StrEnum):
     PROXY_AUTH_DIR = "IMPORTER_PROXY_AUTH_DIR"
     ALLOWED_SOURCE_CIDRS = "IMPORTER_ALLOWED_SOURCE_CIDRS"
     CLUSTER_CIDRS = "IMPORTER_CLUSTER_CIDRS"
+    # Not CDI: "<offset>:<blake3 hex>", the resume prefix the controller attests (checkpoint.py)
+    CHECKPOINT_ATTESTED = "IMPORTER_CHECKPOINT_ATTESTED"
 
 
 IMPORTER_EXTRA_HEADER_PREFIX: Final = "IMPORTER_EXTRA_HEADER_"  # + index: "Name: value"

@@ -20,7 +20,7 @@ from typing import Any, Protocol
 from cdi.api.codec import SchemaError
 from cdi.api.config import CDIConfig
 from cdi.api.constants import CDICONFIG_NAME
-from cdi.kube.client import CDI_CONFIGS, AsyncKube, Resource
+from cdi.kube.client import CDI_CONFIGS, SERVICES, AsyncKube, Resource
 from cdi.kube.errors import Conflict, Forbidden, NotFound
 from cdi.kube.workqueue import Result
 from cdi.render import cdiconfig as render
@@ -28,7 +28,6 @@ from cdi.render import cdiconfig as render
 log = logging.getLogger(__name__)
 
 JSON = dict[str, Any]
-SERVICES = Resource("", "v1", "services", "Service")
 INGRESSES = Resource("networking.k8s.io", "v1", "ingresses", "Ingress")
 
 

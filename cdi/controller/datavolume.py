@@ -11,9 +11,12 @@ left alone), then takes at most one step toward the goal and writes the status o
    (``allowClaimAdoption``; an adopted PVC gets no owner reference, so it outlives the DV);
 2. PVC not bound on a WaitForFirstConsumer class: wait (WaitForFirstConsumer) unless the DV
    asks for immediate binding, in which case the worker pod is the first consumer;
-3. otherwise the flavour's ``sync`` takes one step of its work (import: create the attempt's
+3. a claim that names a ``VolumeImportSource`` (created with it on CSI storage, or when
+   ``storage.usePopulator`` asks) is the populator's to fill
+   (``cdi.controller.populators``): its status is read from the claim, nothing is run here;
+4. otherwise the flavour's ``sync`` takes one step of its work (import: create the attempt's
    importer pod, follow it, let the failure policy decide) and says what it saw;
-4. once the outcome is recorded on the PVC, the flavour's ``finish`` cleans up.
+5. once the outcome is recorded on the PVC, the flavour's ``finish`` cleans up.
 
 The status is the pure ``compute_status`` of what was seen, with the flavour's phases. Every
 child name is deterministic and every create treats 409 AlreadyExists as "already done", so a
@@ -39,6 +42,7 @@ from cdi.api.constants import (
     ANN_POPULATED_FOR,
     ANN_PRE_POPULATED,
     CDICONFIG_NAME,
+    KIND_VOLUME_IMPORT_SOURCE,
     ConditionReason,
     Phase,
 )
@@ -55,8 +59,10 @@ from cdi.controller.flavours import (
 )
 from cdi.controller.flavours.import_ import ImportSettings
 from cdi.controller.flavours.table import standard_flavours
+from cdi.controller.flavours.upload import UploadSettings
 from cdi.controller.pods import owned_pods
 from cdi.controller.policy import FailurePolicy
+from cdi.controller.populators.datavolume import populated_claim, population_view
 from cdi.controller.progress import Scraper
 from cdi.controller.record import OUTCOME_SUCCEEDED, ImportRecord
 from cdi.controller.status import ClaimProblem, View, compute_status
@@ -65,6 +71,7 @@ from cdi.kube.errors import Conflict, NotFound
 from cdi.kube.events import NORMAL, WARNING, EventRecorder
 from cdi.kube.workqueue import Result
 from cdi.render import RenderError
+from cdi.render.prime import populator_kind
 from cdi.render.pvc import render_pvc
 
 log = logging.getLogger(__name__)
@@ -103,6 +110,7 @@ class ControllerConfig:
     progress_interval: float = 2.0
     claim_adoption_gate: bool = False  # CDI feature gate DataVolumeClaimAdoption
     cluster_cidrs: tuple[str, ...] = ()  # pod/service/node ranges imports may not reach
+    upload: UploadSettings = field(default_factory=UploadSettings)
 
 
 def utc_now() -> str:
@@ -135,7 +143,7 @@ class DataVolumeReconciler:
         self.config = config
         if flavours is None:
             deps = FlavourDeps(kube, events, scraper, clock)
-            flavours = standard_flavours(deps, import_settings(config))
+            flavours = standard_flavours(deps, import_settings(config), config.upload)
         self.flavours = flavours
 
     async def reconcile(self, key: str) -> Result:
@@ -231,6 +239,9 @@ class Step:
             deleting = f'Resource "{dv.name}" marked for deletion'
             self._see(problem=ClaimProblem(ConditionReason.PENDING, deleting))
             return Result(requeue_after=5.0)
+        if populator_kind(pvc) == KIND_VOLUME_IMPORT_SOURCE:  # the populator fills it
+            self.view = population_view(self.view, pvc, r.waits_for_consumer(pvc))
+            return Result()
         pods = owned_pods(r.caches.pods.items(), dv.uid)
         claim = Claim(dv, self.obj, pvc, record, pods, r.cdi_config())
         if record.done:
@@ -265,6 +276,9 @@ class Step:
         desired = self._render_pvc()
         if desired is None:
             return Result(requeue_after=30.0)
+        desired = await populated_claim(
+            self.r.kube, self.dv, desired, self.r.caches.storage_classes
+        )
         try:
             await self.r.kube.create(PVCS, desired, self.dv.namespace)
         except Conflict:

@@ -9,7 +9,9 @@ their caches, then run each reconciler's workers off its own queue (a key is onl
   controls it (or that it was created for), and a StorageClass/StorageProfile/CDIConfig change
   to every DataVolume still waiting for its claim;
 - StorageProfiles: a StorageClass or a StorageProfile maps to the profile of that name;
-- CDIConfig: any StorageClass or CDIConfig change maps to the singleton ``config``.
+- CDIConfig: any StorageClass or CDIConfig change maps to the singleton ``config``;
+- populators: a claim whose ``dataSourceRef`` names a CDI populator source maps to itself, its
+  prime claim and importer pods to it (``cdi.controller.populators``).
 
 Shutdown (SIGTERM or lost leadership): stop the queues, let in-flight reconciles finish
 (bounded by ``shutdown_grace``), release the Lease, stop informers and the metrics server.
@@ -33,10 +35,22 @@ from cdi.api.constants import (
     LABEL_COMPONENT,
 )
 from cdi.controller.cdiconfig import CDIConfigReconciler
-from cdi.controller.datavolume import Caches, ControllerConfig, DataVolumeReconciler, utc_now
+from cdi.controller.datavolume import (
+    Caches,
+    ControllerConfig,
+    DataVolumeReconciler,
+    import_settings,
+    utc_now,
+)
+from cdi.controller.flavours import FlavourDeps
+from cdi.controller.flavours.import_ import ImportFlavour
+from cdi.controller.flavours.upload import UploadWorker
 from cdi.controller.metrics import ControllerMetrics, Sources, serve_metrics
+from cdi.controller.populators import claim_target_key, pod_target_key
+from cdi.controller.populators.import_ import ImportPopulator
 from cdi.controller.progress import HttpScraper
 from cdi.controller.storageprofile import StorageProfileReconciler
+from cdi.controller.uploadpvc import UploadPVCReconciler, is_upload_target, owned_by_datavolume
 from cdi.kube.client import (
     CDI_CONFIGS,
     DATAVOLUMES,
@@ -52,8 +66,17 @@ from cdi.kube.events import EventRecorder
 from cdi.kube.informer import Informer, wait_all_synced
 from cdi.kube.leader import LeaderConfig, LeaderElector, LeadershipLost
 from cdi.kube.workqueue import Backoff, Reconcile, WorkQueue, run_workers
+from cdi.render.upload_pod import UPLOAD_COMPONENT, upload_pod_name
 
 log = logging.getLogger(__name__)
+KIND_PVC = "PersistentVolumeClaim"
+# The worker pods the controller follows: importers and upload servers.
+WORKER_PODS = f"{LABEL_COMPONENT} in (importer,{UPLOAD_COMPONENT})"
+
+
+def is_upload_pod(pod: dict[str, Any]) -> bool:
+    labels = (pod.get("metadata") or {}).get("labels") or {}
+    return labels.get(LABEL_COMPONENT) == UPLOAD_COMPONENT
 
 
 @dataclass(frozen=True)
@@ -68,6 +91,9 @@ class ManagerConfig:
     metrics_host: str = "0.0.0.0"
     metrics_port: int | None = 8080  # None: no metrics server
     config_recheck: float = 60.0
+    # HMAC key of the signed requester record (cdi.api.requester.trusted_requester), from
+    # --requester-key-secret / --requester-key-file; None: no record is trusted.
+    requester_key: bytes | None = None
 
 
 @dataclass(frozen=True)
@@ -89,11 +115,12 @@ def new_queue() -> WorkQueue:
 
 
 def owner_key(obj: dict[str, Any]) -> str | None:
-    """The DataVolume key a PVC or Pod belongs to, or None."""
+    """The DataVolume key a PVC or Pod belongs to, or None. An upload server pod is owned by
+    its PVC, which has its DataVolume's name (or is a plain PVC: the upload PVC loop's key)."""
     meta = obj.get("metadata") or {}
     ns = meta.get("namespace")
     for ref in meta.get("ownerReferences") or []:
-        if ref.get("controller") and ref.get("kind") == KIND_DATAVOLUME:
+        if ref.get("controller") and ref.get("kind") in (KIND_DATAVOLUME, KIND_PVC):
             return f"{ns}/{ref.get('name')}"
     if (meta.get("annotations") or {}).get(ANN_CREATED_FOR_DATAVOLUME):
         return f"{ns}/{meta.get('name')}"  # an adopted claim has its DataVolume's name
@@ -108,7 +135,7 @@ class Manager:
         self.informers = {
             "dv": Informer(kube, DATAVOLUMES, resync=r),
             "pvc": Informer(kube, PVCS, resync=r),
-            "pod": Informer(kube, PODS, label_selector=f"{LABEL_COMPONENT}=importer", resync=r),
+            "pod": Informer(kube, PODS, label_selector=WORKER_PODS, resync=r),
             "sc": Informer(kube, STORAGE_CLASSES, resync=r),
             "profile": Informer(kube, STORAGE_PROFILES, resync=r),
             "config": Informer(kube, CDI_CONFIGS, resync=r),
@@ -138,8 +165,27 @@ class Manager:
         )
         profiles = StorageProfileReconciler(self.kube, utc_now)
         cdi_config = CDIConfigReconciler(self.kube, i["sc"], cfg.namespace, cfg.config_recheck)
+        deps = FlavourDeps(self.kube, datavolumes.events, self.scraper)
+        uploads = UploadPVCReconciler(
+            self.kube,
+            UploadWorker(deps, cfg.controller.upload),
+            EventRecorder(self.kube, "upload-controller", identity),
+            i["sc"],
+            datavolumes.cdi_config,
+        )
+        populator = ImportPopulator(
+            self.kube,
+            i["pod"],
+            i["sc"],
+            datavolumes.cdi_config,
+            EventRecorder(self.kube, "import-populator", identity),
+            ImportFlavour(deps, import_settings(cfg.controller)),
+        )
+        self.populator_kinds = populator.kinds
         reconcilers: list[tuple[str, Reconcile, int]] = [
             ("datavolume", datavolumes.reconcile, cfg.workers),
+            ("uploadpvc", uploads.reconcile, 1),
+            ("populator", populator.reconcile, cfg.workers),
             ("storageprofile", profiles.reconcile, 1),
             ("cdiconfig", cdi_config.reconcile, 1),
         ]
@@ -155,6 +201,14 @@ class Manager:
         self.informers["dv"].add_handler(lambda o: dvs.enqueue(object_key(o)))
         for name in ("pvc", "pod"):
             self.informers[name].add_handler(lambda o: dvs.enqueue(owner_key(o)))
+        uploads = self.loops["uploadpvc"]
+        self.informers["pvc"].add_handler(lambda o: uploads.enqueue(self._upload_key(o)))
+        self.informers["pod"].add_handler(
+            lambda o: uploads.enqueue(owner_key(o) if is_upload_pod(o) else None)
+        )
+        populators, kinds = self.loops["populator"], self.populator_kinds
+        self.informers["pvc"].add_handler(lambda o: populators.enqueue(claim_target_key(o, kinds)))
+        self.informers["pod"].add_handler(lambda o: populators.enqueue(pod_target_key(o)))
         for name in ("sc", "profile"):
             self.informers[name].add_handler(lambda o: profiles.enqueue(object_key(o)))
         for name in ("sc", "config"):
@@ -162,6 +216,18 @@ class Manager:
         for name in ("sc", "profile", "config"):
             self.informers[name].add_handler(lambda _o: self._enqueue_waiting())
         config.enqueue(CDICONFIG_NAME)  # created if missing, even before any event
+
+    def _upload_key(self, pvc: dict[str, Any]) -> str | None:
+        """A plain PVC that is an upload target, or any PVC with an upload server that is no
+        target any more or is being deleted (the server must go first)."""
+        meta = pvc.get("metadata") or {}
+        server = f"{meta.get('namespace')}/{upload_pod_name(str(meta.get('name')))}"
+        has_server = self.informers["pod"].get(server) is not None
+        if has_server and meta.get("deletionTimestamp"):
+            return object_key(pvc)
+        if owned_by_datavolume(pvc):
+            return None
+        return object_key(pvc) if is_upload_target(pvc) or has_server else None
 
     def _enqueue_waiting(self) -> None:
         dvs = self.loops["datavolume"]

@@ -63,12 +63,12 @@ class FailurePolicy:
         return float(min(self.max_delay, self.base_delay * 2 ** max(0, failed - 1)))
 
 
-def pod_outcome(pod: dict[str, Any]) -> Outcome | None:
-    """The outcome of a finished importer pod, or None while it has not finished."""
+def pod_outcome(pod: dict[str, Any], container: str = IMPORTER_CONTAINER_NAME) -> Outcome | None:
+    """The outcome of a finished worker pod (its ``container``), or None while it runs."""
     status = pod.get("status") or {}
     if status.get("phase") not in ("Succeeded", "Failed"):
         return None
-    term = _terminated(status)
+    term = _terminated(status, container)
     text = str(term.get("message") or "")
     finished = term.get("finishedAt")
     try:
@@ -90,9 +90,9 @@ def pod_outcome(pod: dict[str, Any]) -> Outcome | None:
     return Outcome(reason, f"importer pod ended without a result: {detail}"[:1024], True, finished)
 
 
-def _terminated(status: dict[str, Any]) -> dict[str, Any]:
+def _terminated(status: dict[str, Any], container: str) -> dict[str, Any]:
     for cs in status.get("containerStatuses") or []:
-        if cs.get("name") == IMPORTER_CONTAINER_NAME:
+        if cs.get("name") == container:
             state = cs.get("state") or {}
             return dict(state.get("terminated") or {})
     return {}

@@ -11,6 +11,10 @@ scraper reads at most ``MAX_METRICS_BYTES`` (64 KiB; our importer's page is unde
 gives up after ``timeout`` seconds in total, follows no redirect, and turns every bad answer
 (too big, too slow, not 200, not UTF-8, unreachable) into None: no progress shown, nothing
 fatal.
+
+The page also carries ``cdi_import_checkpoint_bytes{digest}``, the importer's last durable
+resume checkpoint. It is read from the recorded pod only, so the import flavour keeps it (in
+memory, outside the tenant's volume) as the attestation for the next attempt's resume.
 """
 
 from __future__ import annotations
@@ -22,8 +26,10 @@ from typing import Protocol
 import aiohttp
 
 PROGRESS_METRIC = "kubevirt_cdi_import_progress_total"
+CHECKPOINT_METRIC = "cdi_import_checkpoint_bytes"  # {digest}: the last durable resume point
 MAX_METRICS_BYTES = 64 * 1024
 _LINE = re.compile(r"^(?P<name>[a-zA-Z_:][\w:]*)\{(?P<labels>[^}]*)\}\s+(?P<value>\S+)")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 
 
@@ -33,6 +39,7 @@ class Progress:
     bytes_done: int = 0
     bytes_total: int = 0
     rate: float = 0.0
+    checkpoint: tuple[int, str] | None = None  # (offset, BLAKE3 of the prefix)
 
     @property
     def text(self) -> str:
@@ -40,6 +47,8 @@ class Progress:
         return f"{min(100.0, max(0.0, self.percent)):.2f}%"
 
     def describe(self, activity: str = "Import") -> str:
+        if not (self.bytes_done or self.bytes_total):  # only the percentage is known
+            return f"{activity} in progress: {self.text}"
         done = human_bytes(self.bytes_done)
         total = f" of {human_bytes(self.bytes_total)}" if self.bytes_total else ""
         return f"{activity} in progress: {done}{total} at {human_bytes(int(self.rate))}/s"
@@ -57,6 +66,7 @@ def human_bytes(n: int) -> str:
 def parse_metrics(text: str, owner_uid: str) -> Progress | None:
     """The progress series for ``owner_uid``, or None when the percentage is absent."""
     values: dict[str, float] = {}
+    digest = ""
     for line in text.splitlines():
         m = _LINE.match(line)
         if not m:
@@ -68,6 +78,8 @@ def parse_metrics(text: str, owner_uid: str) -> Progress | None:
             values[m.group("name")] = float(m.group("value"))
         except ValueError:
             continue
+        if m.group("name") == CHECKPOINT_METRIC:
+            digest = labels.get("digest", "")
     if PROGRESS_METRIC not in values:
         return None
     return Progress(
@@ -75,7 +87,15 @@ def parse_metrics(text: str, owner_uid: str) -> Progress | None:
         bytes_done=int(values.get("cdi_import_bytes_done", 0)),
         bytes_total=int(values.get("cdi_import_bytes_total", 0)),
         rate=values.get("cdi_import_rate_bytes_per_second", 0.0),
+        checkpoint=_checkpoint(values.get(CHECKPOINT_METRIC), digest),
     )
+
+
+def _checkpoint(offset: float | None, digest: str) -> tuple[int, str] | None:
+    """The scraped resume point, if well formed (a 64-hex BLAKE3 digest and a positive offset)."""
+    if offset is None or offset <= 0 or not _SHA256.fullmatch(digest):
+        return None
+    return int(offset), digest
 
 
 class Scraper(Protocol):

@@ -68,6 +68,9 @@ class FlavourPhases:
     in_progress: Phase  # worker running, or just finished and not yet recorded
     worker: str  # "Importer": "Importer pod pending"
     activity: str  # "Import": "Import in progress"
+    running_reason: str = (
+        ""  # the Running condition's reason while the worker runs (upload: CDI's "Pod is running")
+    )
 
     def working(self, phase: Phase, step: Phase | None) -> bool:
         return phase in (self.scheduled, self.in_progress) or (step is not None and phase == step)
@@ -129,7 +132,7 @@ def _running(v: View, phase: Phase) -> Condition:
     if phase == words.in_progress and v.pod_phase == "Running":
         activity = words.activity
         message = v.progress.describe(activity) if v.progress else f"{activity} in progress"
-        return _cond(ConditionType.RUNNING, True, "", message)
+        return _cond(ConditionType.RUNNING, True, words.running_reason, message)
     if rec.reason and (phase in (Phase.SUCCEEDED, Phase.FAILED) or v.retry_in is not None):
         message = rec.message or ""
         if phase not in (Phase.SUCCEEDED, Phase.FAILED) and v.retry_in is not None:

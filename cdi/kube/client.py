@@ -69,6 +69,7 @@ PODS = Resource("", "v1", "pods", "Pod")
 PVCS = Resource("", "v1", "persistentvolumeclaims", "PersistentVolumeClaim")
 EVENTS = Resource("", "v1", "events", "Event")
 SECRETS = Resource("", "v1", "secrets", "Secret")
+SERVICES = Resource("", "v1", "services", "Service")
 NAMESPACES = Resource("", "v1", "namespaces", "Namespace", namespaced=False)
 STORAGE_CLASSES = Resource("storage.k8s.io", "v1", "storageclasses", "StorageClass", False)
 LEASES = Resource("coordination.k8s.io", "v1", "leases", "Lease")
@@ -78,6 +79,11 @@ STORAGE_PROFILES = Resource(
 )
 CDI_CONFIGS = Resource("cdi.kubevirt.io", "v1beta1", "cdiconfigs", "CDIConfig", False)
 DATA_SOURCES = Resource("cdi.kubevirt.io", "v1beta1", "datasources", "DataSource")
+PVS = Resource("", "v1", "persistentvolumes", "PersistentVolume", namespaced=False)
+CSI_DRIVERS = Resource("storage.k8s.io", "v1", "csidrivers", "CSIDriver", namespaced=False)
+VOLUME_IMPORT_SOURCES = Resource(
+    "cdi.kubevirt.io", "v1beta1", "volumeimportsources", "VolumeImportSource"
+)
 VALIDATING_WEBHOOKS = Resource(
     "admissionregistration.k8s.io",
     "v1",
@@ -105,6 +111,21 @@ def load_api_client(kubeconfig: Path | None = None) -> client.ApiClient:
     else:
         config.load_incluster_config(client_configuration=cfg)
     return client.ApiClient(cfg)
+
+
+def load_user_client(kubeconfig: str, context: str | None = None) -> tuple[client.ApiClient, str]:
+    """A user's kubeconfig (``kubeconfig`` may list several files, ``:``-separated, as
+    ``KUBECONFIG`` does) and the namespace of its context (``default`` when it names none), as
+    ``kubectl`` and ``virtctl`` resolve them."""
+    cfg = client.Configuration()
+    try:
+        config.load_kube_config(config_file=kubeconfig, context=context, client_configuration=cfg)
+        contexts, active = config.list_kube_config_contexts(config_file=kubeconfig)
+    except (config.ConfigException, OSError, ValueError, KeyError) as exc:
+        raise KubeError(f"kubeconfig {kubeconfig}: {exc}", reason="InvalidKubeconfig") from exc
+    chosen = next((c for c in contexts if c.get("name") == context), active) if context else active
+    namespace = ((chosen or {}).get("context") or {}).get("namespace") or "default"
+    return client.ApiClient(cfg), str(namespace)
 
 
 class Kube:

@@ -25,6 +25,7 @@ from cdi.api.constants import AccessMode, VolumeMode
 
 UNKNOWN = "UNKNOWN"
 LOCAL_PROVISIONER = "testkit.local/loop"
+LOCAL_CSI_PROVISIONER = "loop.testkit.local"  # the same volumes, registered as a CSIDriver
 
 
 @dataclass(frozen=True)
@@ -214,6 +215,7 @@ def _hostpath(sc: SC) -> str:
 
 KEY_FUNCTIONS: Mapping[str, Callable[[SC], str]] = {
     LOCAL_PROVISIONER: _local,
+    LOCAL_CSI_PROVISIONER: _local,
     "kubevirt.io.hostpath-provisioner": _hostpath,
     "csi.trident.netapp.io": _trident,
     "ebs.csi.aws.com": _ebs,

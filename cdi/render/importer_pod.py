@@ -45,6 +45,8 @@ these environment variables (CDI's names, ``cdi.api.constants.ImporterEnv``):
 ``CACHE_MODE``                     "TRYNONE": try O_DIRECT (set after an OOM kill)
 ``IMPORTER_METRICS_ADDR``          metrics bind address: the pod IP (downward API), when asked
 ``IMPORTER_METRICS_PORT``          metrics port, when not 8443
+``IMPORTER_CHECKPOINT_ATTESTED``   "<offset>:<blake3>": the resume prefix the controller scraped
+                                   from the previous attempt (not CDI; datapath.checkpoint)
 =================================  =================================================
 
 Two deliberate differences from CDI: basic-auth credentials are not env vars (CDI's
@@ -117,6 +119,7 @@ class ImporterPodConfig(WorkerPod):
     proxy_ca_config_map: str | None = None  # the per-import copy of importProxy.trustedCAProxy
     proxy_auth_secret: str | None = None  # the per-import Secret of importProxy credentials
     direct_io: bool = False  # retry after an OOM kill with O_DIRECT
+    checkpoint_attested: tuple[int, str] | None = None  # scraped from the previous attempt
     node_selector: Mapping[str, str] = field(default_factory=dict)
     tolerations: tuple[Mapping[str, Any], ...] = ()
     affinity: Mapping[str, Any] | None = None
@@ -219,6 +222,7 @@ def _env(
         *[(f"{IMPORTER_EXTRA_HEADER_PREFIX}{i}", h) for i, h in enumerate(settings.headers)],
         *_proxy_env(cdi, config),
         (ImporterEnv.CACHE_MODE, CACHE_MODE_TRY_NONE if config.direct_io else None),
+        (ImporterEnv.CHECKPOINT_ATTESTED, _attested(config.checkpoint_attested)),
     ]
     if settings.cert_config_map:
         pairs.append((ImporterEnv.CERT_DIR, CERT_DIR))
@@ -229,6 +233,10 @@ def _env(
         ]
     env: list[dict[str, Any]] = [{"name": str(k), "value": v} for k, v in pairs if v is not None]
     return env + metrics_env(config, ImporterEnv.METRICS_ADDR, ImporterEnv.METRICS_PORT)
+
+
+def _attested(pair: tuple[int, str] | None) -> str | None:
+    return f"{pair[0]}:{pair[1]}" if pair else None
 
 
 def _proxy_env(cdi: CDIConfig, config: ImporterPodConfig) -> list[tuple[str, str | None]]:

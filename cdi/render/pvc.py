@@ -55,6 +55,7 @@ from cdi.api.constants import (
     ANN_SECRET,
     ANN_SERVICE_ACCOUNT,
     ANN_SOURCE,
+    ANN_UPLOAD_REQUEST,
     ANN_USE_POPULATOR,
     GROUP,
     IMPORT_SOURCE_NONE,
@@ -253,7 +254,8 @@ def user_annotations(annotations: Mapping[str, str]) -> dict[str, str]:
 
 
 def source_annotations(source: DataVolumeSource) -> dict[str, str]:
-    """``storage.import.*`` for import sources; nothing for clone/upload sources."""
+    """``storage.import.*`` for import sources, ``storage.upload.target`` for upload; nothing
+    for clone sources."""
     pairs: dict[str, str | None] = {}
     if source.http is not None:
         http = source.http
@@ -286,7 +288,10 @@ def source_annotations(source: DataVolumeSource) -> dict[str, str]:
         }
     elif source.blank is not None:
         pairs = {ANN_SOURCE: IMPORT_SOURCE_NONE}
-    return {k: v for k, v in pairs.items() if v}
+    out = {k: v for k, v in pairs.items() if v}
+    if source.upload is not None:
+        out[ANN_UPLOAD_REQUEST] = ""  # CDI's marker: the upload flavour and the proxy read it
+    return out
 
 
 def _flag(value: bool | None) -> str | None:

@@ -10,8 +10,9 @@
   address: the ClusterIP of Service ``cdi-upload-<pvc>`` in the PVC's namespace (``naming.
   upload_service_name``, created by the upload flavour of the controller), its certificate
   verified for ``cdi-upload-<pvc>.<ns>.svc``: no cluster DNS needed, the name still checked;
-- ``ensure_ca``: a CA key pair kept in a Secret, created once by whoever comes first (the
-  upload servers' CA and the CA of the proxy's client certificates);
+- ``ensure_ca`` (from ``cdi.upload.servercert``, which the controller shares): a CA key pair
+  kept in a Secret, created once by whoever comes first (the upload servers' CA and the CA of
+  the proxy's client certificates);
 - ``requestheader_settings``: the front-proxy settings the kube-apiserver publishes in
   ConfigMap ``kube-system/extension-apiserver-authentication``;
 - ``ApiServiceCertStore`` / ``SecretOnlyCertStore``: the webhook's ``CertStore`` (serving
@@ -35,6 +36,7 @@ from cdi.kube.client import (
     JSON_PATCH,
     PVCS,
     SECRETS,
+    SERVICES,
     SUBJECT_ACCESS_REVIEWS,
     AsyncKube,
     Kube,
@@ -45,13 +47,12 @@ from cdi.render.naming import upload_service_name
 from cdi.upload.errors import UploadNotReady, UploadServerUnreachable
 from cdi.upload.keys import KeyRing, SigningKey, StoreConflict, key_id
 from cdi.upload.readiness import UploadServer
+from cdi.upload.servercert import ensure_ca as ensure_ca  # re-exported for the proxy
 from cdi.upload.tokenapi import Decision, LookupFailed, RequestHeaderConfig, User, access_review
-from cdi.webhooks.certs import KeyPair, new_ca
 
 log = logging.getLogger(__name__)
 
 CONFIG_MAPS = Resource("", "v1", "configmaps", "ConfigMap")
-SERVICES = Resource("", "v1", "services", "Service")
 API_SERVICES = Resource("apiregistration.k8s.io", "v1", "apiservices", "APIService", False)
 AUTH_CONFIG_MAP = ("kube-system", "extension-apiserver-authentication")
 MAX_PUBLISHED_KEYS = 3
@@ -180,35 +181,6 @@ class KubeUploadTargets:
                 f"error in upload-proxy: http: proxy error: dial tcp: lookup {host}: no such host"
             )
         return UploadServer(f"https://{ip}:{self.port}", host)
-
-
-def ensure_ca(kube: Kube, namespace: str, name: str, common_name: str) -> KeyPair:
-    """The CA kept in Secret ``namespace/name`` (``tls.crt``/``tls.key``), created if absent."""
-    for _ in range(3):
-        secret = kube.get_or_none(SECRETS, name, namespace)
-        data = _secret_data(secret or {})
-        if data.get("tls.crt") and data.get("tls.key"):
-            return KeyPair(data["tls.crt"], data["tls.key"])
-        ca = new_ca(common_name, dt.datetime.now(dt.UTC))
-        meta: dict[str, Any] = {"name": name, "namespace": namespace}
-        body = {
-            "apiVersion": "v1",
-            "kind": "Secret",
-            "type": "kubernetes.io/tls",
-            "metadata": meta,
-            "data": {"tls.crt": _b64(ca.cert_pem), "tls.key": _b64(ca.key_pem)},
-        }
-        try:
-            if secret is None:
-                kube.create(SECRETS, body)
-            else:
-                meta["resourceVersion"] = secret["metadata"]["resourceVersion"]
-                kube.replace(SECRETS, body)
-            log.info("created CA %s/%s", namespace, name)
-            return ca
-        except Conflict:
-            continue  # someone else created it first: use theirs
-    raise RuntimeError(f"could not store the CA {namespace}/{name} (conflicts)")
 
 
 def _json_list(value: str | None, default: tuple[str, ...]) -> tuple[str, ...]:

@@ -9,6 +9,8 @@
   as the requester may (``cdi.webhooks.visibility``): objects in other namespaces exist for
   them only when a SubjectAccessReview (the ``authorizer``) says they may read them;
 - ``POST /datavolume-mutate``: ``mutate_datavolume`` as a base64 JSON patch;
+- ``POST /populator-validate``: ``validate_populator`` (``cdi.webhooks.populators``) on a
+  ``VolumeImportSource`` being created or updated;
 - ``GET /healthz``.
 
 Nothing here knows Kubernetes clients or TLS files: cluster lookups come through the
@@ -28,6 +30,7 @@ from typing import Any
 from aiohttp import web
 
 from cdi.webhooks.mutation import Signer, UserInfo, mutate_datavolume
+from cdi.webhooks.populators import validate_populator
 from cdi.webhooks.validation import ClusterLookup, validate_datavolume
 from cdi.webhooks.verdict import ValidationResult
 from cdi.webhooks.visibility import Authorizer, NoCrossNamespaceReads, RequesterLookup
@@ -89,6 +92,14 @@ def validate_review(
     return verdict_response(uid, verdict)
 
 
+def populator_review(request: Mapping[str, Any]) -> dict[str, Any]:
+    uid = str(request.get("uid", ""))
+    if request.get("operation") not in ("CREATE", "UPDATE"):
+        return review_response(uid, allowed=True)
+    old = request.get("oldObject") if request.get("operation") == "UPDATE" else None
+    return verdict_response(uid, validate_populator(request.get("object") or {}, old))
+
+
 def mutate_review(request: Mapping[str, Any], signer: Signer | None = None) -> dict[str, Any]:
     uid = str(request.get("uid", ""))
     if request.get("operation") not in ("CREATE", "UPDATE"):
@@ -139,11 +150,15 @@ def make_app(
         review = await _read_review(request)
         return web.json_response(mutate_review(review, signer))
 
+    async def populator(request: web.Request) -> web.Response:
+        return web.json_response(populator_review(await _read_review(request)))
+
     async def healthz(_: web.Request) -> web.Response:
         return web.Response(text="ok")
 
     app = web.Application(client_max_size=MAX_REVIEW_BYTES)
     app.router.add_post("/datavolume-validate", validate)
     app.router.add_post("/datavolume-mutate", mutate)
+    app.router.add_post("/populator-validate", populator)
     app.router.add_get("/healthz", healthz)
     return app

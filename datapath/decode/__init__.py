@@ -46,6 +46,9 @@ if TYPE_CHECKING:
 
 SCRATCH_NAME = "cdi-scratch.img"
 MAX_LAYERS = 4  # gz inside xz inside zst... more than this is an attack, not an image
+# Decoders whose memory is counted in tens of MiB (docs/importer.md, memory table): one per
+# chain, so their ceilings never add up (no real image is xz inside zstd).
+_HEAVY_LAYERS = frozenset({ImageFormat.XZ, ImageFormat.ZSTD})
 
 
 @dataclass
@@ -71,7 +74,8 @@ class DecodePlan:
     source_size: int | None = None  # bytes on the wire, when known (Content-Length)
     before_random_writes: Callable[[], None] | None = None  # e.g. zero a block device first
     resume_offset: int = 0  # continue a raw image at this offset (datapath.checkpoint)
-    checkpointer: Callable[[int], None] | None = None  # told the position after raw writes
+    # told each raw piece written and the position after it (datapath.checkpoint.Checkpointer)
+    checkpointer: Callable[[bytes, int], None] | None = None
     tar_member: str | None = None  # registry layer: decode the one file under this prefix
 
 
@@ -81,11 +85,15 @@ Handler = Callable[[Iterator[bytes], DecodePlan, DecodeResult], DecodeResult]
 def peel(chunks: Iterator[bytes], chain: list[str]) -> tuple[ImageFormat, Peekable]:
     """Strip compression layers; return the innermost format and its stream."""
     stream = Peekable(chunks)
+    heavy = 0
     for _ in range(MAX_LAYERS + 1):
         fmt = sniff(stream.peek(SNIFF_BYTES))
         chain.append(fmt.value)
         if not fmt.is_compression:
             return fmt, stream
+        heavy += fmt in _HEAVY_LAYERS
+        if heavy > 1:
+            raise UnsupportedFormat(f"xz or zstd nested in xz or zstd is not supported: {chain}")
         from datapath.decode.decompress import decompress
 
         stream = Peekable(decompress(fmt, stream))
@@ -205,7 +213,7 @@ def _write_raw(
     for piece in chunks:
         writer.write(piece)
         if checkpointer is not None:
-            checkpointer(writer.position)
+            checkpointer(piece, writer.position)
     result.virtual_size = writer.position
     result.bytes_written = writer.bytes_written
     return result

@@ -25,7 +25,10 @@ from collections.abc import Iterator
 from cdi.api.errors import InsufficientSpace, InvalidImage, UnsafeImage
 from datapath.streams import IterReader
 
-MAX_MEMBERS = 1_000_000  # a filesystem tree has many files; a billion tiny members is an attack
+# tarfile keeps every member's TarInfo (~350 bytes plus its names) until the end, for hard
+# links: members and the bytes of their names are both bounded (docs/importer.md, memory table).
+MAX_MEMBERS = 250_000  # a distribution's root has ~100,000 files; a million tiny ones is an attack
+MAX_NAME_BYTES = 32 * 1024 * 1024  # names, link names and pax records of all members together
 MAX_HEADER_BYTES = 1 << 20  # pax and GNU long-name headers (names, xattrs), held in memory
 
 
@@ -89,13 +92,16 @@ def extract_tar(
 def _extract_members(
     chunks: Iterator[bytes], dest: str, capacity: int | None, max_members: int
 ) -> int:
-    total = count = 0
+    total = count = names = 0
     try:
         with tarfile.open(fileobj=IterReader(chunks), mode="r|", tarinfo=_BoundedTarInfo) as tar:
             for member in tar:
                 count += 1
                 if count > max_members:
                     raise UnsafeImage(f"archive has more than {max_members} members")
+                names += _name_bytes(member)
+                if names > MAX_NAME_BYTES:
+                    raise UnsafeImage(f"archive member names exceed {MAX_NAME_BYTES} bytes")
                 check_member(member)
                 total += member.size if member.isfile() else 0
                 if capacity is not None and total > capacity:
@@ -109,6 +115,12 @@ def _extract_members(
     except tarfile.TarError as exc:
         raise InvalidImage(f"archive is corrupt or truncated: {exc}") from exc
     return total
+
+
+def _name_bytes(member: tarfile.TarInfo) -> int:
+    """What a member's names keep in memory until the extraction ends."""
+    pax = sum(len(k) + len(v) for k, v in member.pax_headers.items())
+    return len(member.name) + len(member.linkname) + pax
 
 
 def _extract_one(tar: tarfile.TarFile, member: tarfile.TarInfo, dest: str) -> None:

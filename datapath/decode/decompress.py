@@ -23,6 +23,10 @@ from datapath.decode.zstd_frames import checked_frames
 from datapath.formats import ImageFormat
 from datapath.streams import CHUNK_SIZE, IterReader, as_file
 
+# The most memory a zstd frame may ask for its window: libzstd's default limit (windowLog 27),
+# what the zstd CLI decodes without --memory; explicit, so the memory table can name it.
+ZSTD_MAX_WINDOW = 128 * 1024 * 1024
+
 _LIBRARY_ERRORS: tuple[type[BaseException], ...] = (
     OSError,
     EOFError,
@@ -52,7 +56,7 @@ def _bzip2(chunks: Iterator[bytes]) -> Iterator[bytes]:
 def _zstd(chunks: Iterator[bytes]) -> Iterator[bytes]:
     # stream_reader returns EOF quietly on a frame cut short: checked_frames catches that.
     src = as_file(checked_frames(chunks))
-    reader = zstandard.ZstdDecompressor().stream_reader(
+    reader = zstandard.ZstdDecompressor(max_window_size=ZSTD_MAX_WINDOW).stream_reader(
         src, read_size=1024 * 1024, read_across_frames=True
     )
     yield from _read_all(reader.read)

@@ -33,7 +33,9 @@ from datapath.decode.spill import Expand, Spill, settle, with_repaid
 PLAIN = 0  # raw bytes of the disk, placed as they pass
 FRAME = 1  # a self-describing extent: read whole, then expanded by ``_frame_data``
 FRAME_HEAD = 12  # bytes of a frame needed to learn its length
-MAX_EXTENTS = 2_000_000  # as many separate extents as the qcow2 decoder holds at most
+# As many separate extents as the qcow2 decoder holds at most; ~190 bytes each (a tuple of four
+# ints in a list), so ~95 MB at the cap (docs/importer.md, memory table).
+MAX_EXTENTS = 500_000
 
 Extent = tuple[int, int, int, int]  # file start, file end (a bound for frames), virtual, kind
 

@@ -38,7 +38,19 @@ from cdi.api.errors import InvalidImage, UnsupportedFormat
 from datapath.streams import CHUNK_SIZE, as_file
 
 STREAM_HEADER = 12
-MAX_PARALLEL_BLOCK = 64 * 1024 * 1024
+# Blocks above this are decoded sequentially: each of up to 4 threads holds a compressed block,
+# its decoder's dictionary (filled up to the block's size) and, on the ordered path, a decoded
+# block waiting its turn; 32 MiB keeps that under ~350 MiB (docs/importer.md, memory table) and
+# still covers xz -T0 up to -7 (blocks of 3 x the dictionary: 24 MiB at -6).
+MAX_PARALLEL_BLOCK = 32 * 1024 * 1024
+# liblzma's decoder allocates the dictionary the stream header asks for (up to 1.5 GiB, and it
+# fills as output is produced): a 100 KiB file could take the pod past its memory limit. xz -9e
+# needs 65 MiB to decode; anything asking for more than this is refused (InvalidImage).
+XZ_MEMLIMIT = 96 * 1024 * 1024
+# The ordered path (xz holding qcow2, vmdk, a tar...) runs beside an image decoder with tables of
+# its own, and younger blocks wait decoded in memory: two threads there (the pod has 0.75 CPU
+# by default anyway), all of ``default_workers`` for a raw image written in place.
+ORDERED_WORKERS = 2
 # Output pieces: liblzma's output buffer briefly holds twice a piece, and younger blocks of the
 # ordered path hold theirs, so pieces are small; 1 MiB writes still run at disk speed.
 PIECE = 1024 * 1024
@@ -118,7 +130,7 @@ def _feed(block: Block) -> Iterator[bytes | memoryview]:
 def block_pieces(block: Block, piece: int = PIECE) -> Generator[bytes, None, None]:
     """Decode one block in pieces of at most ``piece`` bytes; corrupt, truncated or
     oversized blocks raise InvalidImage before a byte past the declared size is handed out."""
-    decoder = lzma.LZMADecompressor(format=lzma.FORMAT_XZ)
+    decoder = lzma.LZMADecompressor(format=lzma.FORMAT_XZ, memlimit=XZ_MEMLIMIT)
     total = 0
     try:
         for data in _feed(block):
@@ -295,6 +307,8 @@ def _cut_block(inp: _Input, header: bytes, offset: int, *, consume: bool) -> Blo
             "recompress it with xz -T0"
         )
     compressed, uncompressed = sizes
+    if compressed > max_compressed(uncompressed):  # would be buffered whole: refuse it first
+        raise InvalidImage("xz block declares more compressed bytes than its content can take")
     check = _CHECK_SIZES[header[7] & 0x0F]
     total = hsize + compressed + (-compressed % 4) + check
     if not inp.fill(skip + total):
@@ -343,9 +357,25 @@ def _skip_index(inp: _Input) -> None:
     inp.skip(tail)
 
 
+def max_compressed(uncompressed: int) -> int:
+    """The most compressed bytes an LZMA2 block of ``uncompressed`` bytes can have: stored
+    chunks add 3 bytes per 64 KiB, plus headers; a generous margin on top."""
+    return uncompressed + uncompressed // 1024 + 64 * 1024
+
+
 def _sequential(chunks: Iterator[bytes]) -> Iterator[bytes]:
-    reader = lzma.LZMAFile(as_file(chunks), mode="rb", format=lzma.FORMAT_XZ)
-    while piece := reader.read(CHUNK_SIZE):
+    """``lzma.LZMAFile``'s reader (concatenated streams, padding) with a memory limit, which
+    LZMAFile does not take."""
+    from _compression import DecompressReader  # LZMAFile's own reader
+
+    raw = DecompressReader(
+        as_file(chunks),
+        lzma.LZMADecompressor,
+        trailing_error=lzma.LZMAError,
+        format=lzma.FORMAT_XZ,
+        memlimit=XZ_MEMLIMIT,
+    )
+    while piece := raw.read(CHUNK_SIZE):
         yield piece
 
 
@@ -356,7 +386,7 @@ def decode_xz(chunks: Iterator[bytes], workers: int | None = None) -> Iterator[b
     if workers == 1 or xz.first_size() is None:
         yield from _sequential(xz.rest())
         return
-    yield from decode_ordered(xz.blocks(), workers)
+    yield from decode_ordered(xz.blocks(), min(workers, ORDERED_WORKERS))
 
 
 def _queue_pieces(block: Block, out: queue.SimpleQueue[object]) -> None:

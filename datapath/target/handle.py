@@ -61,6 +61,8 @@ class TargetHandle:
         await asyncio.to_thread(writer.finish, size, preallocate=spec.preallocate, block=spec.block)
         if not spec.block:
             await asyncio.to_thread(os.chmod, spec.path, 0o660)
+            if spec.owner is not None and os.geteuid() == 0:
+                await asyncio.to_thread(os.chown, spec.path, *spec.owner)
 
     def close(self) -> None:
         if self.fd >= 0:

@@ -31,6 +31,9 @@ class TargetSpec:
     filesystem_overhead: float = 0.0
     preallocate: bool = False
     zeroed: bool = False  # a block device known to read zeros (e.g. freshly provisioned)
+    # (uid, gid) a finished disk.img is given when the process may chown (root): a pod's
+    # runAsUser/fsGroup 107 leaves it so on a kubelet, and a VM runtime expects it.
+    owner: tuple[int, int] | None = None
 
 
 def block_device_size(fd: int) -> int:

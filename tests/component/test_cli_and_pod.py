@@ -169,8 +169,8 @@ async def _start_importer(env: dict[str, str]) -> asyncio.subprocess.Process:
 async def test_killed_importer_resumes_from_its_checkpoint(
     images: ImageFactory, server: Server, tmp_path: Path
 ) -> None:
-    """A raw import killed with SIGKILL continues where its last durable checkpoint was, and
-    the checksum still covers every byte."""
+    """A raw import killed with SIGKILL continues where its last durable (and attested)
+    checkpoint was, and the checksum still covers every byte."""
     import hashlib
 
     image = images.make("raw")
@@ -192,8 +192,12 @@ async def test_killed_importer_resumes_from_its_checkpoint(
     proc.kill()
     await proc.wait()
     server.recorder.counters["fast"] = 1
-    offset = json.loads(checkpoint.read_text())["offset"]
+    saved = json.loads(checkpoint.read_text())
+    offset = saved["offset"]
     assert 0 < offset < image.path.stat().st_size
+    # The pod resumes only a prefix attested from outside the volume: the controller passes
+    # what it scraped from the killed attempt's cdi_import_checkpoint_bytes (here: the file).
+    env["IMPORTER_CHECKPOINT_ATTESTED"] = f"{offset}:{saved['digest']}"
     code, _, err = await _run(sys.executable, "-m", "importer", env=env)
     assert code == 0, err
     message = TerminationMessage.from_json((tmp_path / "term").read_text())

@@ -1,10 +1,10 @@
 """The upload control plane's cluster side against the real kube-apiserver: the signing ring
 in a Secret, its public keys in a ConfigMap, CAs in Secrets, the front-proxy settings the
-API server publishes, SubjectAccessReviews through deploy/upload/50-upload.yaml's roles, and a token
+API server publishes, SubjectAccessReviews through deploy/50-upload.yaml's roles, and a token
 bound to a PVC's UID refused after the PVC is deleted and re-created.
 
-The aggregated API itself is not registered here: the harness's kube-apiserver has no
-front-proxy client certificate (``--proxy-client-cert-file``), see docs/upload.md."""
+The aggregated API itself, deployed and reached through the kube-apiserver, is tested in
+tests/integration/datavolumes/test_upload_api_registration.py."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ from testkit.kubeclient import Kube as HarnessKube
 from testkit.waiting import wait_until
 
 pytestmark = pytest.mark.integration
-DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "upload" / "50-upload.yaml"
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "50-upload.yaml"
 RBAC = "/apis/rbac.authorization.k8s.io/v1"
 NOW = dt.datetime.now(dt.UTC)
 

@@ -25,6 +25,7 @@ from cdi.controller.flavours import (
 )
 from cdi.controller.flavours.import_ import ImportFlavour, ImportSettings
 from cdi.controller.flavours.table import standard_flavours
+from cdi.controller.flavours.upload import UploadFlavour
 from cdi.controller.progress import Progress
 from cdi.controller.record import ImportRecord
 from cdi.controller.status import FlavourPhases, View, compute_status
@@ -46,6 +47,7 @@ SOURCES: dict[SourceKind, dict[str, Any]] = {
     SourceKind.VDDK: {"url": "https://vc", "uuid": "u", "backingFile": "f", "secretRef": "s"},
 }
 IMPORTED = {SourceKind.HTTP, SourceKind.S3, SourceKind.GCS, SourceKind.REGISTRY, SourceKind.BLANK}
+FILLED = IMPORTED | {SourceKind.UPLOAD}
 
 UPLOAD = FlavourPhases(
     scheduled=Phase.UPLOAD_SCHEDULED,
@@ -100,7 +102,13 @@ def test_import_sources_are_filled_by_the_import_flavour(
     assert chosen.phases.scheduled == Phase.IMPORT_SCHEDULED
 
 
-@pytest.mark.parametrize("kind", sorted(set(SourceKind) - IMPORTED))
+def test_upload_is_filled_by_the_upload_flavour(table: FlavourTable) -> None:
+    chosen = select_flavour(from_source(SourceKind.UPLOAD), table)
+    assert isinstance(chosen, UploadFlavour)
+    assert chosen.phases.in_progress == Phase.UPLOAD_READY
+
+
+@pytest.mark.parametrize("kind", sorted(set(SourceKind) - FILLED))
 def test_other_sources_are_not_supported_yet_and_say_so(
     table: FlavourTable, kind: SourceKind
 ) -> None:

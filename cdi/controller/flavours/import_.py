@@ -102,6 +102,10 @@ class ImportFlavour:
     def __init__(self, deps: FlavourDeps, settings: ImportSettings) -> None:
         self.deps = deps
         self.settings = settings
+        # PVC UID -> the last resume checkpoint scraped from its recorded importer pod: the
+        # only resume point a later attempt may keep (datapath.checkpoint). In memory, so a
+        # new leader has none and the next attempt restarts from byte 0 (safe, slower).
+        self._attested: dict[str, tuple[int, str]] = {}
 
     async def sync(self, claim: Claim, view: View) -> tuple[View, Result]:
         attempt = claim.record.failed_attempts
@@ -119,6 +123,8 @@ class ImportFlavour:
             if pod_phase != "Running":
                 return view, Result()
             progress = await self._scrape(claim, pod)
+            if progress is not None and progress.checkpoint is not None:
+                self._attested[self._claim_uid(claim)] = progress.checkpoint
             return dataclasses.replace(view, progress=progress), Result(
                 requeue_after=self.settings.progress_interval
             )
@@ -137,6 +143,8 @@ class ImportFlavour:
         else:
             new = dataclasses.replace(base, outcome=OUTCOME_FAILED)
         pvc = await self._record(claim.pvc, new)
+        if decision != Decision.RETRY:
+            self._attested.pop(self._claim_uid(claim), None)
         view = dataclasses.replace(view, record=new, pod_phase=None)
         if decision == Decision.RETRY:
             delay = policy.retry_delay(attempt + 1)
@@ -172,6 +180,7 @@ class ImportFlavour:
             metrics=settings.metrics,
             cdi_config=claim.cdi_config,
             proxy_auth_secret=await self._proxy_auth_secret(claim),
+            checkpoint_attested=self._attested.get(self._claim_uid(claim)),
         )
         try:
             pod = render_importer_pod(dv, pvc, config)
@@ -240,6 +249,10 @@ class ImportFlavour:
         if finished is None:
             return 0.0
         return max(0.0, finished + delay - self.deps.clock())
+
+    @staticmethod
+    def _claim_uid(claim: Claim) -> str:
+        return str((claim.pvc.get("metadata") or {}).get("uid") or "")
 
     async def _scrape(self, claim: Claim, pod: Mapping[str, Any]) -> Progress | None:
         ip = (pod.get("status") or {}).get("podIP")

@@ -1,9 +1,9 @@
 """Which flavour fills a DataVolume, by the member of ``spec.source``: the one table.
 
-Every ``SourceKind`` has an entry, so a source is never silently dropped: it is imported,
-or it maps to ``Unsupported`` with the reason, which the reconciler logs and otherwise leaves
-alone (no status is written, as for a DataVolume another controller owns). When the upload
-and clone flavours land, their entries here change from ``Unsupported`` to the flavour.
+Every ``SourceKind`` has an entry, so a source is never silently dropped: it is imported or
+uploaded (``flavours/upload.py``), or it maps to ``Unsupported`` with the reason, which the
+reconciler logs and otherwise leaves alone (no status is written, as for a DataVolume another
+controller owns). When the clone flavour lands, its entries change from ``Unsupported``.
 
 imageio and vddk stay unsupported: the importer has no such source, and an importer pod for
 them would only fail. s3, gcs and registry are rendered as importer pods, as before this
@@ -15,11 +15,16 @@ from __future__ import annotations
 from cdi.api.constants import SourceKind
 from cdi.controller.flavours import Flavour, FlavourDeps, FlavourTable, Unsupported
 from cdi.controller.flavours.import_ import ImportFlavour, ImportSettings
+from cdi.controller.flavours.upload import UploadFlavour, UploadSettings
 
 NOT_YET = "not supported yet"
 
 
-def standard_flavours(deps: FlavourDeps, import_settings: ImportSettings) -> FlavourTable:
+def standard_flavours(
+    deps: FlavourDeps,
+    import_settings: ImportSettings,
+    upload_settings: UploadSettings | None = None,
+) -> FlavourTable:
     importer: Flavour = ImportFlavour(deps, import_settings)
     return {
         SourceKind.HTTP: importer,
@@ -27,7 +32,7 @@ def standard_flavours(deps: FlavourDeps, import_settings: ImportSettings) -> Fla
         SourceKind.GCS: importer,
         SourceKind.REGISTRY: importer,
         SourceKind.BLANK: importer,
-        SourceKind.UPLOAD: Unsupported(SourceKind.UPLOAD, f"upload is {NOT_YET}"),
+        SourceKind.UPLOAD: UploadFlavour(deps, upload_settings or UploadSettings()),
         SourceKind.PVC: Unsupported(SourceKind.PVC, f"clone from a PVC is {NOT_YET}"),
         SourceKind.SNAPSHOT: Unsupported(
             SourceKind.SNAPSHOT, f"clone from a snapshot is {NOT_YET}"

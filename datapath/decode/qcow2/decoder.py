@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import NoReturn
 
 from cdi.api.errors import InvalidImage, UnsafeImage
-from datapath.decode.rawpieces import Write, WriteCoalescer
+from datapath.decode.rawpieces import LayoutNotStreamable, Write, WriteCoalescer
 from datapath.decode.spill import Spill, SpillLimitExceeded, settle, with_repaid
 
 from .clusters import inflate_cluster, zstd_cluster
@@ -39,8 +39,13 @@ from .header import COMPRESSION_ZSTD, Qcow2Header, parse_header, peek_cluster_si
 from .tables import COMPRESSED_RUN, MetadataMap, Run, parse_l1, parse_l2
 
 DEFAULT_SPILL_LIMIT = 64 * 1024 * 1024
-DEFAULT_MAX_PENDING_RUNS = 2_000_000
-MAX_L2_TABLES = 1 << 18  # 512 GiB at 4 KiB clusters, 128 TiB at 64 KiB
+# A pending run costs ~200 bytes of Python objects (tuple of four ints in a list): 500,000
+# are ~100 MB, a bound the importer pod's 600M limit can take (docs/importer.md). Beyond it
+# the layout is converted through scratch space instead (LayoutNotStreamable).
+DEFAULT_MAX_PENDING_RUNS = 500_000
+# Each pending L2 table costs ~370 bytes until it arrives: 65,536 are ~24 MiB. That covers 32 TiB
+# at qemu's default 64 KiB clusters (128 GiB at 4 KiB); more go through scratch + qemu-img.
+MAX_L2_TABLES = 1 << 16
 
 __all__ = ["Qcow2StreamDecoder", "SpillLimitExceeded"]
 
@@ -362,7 +367,10 @@ class Qcow2StreamDecoder:
         assert header is not None
         l2s = parse_l1(table, header)
         if len(l2s) > MAX_L2_TABLES:
-            raise UnsafeImage(f"qcow2 image has {len(l2s)} L2 tables, over {MAX_L2_TABLES}")
+            raise LayoutNotStreamable(
+                f"qcow2 image has {len(l2s)} L2 tables, over {MAX_L2_TABLES} to stream; "
+                "converting via scratch space instead"
+            )
         self._meta = MetadataMap(header, [offset for offset, _ in l2s])
         for offset, index in l2s:
             self._check_in_file(offset, offset + header.cluster_size, "L2 table")
@@ -383,9 +391,9 @@ class Qcow2StreamDecoder:
             self._check_in_file(start, start + 1 if kind == COMPRESSED_RUN else end, "data")
         self._pending_runs += len(runs)
         if self._pending_runs > self._max_pending_runs:
-            raise UnsafeImage(
+            raise LayoutNotStreamable(
                 f"qcow2 tables map more than {self._max_pending_runs} separate extents ahead "
-                "of the stream; refusing to hold them in memory"
+                "of the stream; converting via scratch space instead"
             )
         self._push(runs[0][0], _Runs(runs))
 

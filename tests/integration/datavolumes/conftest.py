@@ -9,3 +9,4 @@ from tests.integration.datavolumes.cdi_env import (  # noqa: F401
     images,
     product,
 )
+from tests.integration.datavolumes.populator_env import marker_disk, vm_boot  # noqa: F401

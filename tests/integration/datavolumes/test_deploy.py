@@ -21,6 +21,17 @@ PLURALS = {
     "Namespace": ("/api/v1", "namespaces", False),
     "ServiceAccount": ("/api/v1", "serviceaccounts", True),
     "Service": ("/api/v1", "services", True),
+    "ConfigMap": ("/api/v1", "configmaps", True),
+    "ValidatingAdmissionPolicy": (
+        "/apis/admissionregistration.k8s.io/v1",
+        "validatingadmissionpolicies",
+        False,
+    ),
+    "ValidatingAdmissionPolicyBinding": (
+        "/apis/admissionregistration.k8s.io/v1",
+        "validatingadmissionpolicybindings",
+        False,
+    ),
     "Deployment": ("/apis/apps/v1", "deployments", True),
     "APIService": ("/apis/apiregistration.k8s.io/v1", "apiservices", False),
     "ClusterRole": ("/apis/rbac.authorization.k8s.io/v1", "clusterroles", False),
@@ -156,9 +167,18 @@ CONTROLLER_MAY = [
     ("patch", "persistentvolumeclaims", "", "some-ns", "dv", None),
     ("create", "pods", "", "some-ns", None, None),
     ("delete", "pods", "", "some-ns", "importer-dv", None),
+    ("delete", "persistentvolumeclaims", "", "some-ns", "prime-x", None),  # a populated prime
+    ("patch", "persistentvolumes", "", None, "pvc-x", None),  # claimRef rebinding
+    ("create", "volumeimportsources", "cdi.kubevirt.io", "some-ns", None, None),
+    ("get", "csidrivers", "storage.k8s.io", None, "x", None),
     ("list", "pods", "", None, None, None),
     ("create", "events", "", "some-ns", None, None),
     ("create", "secrets", "", "some-ns", None, None),  # importProxy credentials, create only
+    ("delete", "secrets", "", "some-ns", "cdi-upload-dv-tls", None),  # upload server cert
+    ("create", "services", "", "some-ns", None, None),  # upload server Service
+    ("delete", "services", "", "some-ns", "cdi-upload-dv", None),
+    ("get", "secrets", "", "cdi", "cdi-uploadserver-ca", None),
+    ("update", "secrets", "", "cdi", "cdi-uploadserver-client-ca", None),
     ("list", "storageclasses", "storage.k8s.io", None, None, None),
     ("watch", "storageprofiles", "cdi.kubevirt.io", None, None, None),
     ("get", "cdiconfigs", "cdi.kubevirt.io", None, "config", None),
@@ -176,9 +196,10 @@ CONTROLLER_MUST_NOT = [
     ("get", "secrets", "", "some-ns", "x", None),
     ("update", "secrets", "", "some-ns", "x", None),
     ("list", "secrets", "", None, None, None),
+    ("get", "secrets", "", "cdi", "cdi-api-signing-key", None),  # the token signing keys
     ("update", "datavolumes", "cdi.kubevirt.io", "some-ns", "dv", None),  # spec: users' only
-    ("delete", "persistentvolumeclaims", "", "some-ns", "dv", None),  # GC's job
     ("delete", "namespaces", "", None, "some-ns", None),
+    ("delete", "persistentvolumes", "", None, "pvc-x", None),  # the provisioner's job
     ("create", "clusterrolebindings", "rbac.authorization.k8s.io", None, None, None),
     ("update", "leases", "coordination.k8s.io", "kube-system", "kube-scheduler", None),
     ("update", "leases", "coordination.k8s.io", "cdi", "someone-elses-lease", None),

@@ -2,8 +2,8 @@
 from the DataVolume's source, does the shared claim work itself, and writes the status the
 flavour's phases say.
 
-``PretendUpload`` stands where the upload flavour (issue 11) will: a ``Flavour`` in the table
-under ``upload``, which reports its server pod scheduled. Everything else is the product: the
+``PretendUpload`` stands in the table under ``upload`` (where the real upload flavour is): a
+``Flavour`` which reports its server pod scheduled. Everything else is the product: the
 reconciler, ``AsyncKube`` (every verb it uses here goes to the API server through the typed
 descriptor), the event recorder, the PVC renderer, the testkit provisioner binding the claim.
 """
@@ -127,7 +127,14 @@ async def test_a_source_with_no_flavour_yet_is_left_alone(
     kube: Kube, namespace: str, async_kube: AsyncKube
 ) -> None:
     r = await reconciler(async_kube, None)  # the standard table
-    kube.create(dv_path(namespace), datavolume("up", {"upload": {}}))
-    await r.reconcile(f"{namespace}/up")
-    assert kube.get_or_none(f"/api/v1/namespaces/{namespace}/persistentvolumeclaims/up") is None
-    assert "status" not in kube.get(dv_path(namespace, "up"))
+    vddk = {
+        "url": "https://vc",
+        "uuid": "u",
+        "backingFile": "f",
+        "secretRef": "s",
+        "thumbprint": "t",
+    }
+    kube.create(dv_path(namespace), datavolume("vm", {"vddk": vddk}))
+    await r.reconcile(f"{namespace}/vm")
+    assert kube.get_or_none(f"/api/v1/namespaces/{namespace}/persistentvolumeclaims/vm") is None
+    assert "status" not in kube.get(dv_path(namespace, "vm"))

@@ -1,19 +1,11 @@
-"""deploy/upload/50-upload.yaml on the real control plane, the token API and the proxy as pods: the
-token API makes its serving certificate, publishes the CA bundle into its APIService, and the
-kube-apiserver marks the APIService Available and serves our discovery documents through
-aggregation; the proxy, reached through its Service, verifies tokens with the published
-public keys and refuses with CDI's statuses from what it reads in the cluster.
-
-The harness gives loopback pods no EndpointSlices (Kubernetes refuses loopback addresses),
-while the aggregator's availability check wants an endpoint before it tries the ClusterIP
-(which the harness's service proxy does serve): the fixture writes one slice with a
-documentation address (192.0.2.10, never dialled: the aggregator routes to the ClusterIP).
-
-Creating a token through the kube-apiserver needs its front-proxy client certificate
-(``--proxy-client-cert-file``/``--proxy-client-key-file``), which the harness does not pass
-yet; docs/upload.md says what it must add. The token path is covered without it by
-test_upload_control_plane.py (real SubjectAccessReviews) and the component tests (a real
-front-proxy certificate over TLS)."""
+"""The token API and the upload proxy as the installed product (deploy/50-upload.yaml, applied
+with the rest of deploy/ by ``testkit.product``): the token API makes its serving certificate
+and publishes the CA bundle into its APIService; the kube-apiserver marks the APIService
+Available (the harness's service proxy writes the Service's EndpointSlice) and serves our
+discovery documents through aggregation; a user's ``UploadTokenRequest`` goes through the
+kube-apiserver (front-proxy client certificate, RBAC) to our API and back with a token; the
+proxy, reached through its Service, verifies tokens with the published public keys and refuses
+with CDI's statuses from what it reads in the cluster."""
 
 from __future__ import annotations
 
@@ -21,67 +13,24 @@ import asyncio
 import base64
 import datetime as dt
 import ssl
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
-import yaml
 
 from cdi.kube.client import PVCS, SECRETS, Kube
-from cdi.upload.kubestore import SERVICES, SecretKeyStore
-from cdi.upload.token import UploadGrant, issue
+from cdi.upload.kubestore import SERVICES, SecretKeyStore, read_public_keys
+from cdi.upload.token import UploadGrant, issue, verify
 from testkit.cluster import Cluster
 from testkit.kubeclient import ApiError
 from testkit.kubeclient import Kube as HarnessKube
+from testkit.product import Product
 from testkit.waiting import wait_until
-from tests.integration.datavolumes.test_deploy import apply, object_path
 
 pytestmark = pytest.mark.integration
-DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "upload" / "50-upload.yaml"
 API_SERVICE = "/apis/apiregistration.k8s.io/v1/apiservices/v1beta1.upload.cdi.kubevirt.io"
 SERVICE_NAME = "cdi-uploadproxy.cdi.svc"
-PLACEHOLDER_SLICE = {
-    "apiVersion": "discovery.k8s.io/v1",
-    "kind": "EndpointSlice",
-    "metadata": {
-        "name": "cdi-api-placeholder",
-        "labels": {
-            "kubernetes.io/service-name": "cdi-api",
-            "endpointslice.kubernetes.io/managed-by": "tests.cdi-py",
-        },
-    },
-    "addressType": "IPv4",
-    "ports": [{"name": "https", "port": 8443, "protocol": "TCP"}],
-    "endpoints": [{"addresses": ["192.0.2.10"], "conditions": {"ready": True}}],
-}
-
-
-def _docs() -> list[dict[str, Any]]:
-    return [d for d in yaml.safe_load_all(DEPLOY.read_text()) if d]
-
-
-@pytest.fixture(scope="module")
-def upload_plane(cluster: Cluster, kube: HarnessKube) -> Iterator[None]:
-    try:
-        kube.create("/api/v1/namespaces", {"metadata": {"name": "cdi"}})
-    except ApiError as e:
-        if not e.conflict:
-            raise
-    docs = _docs()
-    for doc in docs:
-        apply(kube, doc, dry_run=False)
-    kube.create("/apis/discovery.k8s.io/v1/namespaces/cdi/endpointslices", PLACEHOLDER_SLICE)
-    try:
-        yield
-    finally:  # an APIService without a backend would block namespace deletion: remove first
-        for doc in reversed(docs):
-            if doc["kind"] in ("APIService", "Deployment", "Service"):
-                kube.delete_ignore_missing(object_path(doc))
-        kube.delete_ignore_missing(
-            "/apis/discovery.k8s.io/v1/namespaces/cdi/endpointslices/cdi-api-placeholder"
-        )
+RBAC = "/apis/rbac.authorization.k8s.io/v1"
 
 
 def _available(kube: HarnessKube) -> dict[str, Any] | None:
@@ -92,7 +41,7 @@ def _available(kube: HarnessKube) -> dict[str, Any] | None:
 
 
 def test_the_token_api_registers_itself_and_serves_discovery_through_the_apiserver(
-    upload_plane: None, kube: HarnessKube
+    product: Product, kube: HarnessKube
 ) -> None:
     svc = wait_until(lambda: _available(kube), "APIService v1beta1.upload.cdi.kubevirt.io", 120)
     assert svc["spec"].get("caBundle"), "the process published its CA bundle"
@@ -116,12 +65,18 @@ def _proxy_ca(gateway: Kube) -> bytes:
 
 
 def _upload_pvc(name: str, **annotations: str) -> dict[str, Any]:
+    """An upload target on a WaitForFirstConsumer class without force-bind: the deployed
+    controller starts no server for it, so the proxy sees exactly these annotations."""
     ann = {"cdi.kubevirt.io/storage.upload.target": "", **annotations}
     return {
         "apiVersion": "v1",
         "kind": "PersistentVolumeClaim",
         "metadata": {"name": name, "annotations": ann},
-        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Mi"}}},
+        "spec": {
+            "accessModes": ["ReadWriteOnce"],
+            "storageClassName": "testkit-fs-wffc",
+            "resources": {"requests": {"storage": "1Mi"}},
+        },
     }
 
 
@@ -138,7 +93,7 @@ async def _post(gateway: Kube, token: str | None) -> tuple[int, str]:
 
 
 def test_the_deployed_proxy_verifies_tokens_and_refuses_with_cdis_statuses(
-    upload_plane: None, kube: HarnessKube, cluster: Cluster, namespace: str
+    product: Product, kube: HarnessKube, cluster: Cluster, namespace: str
 ) -> None:
     wait_until(lambda: _deployment_available(kube, "cdi-uploadproxy"), "the proxy", 120)
     wait_until(lambda: _available(kube), "the token API (it publishes the keys)", 120)
@@ -171,3 +126,66 @@ def test_the_deployed_proxy_verifies_tokens_and_refuses_with_cdis_statuses(
         "error in upload-proxy: http: proxy error: dial tcp: lookup "
         f"cdi-upload-ready.{namespace}.svc: no such host",
     )
+
+
+def token_request(pvc: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "upload.cdi.kubevirt.io/v1beta1",
+        "kind": "UploadTokenRequest",
+        "metadata": {"generateName": "token-for-test-"},
+        "spec": {"pvcName": pvc},
+    }
+
+
+def bind(kube: HarnessKube, namespace: str, user: str, role: str) -> None:
+    kube.create(
+        f"{RBAC}/namespaces/{namespace}/rolebindings",
+        {
+            "metadata": {"name": f"{user}-{role}"},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": role,
+            },
+            "subjects": [{"kind": "User", "name": user, "apiGroup": "rbac.authorization.k8s.io"}],
+        },
+    )
+
+
+def test_a_user_gets_a_token_through_the_kube_apiserver_and_a_user_without_rights_is_forbidden(
+    product: Product, kube: HarnessKube, cluster: Cluster, namespace: str
+) -> None:
+    gateway = Kube(cluster.api_client())
+    created = gateway.create(PVCS, _upload_pvc("target"), namespace)
+    bind(kube, namespace, "alice", "edit")
+    path = f"/apis/upload.cdi.kubevirt.io/v1beta1/namespaces/{namespace}/uploadtokenrequests"
+    alice = cluster.kube("alice")
+
+    def issued() -> dict[str, Any] | None:
+        try:  # the edit role aggregates our rule a moment after the binding
+            return alice.create(path, token_request("target"))
+        except ApiError as e:
+            if e.status == 403:
+                return None
+            raise
+
+    answer = wait_until(issued, "alice's token", 30)
+    token = answer["status"]["token"]
+    keys = read_public_keys(gateway, "cdi", "cdi-api-signing-public-keys")
+    grant = verify(token, keys, dt.datetime.now(dt.UTC))
+    assert (grant.namespace, grant.name, grant.uid) == (
+        namespace,
+        "target",
+        created["metadata"]["uid"],
+    )
+    with pytest.raises(ApiError) as refused:
+        cluster.kube("bob").create(path, token_request("target"))
+    assert refused.value.status == 403
+
+
+def test_cdiconfig_names_the_deployed_upload_proxy(product: Product, kube: HarnessKube) -> None:
+    def url() -> str | None:
+        config = kube.get("/apis/cdi.kubevirt.io/v1beta1/cdiconfigs/config")
+        return (config.get("status") or {}).get("uploadProxyURL")
+
+    assert wait_until(url, "CDIConfig status.uploadProxyURL", 75) == SERVICE_NAME

@@ -1,0 +1,309 @@
+"""Many DataVolumes at once against the installed product: do they all succeed, how fast does
+the controller create each one's worker pod, and how much memory does the controller take?
+
+Issue 11's load target: 200 DataVolumes (half blank, half a small http image) created at once
+on the testkit cluster with ``crds/`` and ``deploy/`` applied as a user applies them; every one
+``Succeeded``; DataVolume -> worker pod created p50 < 0.5 s and p99 < 3 s; controller RSS
+< 200 MB. A benchmark, not a timed test (the figures depend on the machine's load): it prints
+a table and exits 1 if a DataVolume did not succeed.
+
+How it measures. DataVolumes are created from a thread pool (16 at a time); the moment each
+create returns is its start. A watch on the namespace's pods records when each importer pod is
+ADDED (monotonic clock of this process, so both ends share one clock); the latency is the
+difference per DataVolume (the pod's owner reference names it). The controller replicas' RSS is
+sampled from /proc every 0.5 s (the node runs pods as processes; a container's process group
+is in its containerID ``testkit://<pgid>``), and the peak of the leader is reported.
+
+    sudo .venv/bin/python benchmarks/load_datavolumes.py [--count 200] [--http-every 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client, watch
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from testkit.cluster import Cluster, ClusterConfig  # noqa: E402
+from testkit.product import Product  # noqa: E402
+from testkit.tryout import ImageServer, allow_example_server  # noqa: E402
+
+NAMESPACE = "load"
+DV_API = "/apis/cdi.kubevirt.io/v1beta1"
+IMAGE = "small.raw"
+MiB = 1 << 20
+
+
+def small_image(root: Path, size: int = 2 * MiB) -> Path:
+    """A raw disk with some data and some holes."""
+    root.mkdir(parents=True, exist_ok=True)
+    path = root / IMAGE
+    rng = random.Random(11)
+    with open(path, "wb") as fh:
+        fh.truncate(size)
+        for offset in range(0, size, 256 * 1024):
+            fh.seek(offset)
+            fh.write(rng.randbytes(16 * 1024))
+    return path
+
+
+def datavolume(name: str, source: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "apiVersion": "cdi.kubevirt.io/v1beta1",
+        "kind": "DataVolume",
+        "metadata": {"name": name, "namespace": NAMESPACE},
+        "spec": {
+            "source": source,
+            "storage": {
+                "accessModes": ["ReadWriteOnce"],
+                "storageClassName": "testkit-fs",
+                "resources": {"requests": {"storage": "8Mi"}},
+            },
+        },
+    }
+
+
+class Watcher:
+    """When each DataVolume's worker pod was first seen, and when its PVC (named after it) was
+    first seen and first seen Bound: watches on the namespace's pods and claims."""
+
+    def __init__(self, api: client.ApiClient) -> None:
+        self.core = client.CoreV1Api(api)
+        self.pod_at: dict[str, float] = {}  # DataVolume name -> monotonic time
+        self.pvc_at: dict[str, float] = {}
+        self.bound_at: dict[str, float] = {}
+        self.pods: set[str] = set()
+        self._watches = [watch.Watch(), watch.Watch()]
+        self._threads = [
+            threading.Thread(target=self._pods, daemon=True, name="pod-watch"),
+            threading.Thread(target=self._claims, daemon=True, name="pvc-watch"),
+        ]
+
+    def _stream(self, w: watch.Watch, lister: Any) -> Any:
+        try:
+            yield from w.stream(lister, NAMESPACE)
+        except Exception:  # the cluster is stopping
+            return
+
+    def _pods(self) -> None:
+        for event in self._stream(self._watches[0], self.core.list_namespaced_pod):
+            at, pod = time.monotonic(), event["object"]
+            self.pods.add(pod.metadata.uid)
+            for ref in pod.metadata.owner_references or []:
+                if ref.kind in ("DataVolume", "PersistentVolumeClaim"):
+                    self.pod_at.setdefault(ref.name, at)  # the PVC is named after its DV
+
+    def _claims(self) -> None:
+        lister = self.core.list_namespaced_persistent_volume_claim
+        for event in self._stream(self._watches[1], lister):
+            at, pvc = time.monotonic(), event["object"]
+            self.pvc_at.setdefault(pvc.metadata.name, at)
+            if pvc.status and pvc.status.phase == "Bound":
+                self.bound_at.setdefault(pvc.metadata.name, at)
+
+    def start(self) -> Watcher:
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def stop(self) -> None:
+        for w in self._watches:
+            w.stop()
+
+
+class RssSampler:
+    """Peak RSS (MB) of every controller replica's processes, sampled from /proc."""
+
+    def __init__(self, product: Product) -> None:
+        self.product = product
+        self.peak: dict[str, float] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="rss")
+
+    def _groups(self) -> dict[str, int]:
+        out = {}
+        for pod in self.product.pods("cdi-controller"):
+            for status in pod["status"].get("containerStatuses") or []:
+                cid = str(status.get("containerID", ""))
+                if cid.startswith("testkit://"):
+                    out[pod["metadata"]["name"]] = int(cid.removeprefix("testkit://"))
+        return out
+
+    def _run(self) -> None:
+        groups: dict[str, int] = {}
+        while not self._stop.wait(0.5):
+            try:
+                groups = self._groups() or groups
+            except Exception:  # the API server is busy: keep the last known groups
+                pass
+            for name, pgid in groups.items():
+                self.peak[name] = max(self.peak.get(name, 0.0), _group_rss_mb(pgid))
+
+    def start(self) -> RssSampler:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+
+def _group_rss_mb(pgid: int) -> float:
+    total = 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            if os.getpgid(int(entry)) != pgid:
+                continue
+            for line in Path(f"/proc/{entry}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1]) * 1024
+        except (OSError, ValueError):
+            continue
+    return total / 1e6
+
+
+def create_all(api: client.ApiClient, count: int, http_every: int, url: str) -> dict[str, float]:
+    custom = client.CustomObjectsApi(api)
+    created: dict[str, float] = {}
+
+    def one(i: int) -> None:
+        name = f"dv-{i:04d}"
+        source = {"http": {"url": url}} if i % http_every == 0 else {"blank": {}}
+        custom.create_namespaced_custom_object(
+            "cdi.kubevirt.io", "v1beta1", NAMESPACE, "datavolumes", datavolume(name, source)
+        )
+        created[name] = time.monotonic()
+
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(one, range(count)))
+    return created
+
+
+def wait_done(api: client.ApiClient, count: int, timeout: float) -> dict[str, str]:
+    custom = client.CustomObjectsApi(api)
+    deadline = time.monotonic() + timeout
+    phases: dict[str, str] = {}
+    while time.monotonic() < deadline:
+        listing = custom.list_namespaced_custom_object(
+            "cdi.kubevirt.io", "v1beta1", NAMESPACE, "datavolumes"
+        )
+        phases = {
+            d["metadata"]["name"]: (d.get("status") or {}).get("phase", "")
+            for d in listing["items"]
+        }
+        if len(phases) == count and all(p in ("Succeeded", "Failed") for p in phases.values()):
+            break
+        time.sleep(1.0)
+    return phases
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
+
+
+def report(figures: dict[str, Any]) -> str:
+    rows = [
+        (
+            "DataVolumes (blank / http)",
+            f"{figures['count']} ({figures['blank']} / {figures['http']})",
+        ),
+        ("Succeeded", f"{figures['succeeded']} of {figures['count']}"),
+        ("all created in", f"{figures['create_s']:.1f} s"),
+        ("all Succeeded after", f"{figures['done_s']:.1f} s"),
+        ("DV -> worker pod p50", f"{figures['p50']:.3f} s (target < 0.5 s)"),
+        ("DV -> worker pod p99", f"{figures['p99']:.3f} s (target < 3 s)"),
+        ("DV -> worker pod max", f"{figures['max']:.3f} s"),
+        ("DV -> PVC created p50 / p99", f"{figures['pvc_p50']:.3f} / {figures['pvc_p99']:.3f} s"),
+        (
+            "PVC Bound -> worker pod p50 / p99",
+            f"{figures['bound_p50']:.3f} / {figures['bound_p99']:.3f} s",
+        ),
+        ("worker pods seen", str(figures["pods"])),
+        ("controller RSS peak (leader)", f"{figures['rss_leader']:.0f} MB (target < 200 MB)"),
+        ("controller RSS peak (standby)", f"{figures['rss_standby']:.0f} MB"),
+    ]
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"| {k:<{width}} | {v} |" for k, v in rows)
+
+
+def run(args: argparse.Namespace) -> int:
+    state = Path(tempfile.mkdtemp(prefix="cdi-load-"))
+    cluster = Cluster(ClusterConfig(state_dir=state))
+    server = ImageServer(small_image(state / "images").parent, 0).start()
+    try:
+        cluster.start()
+        product = Product.on(cluster).install()
+        allow_example_server(product, cluster)
+        product.kubectl("create", "namespace", NAMESPACE)
+        api = cluster.api_client()
+        seen, rss = Watcher(api).start(), RssSampler(product).start()
+        time.sleep(2.0)  # the watch is established; the sampler has a baseline
+        t0 = time.monotonic()
+        url = f"http://{server.hostport}/{IMAGE}"
+        created = create_all(api, args.count, args.http_every, url)
+        create_s = time.monotonic() - t0
+        phases = wait_done(api, args.count, args.timeout)
+        done_s = time.monotonic() - t0
+        leader = product.leader()
+        rss.stop()
+        seen.stop()
+        latencies = [seen.pod_at[n] - at for n, at in created.items() if n in seen.pod_at]
+        to_pvc = [seen.pvc_at[n] - at for n, at in created.items() if n in seen.pvc_at]
+        after_bound = [seen.pod_at[n] - seen.bound_at[n] for n in seen.pod_at if n in seen.bound_at]
+        http = len([i for i in range(args.count) if i % args.http_every == 0])
+        figures = {
+            "pvc_p50": statistics.median(to_pvc) if to_pvc else float("nan"),
+            "pvc_p99": percentile(to_pvc, 0.99) if to_pvc else float("nan"),
+            "bound_p50": statistics.median(after_bound) if after_bound else float("nan"),
+            "bound_p99": percentile(after_bound, 0.99) if after_bound else float("nan"),
+            "count": args.count,
+            "http": http,
+            "blank": args.count - http,
+            "succeeded": sum(p == "Succeeded" for p in phases.values()),
+            "create_s": create_s,
+            "done_s": done_s,
+            "p50": statistics.median(latencies) if latencies else float("nan"),
+            "p99": percentile(latencies, 0.99) if latencies else float("nan"),
+            "max": max(latencies, default=float("nan")),
+            "pods": len(seen.pods),
+            "rss_leader": rss.peak.get(leader, 0.0),
+            "rss_standby": max((v for k, v in rss.peak.items() if k != leader), default=0.0),
+            "missing_pods": sorted(set(created) - set(seen.pod_at))[:5],
+            "not_succeeded": sorted(n for n, p in phases.items() if p != "Succeeded")[:5],
+        }
+        print(report(figures))
+        if args.json:
+            Path(args.json).write_text(json.dumps(figures, indent=2))
+        return 0 if figures["succeeded"] == args.count else 1
+    finally:
+        server.stop()
+        cluster.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--count", type=int, default=200, help="DataVolumes created at once")
+    p.add_argument("--http-every", type=int, default=2, help="every Nth is http, the rest blank")
+    p.add_argument("--timeout", type=float, default=1200.0, help="seconds for all to finish")
+    p.add_argument("--json", help="also write the figures here")
+    return run(p.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

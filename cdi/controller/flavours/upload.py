@@ -1,0 +1,394 @@
+"""The upload flavour: an upload server pod, its Service and certificate Secret for a PVC.
+
+CDI splits upload in two: a PVC-level controller that runs the server for any PVC annotated
+``cdi.kubevirt.io/storage.upload.target``, and a DataVolume controller that only reads that
+PVC's annotations into phases. We keep the same split with one engine: ``UploadWorker`` takes
+one level-triggered step on a PVC (DataVolume or not) and says what it saw; ``UploadFlavour``
+is the DataVolume face (``Flavour`` protocol: phases, events, ``sync``/``finish``) and
+``cdi.controller.uploadpvc`` the face for plain PVCs.
+
+What a step decides is a pure function of the pod (``assess``), so every path is visible in one
+place and unit-testable; the worker then acts on the decision:
+
+==================================  =========================================================
+the server pod                      action
+==================================  =========================================================
+none                                issue a serving certificate (Secret ``<pod>-tls``), create
+                                    the Service and the pod, record the pod's UID on the PVC
+not the UID recorded                an impostor: Warning event, deleted by UID, never read
+pending, or running and not ready   ``storage.pod.ready: "false"`` (UploadScheduled)
+running and ready                   ``storage.pod.ready: "true"`` (UploadReady)
+exited 0, ``DeadlinePassed``        delete pod and Secret; the next step creates both afresh
+exited 0, ``Completed``             ``storage.pod.phase: Succeeded``; pod, Service, Secret go
+failed                              ``storage.pod.phase: Failed`` with the typed reason
+==================================  =========================================================
+
+Container restarts (``restartPolicy: OnFailure``) are recorded as ``storage.pod.restarts``
+(the DataVolume's ``status.restartCount``) with the last termination's reason. As in CDI they
+never fail the upload: the server restarts so the user can retry (an async upload that failed
+after it was answered exits 1 on purpose). The durable
+record is CDI's annotations (``cdi.controller.record``), written with one merge patch per step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from cdi.api.config import CDIConfig
+from cdi.api.constants import (
+    ANN_POD_READY,
+    ANN_PREALLOCATION_APPLIED,
+    ANN_RETAIN_AFTER_COMPLETION,
+    Phase,
+)
+from cdi.api.termination import REASON_COMPLETED
+from cdi.controller.flavours import JSON, Claim, FlavourDeps, PhaseEvent
+from cdi.controller.pods import pod_uid
+from cdi.controller.policy import Outcome, pod_outcome
+from cdi.controller.record import OUTCOME_FAILED, OUTCOME_SUCCEEDED, ImportRecord
+from cdi.controller.status import ClaimProblem, FlavourPhases, View
+from cdi.kube.client import PODS, PVCS, SECRETS, SERVICES, Resource
+from cdi.kube.errors import Conflict, NotFound
+from cdi.kube.events import NORMAL, WARNING
+from cdi.kube.workqueue import Result
+from cdi.render import RenderError
+from cdi.render.upload_pod import (
+    UPLOAD_COMPONENT,
+    UploadPodConfig,
+    render_upload_pod,
+    render_upload_secret,
+    render_upload_service,
+    upload_pod_name,
+    upload_secret_name,
+)
+from cdi.upload.servercert import SERVER_CERT_LIFETIME, UploadCAs, issue_server_credentials
+
+UPLOAD_PHASES = FlavourPhases(
+    scheduled=Phase.UPLOAD_SCHEDULED,
+    in_progress=Phase.UPLOAD_READY,
+    worker="Upload server",
+    activity="Upload",
+    running_reason="Pod is running",
+)
+UPLOAD_EVENTS: Mapping[str, PhaseEvent] = {
+    Phase.UPLOAD_SCHEDULED: PhaseEvent(NORMAL, "UploadScheduled", "Upload into {claim} scheduled"),
+    Phase.UPLOAD_READY: PhaseEvent(NORMAL, "UploadReady", "Upload into {claim} ready"),
+    Phase.SUCCEEDED: PhaseEvent(NORMAL, "UploadSucceeded", "Successfully uploaded into {claim}"),
+    Phase.FAILED: PhaseEvent(WARNING, "UploadFailed"),
+}
+REASON_UNRECORDED_POD = "UnrecordedUploadPod"
+UPLOAD_COMPLETE = "Upload Complete"
+# The server's reason for exiting 0 at its deadline with no upload in flight (CDI's
+# ``deadlinePassed``): its certificate is due for renewal, the upload is not over.
+REASON_DEADLINE_PASSED = "DeadlinePassed"
+
+
+@dataclass(frozen=True)
+class UploadSettings:
+    """How upload server pods are made and followed."""
+
+    image: str = "quay.io/cdi-py/cdi-uploadserver:latest"
+    pull_policy: str = "IfNotPresent"
+    namespace: str = "cdi"  # where the CA Secrets live
+    cert_lifetime: dt.timedelta = SERVER_CERT_LIFETIME
+    poll_interval: float = 2.0  # requeue while the pod is not ready yet
+
+
+class Action(StrEnum):
+    CREATE = "Create"
+    IMPOSTOR = "Impostor"
+    WAIT = "Wait"
+    READY = "Ready"
+    RENEW = "Renew"
+    SUCCEED = "Succeed"
+    FAIL = "Fail"
+
+
+@dataclass(frozen=True)
+class Assessment:
+    """What the server pod says, and what to do about it."""
+
+    action: Action
+    restarts: int = 0
+    reason: str | None = None  # of the last termination (a restart, or the end)
+    message: str | None = None
+    preallocation_applied: bool = False
+
+
+def _container_status(pod: Mapping[str, Any]) -> Mapping[str, Any]:
+    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+        if cs.get("name") == UPLOAD_COMPONENT:
+            return dict(cs)
+    return {}
+
+
+def _ready(pod: Mapping[str, Any]) -> bool:
+    conds = (pod.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conds)
+
+
+def _last_restart(cs: Mapping[str, Any]) -> Outcome | None:
+    """The outcome of the container's previous run, as ``pod_outcome`` reads a finished pod."""
+    last = (cs.get("lastState") or {}).get("terminated")
+    if not last:
+        return None
+    shaped = {"status": {"phase": "Failed", "containerStatuses": [
+        {"name": UPLOAD_COMPONENT, "state": {"terminated": last}}
+    ]}}  # fmt: skip
+    return pod_outcome(shaped, UPLOAD_COMPONENT)
+
+
+def assess(pod: Mapping[str, Any] | None, recorded_uid: str | None) -> Assessment:
+    """The decision for one step, from the pod at the server's name and the UID recorded."""
+    if pod is None:
+        return Assessment(Action.CREATE)
+    if recorded_uid is None or pod_uid(pod) != recorded_uid:
+        return Assessment(Action.IMPOSTOR)
+    cs = _container_status(pod)
+    restarts = int(cs.get("restartCount") or 0)
+    last = _last_restart(cs)
+    base = Assessment(
+        Action.WAIT, restarts, last.reason if last else None, last.message if last else None
+    )
+    phase = (pod.get("status") or {}).get("phase") or "Pending"
+    if (pod.get("metadata") or {}).get("deletionTimestamp"):
+        return base
+    if phase in ("Succeeded", "Failed"):
+        return _finished(dict(pod), base)
+    if phase == "Running" and _ready(pod):
+        return dataclasses.replace(base, action=Action.READY)
+    return base
+
+
+def _finished(pod: dict[str, Any], base: Assessment) -> Assessment:
+    outcome = pod_outcome(pod, UPLOAD_COMPONENT)
+    if outcome is None:  # not finished after all
+        return base
+    term = outcome.termination
+    if outcome.reason == REASON_DEADLINE_PASSED and pod["status"].get("phase") == "Succeeded":
+        return dataclasses.replace(base, action=Action.RENEW)
+    if outcome.succeeded:
+        applied = bool(term and term.preallocation_applied)
+        message = (term.message if term else "") or UPLOAD_COMPLETE
+        return Assessment(Action.SUCCEED, base.restarts, REASON_COMPLETED, message, applied)
+    return Assessment(Action.FAIL, base.restarts, outcome.reason, outcome.message)
+
+
+def phase_for(assessment: Assessment) -> str | None:
+    """The pod phase the status function should see (UploadReady only once ready)."""
+    return {Action.READY: "Running", Action.SUCCEED: None, Action.FAIL: None}.get(
+        assessment.action, "Pending"
+    )
+
+
+@dataclass(frozen=True)
+class Target:
+    """A PVC to fill by upload: as read this step, its record, and the config in force."""
+
+    pvc: JSON
+    record: ImportRecord
+    cdi_config: CDIConfig = field(default_factory=CDIConfig)
+
+    @property
+    def name(self) -> str:
+        return str(self.pvc["metadata"]["name"])
+
+    @property
+    def namespace(self) -> str:
+        return str(self.pvc["metadata"]["namespace"])
+
+
+@dataclass
+class Seen:
+    """What one step of the worker saw and wrote."""
+
+    assessment: Assessment
+    record: ImportRecord
+    problem: ClaimProblem | None = None
+    requeue_after: float | None = None
+
+
+class UploadWorker:
+    """One step of upload work on a PVC (bound, or bindable by the server pod itself)."""
+
+    def __init__(self, deps: FlavourDeps, settings: UploadSettings) -> None:
+        self.deps, self.settings = deps, settings
+        self.cas = UploadCAs(deps.kube.sync, settings.namespace)
+
+    async def step(self, claim: Target, event_target: Mapping[str, Any]) -> Seen:
+        ns, name = claim.namespace, claim.name
+        pod = await self.deps.kube.get_or_none(PODS, upload_pod_name(name), ns)
+        verdict = assess(pod, claim.record.pod_uid)
+        record = _recorded(claim.record, verdict)
+        if verdict.action == Action.CREATE:
+            return await self._create(claim, record, verdict)
+        if verdict.action == Action.IMPOSTOR:
+            assert pod is not None
+            await self._remove_impostor(claim, pod, event_target)
+            return Seen(verdict, record, requeue_after=1.0)
+        if verdict.action == Action.RENEW:
+            await self._delete(PODS, upload_pod_name(name), ns, pod_uid(pod or {}))
+            await self._delete(SECRETS, upload_secret_name(name), ns)
+            record = dataclasses.replace(record, pod_uid=None)
+            await self._write(claim.pvc, record, ready=False)
+            return Seen(verdict, record, requeue_after=1.0)
+        ready = verdict.action == Action.READY
+        extra = {ANN_PREALLOCATION_APPLIED: "true"} if verdict.preallocation_applied else {}
+        pvc = await self._write(claim.pvc, record, ready=ready, extra=extra)
+        if verdict.action == Action.SUCCEED:
+            await self.cleanup(dataclasses.replace(claim, pvc=pvc, record=record))
+        if verdict.action in (Action.SUCCEED, Action.FAIL):
+            return Seen(verdict, record)
+        return Seen(verdict, record, requeue_after=None if ready else self.settings.poll_interval)
+
+    async def _create(self, claim: Target, record: ImportRecord, verdict: Assessment) -> Seen:
+        pvc, ns, name = claim.pvc, claim.namespace, claim.name
+        server_ca, client_ca = await self.deps.kube.call(self.cas.load)
+        now = dt.datetime.fromtimestamp(self.deps.clock(), dt.UTC)
+        creds = issue_server_credentials(
+            server_ca, client_ca, upload_pod_name(name), ns, now, self.settings.cert_lifetime
+        )
+        config = UploadPodConfig(
+            image=self.settings.image,
+            pull_policy=self.settings.pull_policy,
+            cdi_config=claim.cdi_config,
+            deadline=creds.deadline.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        )
+        try:
+            pod = render_upload_pod(pvc, config)
+        except RenderError as exc:
+            return Seen(verdict, record, ClaimProblem(exc.reason, exc.message), 30.0)
+        await self._replace_secret(render_upload_secret(pvc, creds.secret_data()), ns)
+        await self._create_ignoring_conflict(SERVICES, render_upload_service(pvc), ns)
+        try:
+            created = await self.deps.kube.create(PODS, pod, ns)
+        except Conflict:
+            return Seen(verdict, record, requeue_after=1.0)  # someone's pod: next step judges
+        record = dataclasses.replace(record, pod_uid=pod_uid(created))
+        # Unguarded: the pod may bind the claim (a new resourceVersion) before this write.
+        await self._write(pvc, record, ready=False, guarded=False)
+        return Seen(verdict, record, requeue_after=self.settings.poll_interval)
+
+    async def _replace_secret(self, secret: JSON, ns: str) -> None:
+        """A fresh certificate every time a pod is created: an old Secret goes first."""
+        try:
+            await self.deps.kube.create(SECRETS, secret, ns)
+        except Conflict:
+            await self._delete(SECRETS, secret["metadata"]["name"], ns)
+            await self.deps.kube.create(SECRETS, secret, ns)
+
+    async def _create_ignoring_conflict(self, res: Resource, obj: JSON, ns: str) -> None:
+        try:
+            await self.deps.kube.create(res, obj, ns)
+        except Conflict:
+            pass  # made by an earlier step; its spec is ours (name and selector are fixed)
+
+    async def _remove_impostor(
+        self, claim: Target, pod: Mapping[str, Any], event_target: Mapping[str, Any]
+    ) -> None:
+        meta = pod.get("metadata") or {}
+        if meta.get("deletionTimestamp"):
+            return
+        await self.deps.events.emit(
+            dict(event_target),
+            WARNING,
+            REASON_UNRECORDED_POD,
+            f"Pod {meta.get('name')} (uid {meta.get('uid')}) was not created by the controller "
+            "for this upload; it is ignored and deleted",
+        )
+        await self._delete(PODS, str(meta.get("name")), claim.namespace, meta.get("uid"))
+
+    async def _delete(self, res: Resource, name: str, ns: str, uid: str | None = None) -> None:
+        try:
+            await self.deps.kube.delete(res, name, ns, uid=uid)
+        except (NotFound, Conflict):
+            pass
+
+    async def _write(
+        self,
+        pvc: JSON,
+        record: ImportRecord,
+        *,
+        ready: bool,
+        extra: Mapping[str, str] | None = None,
+        guarded: bool = True,
+    ) -> JSON:
+        """One merge patch of the record, ``storage.pod.ready`` and ``extra``, if any differs."""
+        meta = pvc["metadata"]
+        wanted: dict[str, str | None] = {
+            **record.annotations(),
+            ANN_POD_READY: str(ready).lower(),
+            **(extra or {}),
+        }
+        current = meta.get("annotations") or {}
+        if all(current.get(k) == v for k, v in wanted.items()):
+            return pvc
+        patch: JSON = {"metadata": {"annotations": wanted}}
+        if guarded:
+            patch["metadata"]["resourceVersion"] = meta.get("resourceVersion")
+        return await self.deps.kube.patch(PVCS, meta["name"], patch, meta.get("namespace"))
+
+    async def cleanup(self, claim: Target) -> None:
+        """After success: the pod (unless asked to retain it), the Service and the Secret go.
+        A failed pod stays for its logs until the PVC goes."""
+        ns, name = claim.namespace, claim.name
+        if claim.record.outcome != OUTCOME_SUCCEEDED:
+            return
+        ann = claim.pvc["metadata"].get("annotations") or {}
+        if ann.get(ANN_RETAIN_AFTER_COMPLETION) != "true":
+            await self._delete(PODS, upload_pod_name(name), ns, claim.record.pod_uid)
+        await self._delete(SERVICES, upload_pod_name(name), ns)
+        await self._delete(SECRETS, upload_secret_name(name), ns)
+
+    async def remove(self, pvc: Mapping[str, Any]) -> None:
+        """The PVC is no upload target (any more): its server, Service and Secret go."""
+        ns, name = pvc["metadata"]["namespace"], pvc["metadata"]["name"]
+        for res, child in ((PODS, upload_pod_name(name)), (SERVICES, upload_pod_name(name))):
+            found = await self.deps.kube.get_or_none(res, child, ns)
+            refs = ((found or {}).get("metadata") or {}).get("ownerReferences") or []
+            if any(r.get("uid") == pvc["metadata"].get("uid") for r in refs):
+                await self._delete(res, child, ns, (found or {})["metadata"].get("uid"))
+        # The controller may not read Secrets; the certificate Secret's name is ours (as in
+        # _replace_secret), and the PVC's owner reference removes it with the claim anyway.
+        await self._delete(SECRETS, upload_secret_name(name), ns)
+
+
+def _recorded(record: ImportRecord, verdict: Assessment) -> ImportRecord:
+    """The record after this step: restarts and their last reason; the outcome when over."""
+    out = dataclasses.replace(record, failed_attempts=max(record.failed_attempts, verdict.restarts))
+    if verdict.reason and verdict.action not in (Action.CREATE, Action.IMPOSTOR):
+        out = dataclasses.replace(out, reason=verdict.reason, message=verdict.message)
+    if verdict.action == Action.SUCCEED:
+        out = dataclasses.replace(out, outcome=OUTCOME_SUCCEEDED)
+    elif verdict.action == Action.FAIL:
+        out = dataclasses.replace(out, outcome=OUTCOME_FAILED)
+    return out
+
+
+class UploadFlavour:
+    """The DataVolume face of ``UploadWorker`` (``source.upload``)."""
+
+    phases = UPLOAD_PHASES
+    events = UPLOAD_EVENTS
+
+    def __init__(self, deps: FlavourDeps, settings: UploadSettings | None = None) -> None:
+        self.worker = UploadWorker(deps, settings or UploadSettings())
+
+    async def sync(self, claim: Claim, view: View) -> tuple[View, Result]:
+        target = Target(claim.pvc, claim.record, claim.cdi_config)
+        seen = await self.worker.step(target, claim.obj)
+        view = dataclasses.replace(
+            view,
+            record=seen.record,
+            pod_phase=phase_for(seen.assessment),
+            problem=seen.problem or view.problem,
+        )
+        return view, Result(requeue_after=seen.requeue_after)
+
+    async def finish(self, claim: Claim) -> None:
+        await self.worker.cleanup(Target(claim.pvc, claim.record, claim.cdi_config))

@@ -1,0 +1,48 @@
+"""Volume populators: claims that name a CDI source in ``spec.dataSourceRef`` (CDI
+``pkg/controller/populators``).
+
+Kubernetes keeps such a claim unbound (the CSI external-provisioner leaves a ``dataSourceRef``
+it does not own alone), and a pod that mounts an unbound claim is not started. So a VM's pod
+created at the same moment as its disk waits in Pending until the data is complete: the gate
+is Kubernetes' own, not a convention a VM runtime must follow. The populator fills a *prime*
+claim and moves its PV to the target (``cdi.render.prime``).
+
+One reconciler per source kind, keyed by the *target* claim ("namespace/name"):
+``import_.ImportPopulator`` for ``VolumeImportSource``. Upload and clone sources follow their
+flavours. ``claim_target_key`` and ``pod_target_key`` map a watched PVC or Pod to the target key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from cdi.api.constants import ANN_POPULATOR_KIND
+from cdi.render.prime import PVC_KIND, populator_kind
+
+
+def _owner_claim(meta: Mapping[str, Any]) -> str | None:
+    for ref in meta.get("ownerReferences") or []:
+        if ref.get("controller") and ref.get("kind") == PVC_KIND:
+            return str(ref.get("name"))
+    return None
+
+
+def claim_target_key(pvc: Mapping[str, Any], kinds: tuple[str, ...]) -> str | None:
+    """The target key of a PVC: itself when it names one of ``kinds``, its owner when it is a
+    prime; None for any other claim."""
+    meta = pvc.get("metadata") or {}
+    ns = meta.get("namespace")
+    if populator_kind(pvc) in kinds:
+        return f"{ns}/{meta.get('name')}"
+    owner = _owner_claim(meta)
+    if owner and (meta.get("annotations") or {}).get(ANN_POPULATOR_KIND):
+        return f"{ns}/{owner}"
+    return None
+
+
+def pod_target_key(pod: Mapping[str, Any]) -> str | None:
+    """The target key of a worker pod: the claim that controls it."""
+    meta = pod.get("metadata") or {}
+    owner = _owner_claim(meta)
+    return f"{meta.get('namespace')}/{owner}" if owner else None

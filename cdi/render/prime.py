@@ -1,0 +1,201 @@
+"""Pure renderers of the volume-populator flow: the prime PVC, the import it runs, the rebind.
+
+A PVC whose ``spec.dataSourceRef`` names a ``VolumeImportSource`` (apiGroup
+``cdi.kubevirt.io``) is the *target*: Kubernetes leaves it unbound, so any pod that mounts it
+(a VM's launcher among them) stays Pending. CDI fills a second claim, the *prime*
+``prime-<target uid>``, with the same storage, then moves the prime's PV to the target by
+rewriting the PV's ``claimRef`` and deletes the prime. These functions turn (target, source)
+into the objects of that flow; ``cdi.controller.populators`` applies them.
+
+- ``render_prime``: the prime claim, owned by the target (so deleting the target takes the
+  prime, and with it the PV, along), with the target's modes, size and class, the scheduler's
+  ``selected-node`` copied (WaitForFirstConsumer storage binds where the consumer runs), and
+  the source's spec copied into an annotation: the import reads it from there, so deleting the
+  ``VolumeImportSource`` mid-population changes nothing.
+- ``import_request``: the import as the DataVolume-shaped value the importer pod renderer and
+  the import flavour take. Its identity (apiVersion, kind, name, uid) is the *target claim's*,
+  so the one owner-reference helper makes the importer pod a child of the target claim, and
+  the metrics label (``OWNER_UID``) is the target's UID.
+- ``rebind_patch``: the merge patch that points the prime's PV at the target.
+
+DataVolumes take the same road (CDI's default on CSI storage, ``uses_populator``): the
+DataVolume reconciler creates a ``VolumeImportSource`` it owns (``render_import_source``) and
+its PVC names it (``with_data_source_ref``), so a DataVolume's claim is gated the same way.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from cdi.api.codec import SchemaError
+from cdi.api.constants import (
+    ANN_POPULATOR_KIND,
+    ANN_POPULATOR_SOURCE,
+    ANN_SELECTED_NODE,
+    ANN_USE_POPULATOR,
+    GROUP,
+    KIND_VOLUME_IMPORT_SOURCE,
+    LABEL_APP,
+    LABEL_APP_VALUE,
+    LABEL_EXCLUDE_FROM_BACKUP,
+    SourceKind,
+)
+from cdi.api.types import DataVolume, DataVolumeSource, DataVolumeSpec, ObjectMeta
+from cdi.render import RenderError
+from cdi.render.naming import resource_name
+from cdi.render.owner import controller_reference, datavolume_reference
+
+JSON = dict[str, Any]
+PVC_KIND = "PersistentVolumeClaim"
+
+
+def prime_name(target_uid: str) -> str:
+    """CDI's ``prime-<target uid>``: a function of the target, found again after a restart."""
+    return resource_name("prime", target_uid)
+
+
+def populator_kind(pvc: Mapping[str, Any]) -> str | None:
+    """The kind of CDI populator source the claim's ``dataSourceRef`` names, or None."""
+    ref = (pvc.get("spec") or {}).get("dataSourceRef") or {}
+    if ref.get("apiGroup") != GROUP or not ref.get("name"):
+        return None
+    return str(ref.get("kind") or "") or None
+
+
+def source_name(pvc: Mapping[str, Any]) -> str:
+    return str(((pvc.get("spec") or {}).get("dataSourceRef") or {}).get("name") or "")
+
+
+def target_reference(target: Mapping[str, Any]) -> JSON:
+    meta = target["metadata"]
+    return controller_reference("v1", PVC_KIND, str(meta["name"]), str(meta["uid"]))
+
+
+def render_prime(target: Mapping[str, Any], source: Mapping[str, Any]) -> JSON:
+    """The prime claim for ``target``, to be filled with ``source`` (a VolumeImportSource)."""
+    meta = target["metadata"]
+    spec = target.get("spec") or {}
+    annotations = {
+        ANN_POPULATOR_KIND: KIND_VOLUME_IMPORT_SOURCE,
+        ANN_POPULATOR_SOURCE: json.dumps(dict(source.get("spec") or {}), sort_keys=True),
+    }
+    node = (meta.get("annotations") or {}).get(ANN_SELECTED_NODE)
+    if node:
+        annotations[ANN_SELECTED_NODE] = node
+    prime_spec: JSON = {
+        "accessModes": list(spec.get("accessModes") or ["ReadWriteOnce"]),
+        "resources": {"requests": dict((spec.get("resources") or {}).get("requests") or {})},
+        "volumeMode": spec.get("volumeMode") or "Filesystem",
+    }
+    if spec.get("storageClassName"):
+        prime_spec["storageClassName"] = spec["storageClassName"]
+    return {
+        "apiVersion": "v1",
+        "kind": PVC_KIND,
+        "metadata": {
+            "name": prime_name(str(meta["uid"])),
+            "namespace": meta["namespace"],
+            "labels": {LABEL_APP: LABEL_APP_VALUE, LABEL_EXCLUDE_FROM_BACKUP: "true"},
+            "annotations": annotations,
+            "ownerReferences": [target_reference(target)],
+        },
+        "spec": prime_spec,
+    }
+
+
+def import_request(target: Mapping[str, Any], prime: Mapping[str, Any]) -> DataVolume:
+    """The import the prime's recorded source asks for, as a DataVolume-shaped value whose
+    identity is the target claim's. ``RenderError`` when the record is unusable."""
+    raw = ((prime.get("metadata") or {}).get("annotations") or {}).get(ANN_POPULATOR_SOURCE)
+    try:
+        spec = json.loads(raw or "")
+        source = DataVolumeSource.from_dict(spec.get("source") or {})
+    except (ValueError, AttributeError, SchemaError) as exc:
+        raise RenderError("the import source recorded on the prime claim is unusable") from exc
+    if source.kind is None:
+        raise RenderError("the VolumeImportSource must name exactly one source")
+    meta = target["metadata"]
+    return DataVolume(
+        metadata=ObjectMeta(
+            name=str(meta["name"]), namespace=str(meta["namespace"]), uid=str(meta["uid"])
+        ),
+        spec=DataVolumeSpec(
+            source=source,
+            content_type=spec.get("contentType"),
+            preallocation=spec.get("preallocation"),
+        ),
+        api_version="v1",
+        kind=PVC_KIND,
+    )
+
+
+def rebind_patch(target: Mapping[str, Any]) -> JSON:
+    """Point a PV at ``target``: the PV binder then binds the target to it."""
+    meta = target["metadata"]
+    return {
+        "spec": {
+            "claimRef": {
+                "apiVersion": "v1",
+                "kind": PVC_KIND,
+                "namespace": meta["namespace"],
+                "name": meta["name"],
+                "uid": meta["uid"],
+                "resourceVersion": None,
+            }
+        }
+    }
+
+
+def claim_ref_uid(pv: Mapping[str, Any]) -> str | None:
+    return ((pv.get("spec") or {}).get("claimRef") or {}).get("uid") or None
+
+
+# The DataVolume sources an import populator fills (upload and clone have their own flavours).
+IMPORT_SOURCES = frozenset(
+    {SourceKind.HTTP, SourceKind.S3, SourceKind.GCS, SourceKind.REGISTRY, SourceKind.BLANK}
+)
+
+
+def uses_populator(dv: DataVolume, csi_storage: bool) -> bool:
+    """CDI's ``shouldUseCDIPopulator``: the annotation ``storage.usePopulator`` decides when
+    set; otherwise import sources use the populator on CSI storage (the class's provisioner
+    has a CSIDriver object) and nothing else does."""
+    if dv.spec.source_kind not in IMPORT_SOURCES or dv.spec.checkpoints:
+        return False
+    wanted = dv.annotations.get(ANN_USE_POPULATOR)
+    if wanted in ("true", "false"):
+        return wanted == "true"
+    return csi_storage
+
+
+def import_source_name(dv: DataVolume) -> str:
+    """CDI's ``volume-import-source-<dv uid>``."""
+    return resource_name("volume-import-source", dv.uid)
+
+
+def render_import_source(dv: DataVolume) -> JSON:
+    """The VolumeImportSource a DataVolume's claim names, owned by the DataVolume."""
+    assert dv.spec.source is not None
+    spec: JSON = {"source": dv.spec.source.to_dict()}
+    if dv.spec.content_type:
+        spec["contentType"] = dv.spec.content_type
+    if dv.spec.preallocation is not None:
+        spec["preallocation"] = dv.spec.preallocation
+    return {
+        "apiVersion": f"{GROUP}/v1beta1",
+        "kind": KIND_VOLUME_IMPORT_SOURCE,
+        "metadata": {
+            "name": import_source_name(dv),
+            "namespace": dv.namespace,
+            "ownerReferences": [datavolume_reference(dv)],
+        },
+        "spec": spec,
+    }
+
+
+def with_data_source_ref(pvc: Mapping[str, Any], source: Mapping[str, Any]) -> JSON:
+    """``pvc`` naming ``source`` (a rendered populator source) as its ``dataSourceRef``."""
+    ref = {"apiGroup": GROUP, "kind": source["kind"], "name": source["metadata"]["name"]}
+    return {**pvc, "spec": {**(pvc.get("spec") or {}), "dataSourceRef": ref}}

@@ -1,0 +1,137 @@
+"""Certificates of the upload server pods: the CAs kept in Secrets, and one serving certificate
+per upload pod, issued by the controller's upload flavour.
+
+The upload proxy trusts only the CA in Secret ``cdi-uploadserver-ca`` and dials a server as
+``cdi-upload-<pvc>.<ns>.svc``; the server trusts only client certificates from the CA in Secret
+``cdi-uploadserver-client-ca`` (the proxy's, and a clone source's). So for every upload pod the
+controller issues a serving certificate from the first CA for exactly that name, and hands the
+pod the second CA's certificate (never its key) to verify clients with. They travel in one
+Secret, ``<pod>-tls`` (``tls.crt``, ``tls.key``, ``ca.crt``), mounted into the pod as files.
+
+``ensure_ca`` (a CA key pair in a Secret, created by whichever process comes first: the
+controller, or the proxy) lives here rather than beside the proxy's stores because the
+controller needs it too and must not depend on the admission process's modules; the proxy's
+``cdi.upload.kubestore`` re-exports it.
+
+A server certificate lives ``lifetime``; the pod is told to stop taking uploads before that
+(``deadline``: 80 % of the lifetime, CDI's renew-before share), exits saying ``deadlinePassed``
+and is re-created by the controller with a fresh certificate, so no server ever presents an
+expired one.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from cdi.kube.client import SECRETS, Kube
+from cdi.kube.errors import Conflict
+from cdi.webhooks.certs import RENEW_BEFORE, KeyPair, issue_serving, new_ca
+
+log = logging.getLogger(__name__)
+
+SERVER_CA_SECRET = "cdi-uploadserver-ca"
+CLIENT_CA_SECRET = "cdi-uploadserver-client-ca"
+SERVER_CERT_LIFETIME = dt.timedelta(hours=24)
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def secret_data(secret: Mapping[str, Any]) -> dict[str, bytes]:
+    return {k: base64.b64decode(v) for k, v in (secret.get("data") or {}).items()}
+
+
+def ensure_ca(kube: Kube, namespace: str, name: str, common_name: str) -> KeyPair:
+    """The CA kept in Secret ``namespace/name`` (``tls.crt``/``tls.key``), created if absent."""
+    for _ in range(3):
+        secret = kube.get_or_none(SECRETS, name, namespace)
+        data = secret_data(secret or {})
+        if data.get("tls.crt") and data.get("tls.key"):
+            return KeyPair(data["tls.crt"], data["tls.key"])
+        ca = new_ca(common_name, dt.datetime.now(dt.UTC))
+        meta: dict[str, Any] = {"name": name, "namespace": namespace}
+        body = {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "type": "kubernetes.io/tls",
+            "metadata": meta,
+            "data": {"tls.crt": _b64(ca.cert_pem), "tls.key": _b64(ca.key_pem)},
+        }
+        try:
+            if secret is None:
+                kube.create(SECRETS, body)
+            else:
+                meta["resourceVersion"] = secret["metadata"]["resourceVersion"]
+                kube.replace(SECRETS, body)
+            log.info("created CA %s/%s", namespace, name)
+            return ca
+        except Conflict:
+            continue  # someone else created it first: use theirs
+    raise RuntimeError(f"could not store the CA {namespace}/{name} (conflicts)")
+
+
+@dataclass(frozen=True)
+class ServerCredentials:
+    """What one upload pod gets: its serving pair, the client CA certificate, its deadline."""
+
+    server: KeyPair
+    client_ca_pem: bytes
+    deadline: dt.datetime
+
+    def secret_data(self) -> dict[str, str]:
+        """The ``<pod>-tls`` Secret's ``data`` (base64, as the API wants it)."""
+        return {
+            "tls.crt": _b64(self.server.cert_pem),
+            "tls.key": _b64(self.server.key_pem),
+            "ca.crt": _b64(self.client_ca_pem),
+        }
+
+
+def server_name(service: str, namespace: str) -> str:
+    """The name the proxy verifies: ``cdi-upload-<pvc>.<ns>.svc``."""
+    return f"{service}.{namespace}.svc"
+
+
+def deadline_for(now: dt.datetime, lifetime: dt.timedelta) -> dt.datetime:
+    """When the server stops taking uploads: with ``RENEW_BEFORE`` of the lifetime left."""
+    return now + lifetime * (1 - RENEW_BEFORE)
+
+
+def issue_server_credentials(
+    server_ca: KeyPair,
+    client_ca_pem: bytes,
+    service: str,
+    namespace: str,
+    now: dt.datetime,
+    lifetime: dt.timedelta = SERVER_CERT_LIFETIME,
+) -> ServerCredentials:
+    """A fresh serving certificate for ``<service>.<namespace>.svc`` from ``server_ca``."""
+    # The Service name first: it becomes the CN (at most 64 characters; a DNS label is 63),
+    # where ``<svc>.<ns>.svc`` can be longer. The proxy verifies the SAN ``<svc>.<ns>.svc``.
+    names = (service, server_name(service, namespace))
+    pair = issue_serving(server_ca, names, now, lifetime)
+    return ServerCredentials(pair, client_ca_pem, deadline_for(now, lifetime))
+
+
+class UploadCAs:
+    """Both CAs, read (or created) through the gateway; cached once read, since a CA's key pair
+    never changes under the same Secret."""
+
+    def __init__(self, kube: Kube, namespace: str) -> None:
+        self.kube, self.namespace = kube, namespace
+        self._server: KeyPair | None = None
+        self._client: KeyPair | None = None
+
+    def load(self) -> tuple[KeyPair, bytes]:
+        """(server CA pair, client CA certificate PEM); blocking: call on a worker thread."""
+        if self._server is None:
+            self._server = ensure_ca(self.kube, self.namespace, SERVER_CA_SECRET, SERVER_CA_SECRET)
+        if self._client is None:
+            self._client = ensure_ca(self.kube, self.namespace, CLIENT_CA_SECRET, CLIENT_CA_SECRET)
+        return self._server, self._client.cert_pem
