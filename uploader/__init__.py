@@ -1,1 +1,2 @@
-"""Uploader worker (data plane). Reuses the importer pipeline; see docs/architecture.md."""
+"""Upload server pod (data plane): CDI's upload endpoints over the shared data path
+(``datapath``), with tus resume; see docs/upload.md and docs/architecture.md."""

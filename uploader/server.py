@@ -29,7 +29,7 @@ from aiohttp import BodyPartReader, web
 from cdi.api.constants import ContentType
 from cdi.api.errors import InsufficientSpace
 from cdi.api.termination import TerminationMessage
-from uploader.body import Busy, OffsetMismatch
+from uploader.body import Busy, Feed, OffsetMismatch
 from uploader.session import RESTART_NOTE, AlreadyDone, Mode, Upload, Uploads
 
 TUS_VERSION = "1.0.0"
@@ -201,7 +201,7 @@ class UploadHandlers:
 _TUS = {"Tus-Resumable": TUS_VERSION}
 
 
-async def _attach(upload: Upload, pieces: AsyncIterator[bytes], at: int) -> Any:
+async def _attach(upload: Upload, pieces: AsyncIterator[bytes], at: int) -> Feed:
     """Attach, waiting a little if the previous body's cut has not been noticed yet (the
     client may see its connection die before this server does)."""
     for _ in range(50):

@@ -120,8 +120,10 @@ NEW_RULES_MAY = [
 NEW_RULES_MUST_NOT = [
     ("update", "cdiconfigs", "cdi.kubevirt.io", None, "config", None),  # spec: the admin's
     ("update", "storageprofiles", "cdi.kubevirt.io", None, "x", None),  # spec: the admin's
-    ("get", "services", "", "some-ns", "cdi-uploadproxy", None),
-    ("get", "services", "", "cdi", "other", None),
+    # the upload flavour reads Services anywhere (its servers'), but changes none it did not make
+    ("update", "services", "", "cdi", "cdi-uploadproxy", None),
+    ("patch", "services", "", "some-ns", "cdi-upload-x", None),
+    ("get", "secrets", "", "some-ns", "x", None),  # never reads tenants' Secrets
 ]
 
 
