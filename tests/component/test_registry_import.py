@@ -5,6 +5,7 @@ layer stacking; and every broken image fails with its own typed reason."""
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -36,6 +37,26 @@ async def test_containerdisk_imports_byte_identical_without_scratch(
     assert same_content(target, image.reference)
     assert result.scratch_bytes == 0 and not result.scratch_used
     assert result.source_digest == pushed, "the tag is resolved once and reported"
+
+
+async def test_iso_containerdisk_imports_as_is(registries: Registries, tmp_path: Path) -> None:
+    """An installer ISO (made by xorriso, as users publish them) is a raw disk: sniffed as
+    such and written byte for byte, in one pass with no scratch."""
+    content = tmp_path / "iso-root"
+    content.mkdir()
+    (content / "MARKER.TXT").write_text("cdi-py iso containerDisk\n")
+    iso = tmp_path / "installer.iso"
+    subprocess.run(
+        ["xorriso", "-as", "mkisofs", "-quiet", "-V", "CDIPY", "-o", str(iso), str(content)],
+        check=True,
+    )
+    reg = registries.anonymous
+    registries.publish(reg, "disks/iso", [add_disk(("installer.iso", iso))])
+    target = tmp_path / "disk.img"
+    result = await import_image(reg.url("disks/iso", "v1"), target, insecure_registry=True)
+    assert result.succeeded, result
+    assert same_content(target, iso)
+    assert result.scratch_bytes == 0 and not result.scratch_used
 
 
 async def test_zstd_and_uncompressed_layers_import(
