@@ -164,3 +164,27 @@ def test_cron_imports_each_digest_and_keeps_its_data_source(
     )
     assert kube.get_or_none(f"{SOURCES.format(ns=ns)}/fedora") is not None
     assert kube.get_or_none(f"{DVS.format(ns=ns)}/{two}") is not None
+
+
+def test_cron_with_retention_none_takes_its_imports_and_data_source_along(
+    kube: Kube, namespace: str, registry: Registry, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    ns = namespace
+    deployed: Product = request.getfixturevalue("controller")
+    disks: Images = request.getfixturevalue("images")
+    digest = publish(registry, disks.root / "disk.qcow2", tmp_path / "one")
+    registry_access(kube, ns, registry, USER, PASSWORD, "reg")
+    body = cron(registry)
+    body["spec"]["retentionPolicy"] = "None"
+    kube.create(CRONS.format(ns=ns), body)
+    one = f"fedora-{digest.removeprefix('sha256:')[:12]}"
+    _wait_pointed(kube, ns, one, deployed, f"DataSource at {one}")
+    kube.delete(f"{CRONS.format(ns=ns)}/fedora-cron")
+    wait_until(
+        lambda: (
+            kube.get_or_none(f"{SOURCES.format(ns=ns)}/fedora") is None
+            and kube.get_or_none(f"{DVS.format(ns=ns)}/{one}") is None
+        ),
+        "DataSource and import deleted with the cron (retentionPolicy None)",
+        90,
+    )
