@@ -37,7 +37,12 @@ def add_controller_parser(sub: argparse._SubParsersAction) -> None:  # type: ign
         default=86400.0,
         help="seconds an upload server's certificate lives; the pod is replaced at 80%%",
     )
-    p.add_argument("--workers", type=int, default=3, help="reconciles in parallel")
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=16,
+        help="reconciles in parallel per kind (docs/controller.md)",
+    )
     p.add_argument("--max-attempts", type=int, default=3, help="importer pods per import")
     p.add_argument("--retry-base-delay", type=float, default=2.0, help="seconds, doubling")
     p.add_argument("--retry-max-delay", type=float, default=60.0)

@@ -22,6 +22,11 @@ through volume populators by default, while the first three are not.
 
 The loop is level-triggered and polls (a few list calls a second is nothing for a test API
 server); every step re-reads state, so a crash or restart never leaves it confused.
+Provisioning runs on a small thread pool (``ProvisionerConfig.parallel``), as the CSI
+external-provisioner runs several workers: a burst of claims (issue 11's 200 DataVolumes)
+would otherwise bind one mkfs at a time. A volume being made, or made but not yet in a
+listing, is never started twice; attaching loop devices stays serial (``losetup --find``
+picks the free device and attaches it in two steps).
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import argparse
 import logging
 import signal
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -97,6 +103,7 @@ class ProvisionerConfig:
     state_dir: Path
     node_name: str
     poll_interval: float = 0.3
+    parallel: int = 4  # volumes provisioned at once
 
 
 class Provisioner:
@@ -105,6 +112,12 @@ class Provisioner:
         self.config = config
         self.volumes = config.state_dir / "volumes"
         self.volumes.mkdir(parents=True, exist_ok=True)
+        self._pool = ThreadPoolExecutor(config.parallel, thread_name_prefix="provision")
+        self._lock = threading.Lock()
+        self._loop_lock = threading.Lock()
+        # PV names being provisioned, or provisioned and not yet seen in a PV listing: a
+        # listing taken before the PV was created must not start the volume again.
+        self._started: set[str] = set()
 
     # -- set-up ---------------------------------------------------------------------------
     def ensure_storage_classes(self) -> None:
@@ -119,12 +132,15 @@ class Provisioner:
     # -- loop -----------------------------------------------------------------------------
     def run(self, stop: threading.Event) -> None:
         self.ensure_storage_classes()
-        while not stop.is_set():
-            try:
-                self.sync_once()
-            except Exception:
-                log.exception("sync failed; retrying")
-            stop.wait(self.config.poll_interval)
+        try:
+            while not stop.is_set():
+                try:
+                    self.sync_once()
+                except Exception:
+                    log.exception("sync failed; retrying")
+                stop.wait(self.config.poll_interval)
+        finally:
+            self._pool.shutdown(wait=True, cancel_futures=True)
 
     def sync_once(self) -> None:
         classes = {
@@ -135,13 +151,15 @@ class Provisioner:
         pvs = {
             pv["metadata"]["name"]: pv for pv in self.kube.get("/api/v1/persistentvolumes")["items"]
         }
+        with self._lock:
+            self._started -= self._started & pvs.keys()  # listed now: the PV guards it
         for pvc in self.kube.get("/api/v1/persistentvolumeclaims")["items"]:
             cls = classes.get(pvc["spec"].get("storageClassName") or "")
             if cls is None:
                 continue
             try:
                 if self._wants_volume(pvc, cls) and _pv_name(pvc) not in pvs:
-                    self.provision(pvc, cls)
+                    self._start(pvc, cls)
                 elif pvc.get("status", {}).get("phase") == "Bound":
                     self._maybe_expand(pvc, pvs.get(pvc["spec"].get("volumeName", "")))
             except (ApiError, storage.StorageError) as e:
@@ -168,6 +186,24 @@ class Provisioner:
         return True
 
     # -- provisioning ---------------------------------------------------------------------
+    def _start(self, pvc: JSON, cls: JSON) -> None:
+        """Provision on the pool unless this volume is already started."""
+        name = _pv_name(pvc)
+        with self._lock:
+            if name in self._started:
+                return
+            self._started.add(name)
+        self._pool.submit(self._provision_logged, pvc, cls)
+
+    def _provision_logged(self, pvc: JSON, cls: JSON) -> None:
+        try:
+            self.provision(pvc, cls)
+        except Exception as e:  # retried by a later poll
+            with self._lock:
+                self._started.discard(_pv_name(pvc))
+            ns, name = pvc["metadata"]["namespace"], pvc["metadata"]["name"]
+            log.warning("claim %s/%s: %s", ns, name, e)
+
     def provision(self, pvc: JSON, cls: JSON) -> None:
         name = _pv_name(pvc)
         size = int(parse_quantity(pvc["spec"]["resources"]["requests"]["storage"]))
@@ -185,7 +221,8 @@ class Provisioner:
             storage.create_sparse(image, size)
             if not block:
                 storage.make_ext4(image)
-        device = storage.attach_loop(image)
+        with self._loop_lock:
+            device = storage.attach_loop(image)
         if block:
             path = device
         else:

@@ -59,7 +59,7 @@ from cdi.controller.flavours import (
     Unsupported,
     select_flavour,
 )
-from cdi.controller.flavours.import_ import ImportSettings
+from cdi.controller.flavours.import_ import ImportFlavour, ImportSettings
 from cdi.controller.flavours.table import standard_flavours
 from cdi.controller.flavours.upload import UploadSettings
 from cdi.controller.pods import owned_pods
@@ -205,6 +205,12 @@ class DataVolumeReconciler:
             pass
         return StorageProfile(metadata=ObjectMeta(name=name))
 
+    def binds_immediately(self, pvc: Mapping[str, Any]) -> bool:
+        """The claim's class is known (cached) and binds Immediately (the default mode)."""
+        sc_name = (pvc.get("spec") or {}).get("storageClassName")
+        sc = self.caches.storage_classes.get(str(sc_name)) if sc_name else None
+        return bool(sc) and (sc or {}).get("volumeBindingMode", "Immediate") == "Immediate"
+
     def waits_for_consumer(self, pvc: Mapping[str, Any]) -> bool:
         sc_name = (pvc.get("spec") or {}).get("storageClassName")
         sc = self.caches.storage_classes.get(str(sc_name)) if sc_name else None
@@ -236,8 +242,11 @@ class Step:
         dv, r = self.dv, self.r
         pvc = await r.kube.get_or_none(PVCS, dv.name, dv.namespace)
         if pvc is None:
-            return await self._create_pvc()
-        if not self._ours(pvc):
+            pvc, result = await self._create_pvc()
+            if pvc is None or not self._starts_unbound(pvc):
+                return result
+            # go on with the claim the create returned: no wait for its watch event
+        elif not self._ours(pvc):
             adopted = await self._adopt(pvc)
             if adopted is None:
                 return Result(requeue_after=30.0)
@@ -262,7 +271,8 @@ class Step:
         waiting = r.waits_for_consumer(pvc)
         immediate = ANN_IMMEDIATE_BINDING in dv.annotations
         fills_unbound = isinstance(self.flavour, ShapesClaim) and self.flavour.fills_unbound
-        if phase != "Bound" and not (waiting and immediate) and not fills_unbound:
+        early = fills_unbound or self._starts_unbound(pvc)
+        if phase != "Bound" and not (waiting and immediate) and not early:
             self._see(waiting_for_consumer=waiting)
             return Result()
         self.view, result = await self.flavour.sync(claim, self.view)
@@ -275,6 +285,16 @@ class Step:
             return True
         return (meta.get("annotations") or {}).get(ANN_CREATED_FOR_DATAVOLUME) == self.dv.uid
 
+    def _starts_unbound(self, pvc: Mapping[str, Any]) -> bool:
+        """An importer pod may be created before its claim is Bound when the claim's class
+        binds Immediately: the scheduler holds the pod until the binder and provisioner are
+        done, so the bind round trip overlaps the pod's creation (docs/controller.md)."""
+        return (
+            isinstance(self.flavour, ImportFlavour)
+            and populator_kind(pvc) is None
+            and self.r.binds_immediately(pvc)
+        )
+
     def _render_pvc(self) -> dict[str, Any] | None:
         r = self.r
         try:
@@ -283,25 +303,27 @@ class Step:
             self._see(problem=ClaimProblem(exc.reason, exc.message))
             return None
 
-    async def _create_pvc(self) -> Result:
+    async def _create_pvc(self) -> tuple[dict[str, Any] | None, Result]:
+        """Create the claim; the created object, or None when there is none (yet) to go on
+        with, and the result to return then."""
         desired = self._render_pvc()
         if desired is None:
-            return Result(requeue_after=30.0)
+            return None, Result(requeue_after=30.0)
         if isinstance(self.flavour, ShapesClaim):
             shaped, self.view, result = await self.flavour.before_claim(
                 self.dv, self.obj, desired, self.view
             )
             if shaped is None:
-                return result
+                return None, result
             desired = shaped
         desired = await populated_claim(
             self.r.kube, self.dv, desired, self.r.caches.storage_classes
         )
         try:
-            await self.r.kube.create(PVCS, desired, self.dv.namespace)
-        except Conflict:
-            return Result(requeue_after=1.0)  # someone (we, before a restart) made it already
-        return Result(requeue_after=1.0)
+            created = await self.r.kube.create(PVCS, desired, self.dv.namespace)
+        except Conflict:  # someone (we, before a restart) made it already
+            return None, Result(requeue_after=1.0)
+        return created, Result(requeue_after=1.0)
 
     async def _adopt(self, pvc: dict[str, Any]) -> dict[str, Any] | None:
         dv, r = self.dv, self.r

@@ -8,8 +8,11 @@ in-cluster configuration are the official client's. Every failure leaves here as
 
 The official client is synchronous. ``AsyncKube`` runs each call on a bounded thread pool so
 the controller's event loop never blocks on the network: its verbs are ``Kube``'s, lifted by one
-typed descriptor rather than forwarded by hand. Watches get a thread of their own
-(``cdi.kube.informer``) because they block for minutes.
+typed descriptor rather than forwarded by hand. The pool and urllib3's connection pool are
+sized together (``API_CONCURRENCY``): the client's own default (``5 * cpu_count``, 10 on a
+2-core node) would otherwise make the threads beyond it open and drop a TLS connection per
+request ("Connection pool is full, discarding connection") under a burst of reconciles.
+Watches get a thread of their own (``cdi.kube.informer``) because they block for minutes.
 """
 
 from __future__ import annotations
@@ -37,6 +40,8 @@ P = ParamSpec("P")
 MERGE_PATCH = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
 APPLY_PATCH = "application/apply-patch+yaml"
+# Requests in flight at once: AsyncKube's threads and urllib3's kept-alive connections.
+API_CONCURRENCY = 16
 
 
 @dataclass(frozen=True)
@@ -110,6 +115,7 @@ def load_api_client(kubeconfig: Path | None = None) -> client.ApiClient:
         config.load_kube_config(config_file=str(kubeconfig), client_configuration=cfg)
     else:
         config.load_incluster_config(client_configuration=cfg)
+    cfg.connection_pool_maxsize = max(cfg.connection_pool_maxsize or 0, API_CONCURRENCY)
     return client.ApiClient(cfg)
 
 
@@ -333,7 +339,7 @@ class AsyncKube:
     replace = _OnThreads(Kube.replace)
     delete = _OnThreads(Kube.delete)
 
-    def __init__(self, kube: Kube, max_threads: int = 8) -> None:
+    def __init__(self, kube: Kube, max_threads: int = API_CONCURRENCY) -> None:
         self.sync = kube
         self._pool = ThreadPoolExecutor(max_threads, thread_name_prefix="kube")
 

@@ -141,6 +141,37 @@ def test_wait_for_first_consumer_is_reported_and_immediate_binding_imports(
     assert dv["status"]["phase"] == "Succeeded", dv["status"]
 
 
+def test_importer_pod_is_created_before_the_claim_binds_on_an_immediate_class(
+    kube: Kube, namespace: str, controller: Product
+) -> None:
+    # An Immediate class nobody provisions: the claim stays Pending, yet the importer pod is
+    # created at once (the scheduler, not the controller, waits for the binding).
+    sc = f"unprovisioned-{namespace}"
+    kube.create(
+        "/apis/storage.k8s.io/v1/storageclasses",
+        {
+            "apiVersion": "storage.k8s.io/v1",
+            "kind": "StorageClass",
+            "metadata": {"name": sc},
+            "provisioner": "example.com/nobody",
+            "volumeBindingMode": "Immediate",
+        },
+    )
+    try:
+        kube.create(
+            dv_path(namespace), datavolume("early", {"blank": {}}, size="8Mi", storage_class=sc)
+        )
+        dv = wait_phase(kube, namespace, "early", ("ImportScheduled",), 60)
+        assert condition(dv, "Bound")["status"] == "False"
+        pods = kube.get(f"/api/v1/namespaces/{namespace}/pods")["items"]
+        assert [p["metadata"]["name"] for p in pods] == ["importer-early"]
+        assert pods[0]["status"].get("phase") == "Pending"
+        pvc = kube.get(f"/api/v1/namespaces/{namespace}/persistentvolumeclaims/early")
+        assert pvc["status"]["phase"] == "Pending"
+    finally:
+        kube.delete_ignore_missing(f"/apis/storage.k8s.io/v1/storageclasses/{sc}")
+
+
 FAILURES = {
     # case: (source, size, reason)
     "checksum": (
