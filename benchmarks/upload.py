@@ -28,6 +28,7 @@ import asyncio
 import datetime as dt
 import json
 import os
+import resource
 import socket
 import ssl
 import subprocess
@@ -63,6 +64,15 @@ def _peak_rss_mb(pid: int) -> float:
     except OSError:
         pass
     return 0.0
+
+
+def _cpu_seconds(pid: int) -> float:
+    """utime + stime of a live (or not yet reaped) process, from /proc/PID/stat."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _fsync(path: Path) -> None:
@@ -109,6 +119,7 @@ class Server:
         }
         self.proc: subprocess.Popen[bytes] | None = None
         self.peak = 0.0
+        self.cpu = 0.0  # CPU seconds: sampled while it runs, final once it has exited
 
     async def start(self) -> None:
         self.proc = subprocess.Popen(
@@ -121,8 +132,15 @@ class Server:
 
     async def finish(self) -> dict[str, Any]:
         assert self.proc is not None
-        while self.proc.poll() is None:
-            self.peak = max(self.peak, _peak_rss_mb(self.proc.pid))
+        pid = self.proc.pid
+        while True:
+            self.peak = max(self.peak, _peak_rss_mb(pid))
+            # WNOWAIT: an exited child stays a zombie, whose /proc stat still has its CPU time
+            exited = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            self.cpu = _cpu_seconds(pid)
+            if exited is not None:
+                self.proc.wait()
+                break
             await asyncio.sleep(0.05)
         report: dict[str, Any] = json.loads(self.termination.read_text())
         return report
@@ -179,11 +197,13 @@ async def ours(pki: Pki, folder: Path, source: Path, out: Path, proxy: bool) -> 
             proxy_proc, port = await _proxy(pki, folder, server.port)
             url, ctx = f"https://127.0.0.1:{port}", pki.client_trusting_proxy()
         token = issue(pki.ring, UploadGrant("tenant", "disk", "uid-disk"), dt.datetime.now(dt.UTC))
+        cpu0 = _cpu_split(server, proxy_proc)
         started = time.perf_counter()
         await upload_file(str(source), ClientSettings(url, ssl=ctx), token=lambda: token)
         report = await server.finish()
         await asyncio.to_thread(_fsync, out)
         timed = time.perf_counter() - started
+        cpu = {k: round(v - cpu0[k], 2) for k, v in _cpu_split(server, proxy_proc).items()}
         if proxy_proc is not None:
             proxy_peak = _peak_rss_mb(proxy_proc.pid)
     finally:
@@ -191,10 +211,26 @@ async def ours(pki: Pki, folder: Path, source: Path, out: Path, proxy: bool) -> 
             proxy_proc.terminate()
             proxy_proc.wait()
         server.stop()
-    return report | {
-        "timed_seconds": round(timed, 3),
-        "server_rss_mb": round(server.peak, 1),
-        "proxy_rss_mb": round(proxy_peak, 1),
+    return (
+        report
+        | cpu
+        | {
+            "timed_seconds": round(timed, 3),
+            "server_rss_mb": round(server.peak, 1),
+            "proxy_rss_mb": round(proxy_peak, 1),
+        }
+    )
+
+
+def _cpu_split(server: Server, proxy: subprocess.Popen[str] | None) -> dict[str, float]:
+    """CPU seconds so far of the uploading client (this process), the server and the proxy;
+    the difference over the timed region leaves out start-up (imports, certificates)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    running = server.proc is not None and server.proc.returncode is None
+    return {
+        "client_cpu_s": usage.ru_utime + usage.ru_stime,
+        "server_cpu_s": _cpu_seconds(server.proc.pid) if running else server.cpu,
+        "proxy_cpu_s": _cpu_seconds(proxy.pid) if proxy is not None else 0.0,
     }
 
 

@@ -41,6 +41,10 @@ _TRANSIENT = frozenset({408, 502, 503, 504})
 _CUT = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, asyncio.TimeoutError)
 
 
+class _ServerAway(Exception):
+    """A HEAD answered with a transient status: ask again after a backoff, like a cut."""
+
+
 class UploadClientError(WorkerError):
     reason = "UploadFailed"
 
@@ -219,6 +223,8 @@ class UploadClient:
         if answer.status == 401:
             await self._refresh(answer)
             answer = await self._request("HEAD", path)
+        if answer.status in _TRANSIENT:  # e.g. the proxy's 502/503 while the pod restarts
+            raise _ServerAway(answer.status)
         if answer.status != 200:
             raise UploadRejected(answer.status, answer.text or "HEAD refused")
         try:
@@ -288,7 +294,7 @@ class UploadClient:
         while True:
             try:
                 at, note = await self.offset(path)
-            except _CUT:
+            except (*_CUT, _ServerAway):
                 failures += 1
                 if failures > self.settings.attempts:
                     raise UploadGaveUp("the upload server stayed unreachable") from None

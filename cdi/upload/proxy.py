@@ -51,7 +51,6 @@ from cdi.upload.token import UploadGrant
 
 log = logging.getLogger(__name__)
 
-RELAY_CHUNK = 256 * 1024  # a network relay piece; the data path's CHUNK_SIZE is for decoding
 UPLOAD_PATHS = tuple(
     f"/{version}/{kind}"
     for version in ("v1beta1", "v1alpha1")
@@ -113,30 +112,53 @@ def upload_path(pvc: PVC, name: str, path: str) -> str:
 
 
 class _Body:
-    """The request body piece by piece, remembering why it stopped early (if it did): a
-    body that stalls for ``idle_timeout`` seconds, or a cut client connection."""
+    """The request body as it arrives, remembering why it stopped early (if it did): a body
+    that stalls for ``idle_timeout`` seconds, or a cut client connection.
+
+    Pieces are the buffers as the connection delivered them (``readchunk``: ``read(n)`` and
+    ``readany`` join buffered pieces, a copy of every byte), and
+    the stall is watched by one timer per request (``_watch``), not a timeout context per
+    piece. Only time spent waiting for the client counts: while the upload server is slow
+    (backpressure) the body is not being read and cannot stall."""
 
     def __init__(self, request: web.Request, idle_timeout: float) -> None:
-        self.request = request
+        self.content = request.content
         self.idle_timeout = idle_timeout
         self.failure: UploadInterrupted | None = None
+        self.waiting_since: float | None = None  # loop time a read began; None between reads
+        self.watchdog: asyncio.TimerHandle | None = None
+
+    def _watch(self) -> None:
+        loop = asyncio.get_running_loop()
+        since = self.waiting_since
+        if since is not None and loop.time() - since >= self.idle_timeout:
+            self.failure = UploadInterrupted(f"no upload data for {self.idle_timeout:g} seconds")
+            self.content.set_exception(self.failure)
+            return
+        wake = (since if since is not None else loop.time()) + self.idle_timeout
+        self.watchdog = loop.call_at(wake, self._watch)
 
     async def pieces(self) -> AsyncIterator[bytes]:
-        while True:
-            try:
-                async with asyncio.timeout(self.idle_timeout):
-                    piece = await self.request.content.read(RELAY_CHUNK)
-            except TimeoutError:
-                self.failure = UploadInterrupted(
-                    f"no upload data for {self.idle_timeout:g} seconds"
-                )
-                raise self.failure from None
-            except (ConnectionError, aiohttp.ClientPayloadError) as exc:
-                self.failure = UploadInterrupted(f"the upload connection was cut: {exc}")
-                raise self.failure from exc
-            if not piece:
-                return
-            yield piece
+        loop = asyncio.get_running_loop()
+        self._watch()
+        try:
+            while True:
+                self.waiting_since = loop.time()
+                try:
+                    piece, chunk_end = await self.content.readchunk()
+                except UploadInterrupted:
+                    raise
+                except (ConnectionError, aiohttp.ClientPayloadError) as exc:
+                    self.failure = UploadInterrupted(f"the upload connection was cut: {exc}")
+                    raise self.failure from exc
+                self.waiting_since = None
+                if piece:
+                    yield piece
+                elif not chunk_end:  # (b"", True) only marks a chunked body's chunk end
+                    return
+        finally:
+            if self.watchdog is not None:
+                self.watchdog.cancel()
 
 
 def _forwarded(headers: Mapping[str, str]) -> CIMultiDict[str]:
@@ -202,7 +224,7 @@ class Relay:
         response.headers.update(_forwarded(upstream.headers))
         await response.prepare(request)
         try:
-            async for piece in upstream.content.iter_chunked(RELAY_CHUNK):
+            async for piece in upstream.content.iter_any():
                 await response.write(piece)
             await response.write_eof()
         except (aiohttp.ClientError, ConnectionError, TimeoutError) as exc:
