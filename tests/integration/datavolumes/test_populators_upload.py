@@ -25,7 +25,7 @@ from tests.integration.datavolumes.cdi_env import (
     same_prefix_then_zeros,
     wait_phase,
 )
-from tests.integration.datavolumes.populator_env import claims, pvc_path
+from tests.integration.datavolumes.populator_env import claims, pvc_path, volumes_for
 from tests.integration.datavolumes.test_upload import User, gone
 from tests.integration.helpers import pvc_manifest
 
@@ -150,3 +150,42 @@ def test_the_webhook_refuses_a_bad_content_type_and_spec_changes(
     with pytest.raises(ApiError) as changed:
         kube.patch(vus_path(namespace, "archive"), {"spec": {"contentType": "kubevirt"}})
     assert "Cannot update VolumeUploadSource Spec" in str(changed.value)
+
+
+def test_deleting_the_source_changes_nothing_and_deleting_a_target_leaves_nothing_behind(
+    kube: Kube, namespace: str, tenant: User, images: Images
+) -> None:
+    kube.create(vus_path(namespace), upload_source("up"))
+    primes = {}
+    for name in ("kept", "dropped"):
+        pvc = pvc_manifest(name, "32Mi", "testkit-fs")
+        pvc["spec"]["dataSourceRef"] = {
+            "apiGroup": "cdi.kubevirt.io",
+            "kind": "VolumeUploadSource",
+            "name": "up",
+        }
+        primes[name] = f"prime-{kube.create(pvc_path(namespace), pvc)['metadata']['uid']}"
+    for name in primes:
+        wait_until(
+            lambda n=name: annotations(kube, namespace, n).get(ANN + "pod.ready") == "true",
+            f"{name} ready",
+            120,
+        )
+    kube.delete(vus_path(namespace, "up"))
+    kube.delete(pvc_path(namespace, "dropped"))  # its prime's server holds the prime: it goes
+    status, text = tenant.upload(tenant.token("kept"), images.path("disk.qcow2").read_bytes())
+    assert status == 200, text
+    wait_until(
+        lambda: kube.get(pvc_path(namespace, "kept"))["status"].get("phase") == "Bound",
+        "kept Bound",
+        120,
+    )
+    disk = Path(pv_of(kube, namespace, "kept")["spec"]["local"]["path"]) / "disk.img"
+    same_prefix_then_zeros(disk, images.reference)
+
+    def only_kept_left() -> bool:
+        pods = kube.get(f"/api/v1/namespaces/{namespace}/pods")["items"]
+        volumes = volumes_for(kube, namespace)
+        return set(claims(kube, namespace)) == {"kept"} and not pods and len(volumes) == 1
+
+    wait_until(only_kept_left, "no prime, server pod or volume left but kept's", 90)
