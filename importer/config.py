@@ -19,7 +19,7 @@ import os
 import re
 import stat
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from urllib.parse import urlsplit, urlunsplit
 
 from cdi.api.checksum import Checksum
@@ -39,7 +39,9 @@ from cdi.api.quantity import Quantity, QuantityError
 from datapath import CheckpointPlan, ProcessPlan, TargetSpec, parse_checksum
 from datapath.checkpoint import INTERVAL as CHECKPOINT_INTERVAL
 from datapath.plan import SPILL_MEMORY_LIMIT
+from importer.registry.credentials import registry_credentials
 from importer.sources.http import HttpOptions, ProxyConfig
+from importer.sources.registry import RegistryOptions
 
 BLOCK_DEVICE_PATH = "/dev/cdi-block-volume"
 DATA_DIR = "/data"
@@ -47,6 +49,7 @@ SCRATCH_DIR = "/scratch"
 TERMINATION_PATH = "/dev/termination-log"
 CHECKPOINT_NAME = ".cdi-import-checkpoint"  # beside disk.img; removed when the import ends
 CHECKPOINT_SUFFIX = ".cdi-checkpoint"  # the CLI's: <target>.cdi-checkpoint
+REGISTRY_POLL_ENV = "IMPORTER_REGISTRY_POLL"  # not CDI: "true" in DataImportCron poller pods
 _HEX = frozenset("0123456789abcdef")
 
 
@@ -62,7 +65,7 @@ class BlankOptions:
     """No source: an empty disk of the requested size."""
 
 
-SourceOptions = HttpOptions | FileOptions | BlankOptions
+SourceOptions = HttpOptions | RegistryOptions | FileOptions | BlankOptions
 
 
 @dataclass(frozen=True)
@@ -83,6 +86,9 @@ class ImportConfig:
     plan: ProcessPlan
     source: SourceOptions
     edges: WorkerEdges = field(default_factory=WorkerEdges)
+    # Registry only: resolve the reference to its digest and report it; import nothing
+    # (the DataImportCron poller pod, IMPORTER_REGISTRY_POLL=true).
+    poll_only: bool = False
 
 
 class TargetExists(InvalidConfig):
@@ -100,7 +106,7 @@ def attested_checkpoint(text: str | None) -> tuple[int, str] | None:
 
 def source_id(source: SourceOptions) -> str:
     """The identity a checkpoint records for this source (a changed source restarts)."""
-    if isinstance(source, HttpOptions):
+    if isinstance(source, HttpOptions | RegistryOptions):
         return source.url
     if isinstance(source, FileOptions):
         return source.path
@@ -309,13 +315,36 @@ def _http_from_env(env: Mapping[str, str]) -> HttpOptions:
     )
 
 
+def _registry_from_env(env: Mapping[str, str]) -> RegistryOptions:
+    """``source.registry`` (pod pull): the HTTP settings carry trust, proxy and policy; the
+    credentials are the Secret's ``accessKeyId``/``secretKey`` or its ``.dockerconfigjson``."""
+    method = env.get(ImporterEnv.PULL_METHOD) or "pod"
+    if method != "pod":
+        raise InvalidConfig(f"registry pull method {method!r} is not supported by this importer")
+    plain = {k: v for k, v in env.items() if "ACCESS_KEY" not in k and "SECRET_KEY" not in k}
+    http = _http_from_env(plain)
+    http = replace(http, username=None, password=None, url="")
+    url = env.get(ImporterEnv.ENDPOINT, "")
+    username, password = registry_credentials(env, url)
+    return RegistryOptions(
+        url=url,
+        http=http,
+        username=username,
+        password=password,
+        insecure_registry=http.insecure,
+        architecture=env.get(ImporterEnv.REGISTRY_IMAGE_ARCHITECTURE) or "",
+    )
+
+
 def _source_from_env(env: Mapping[str, str]) -> SourceOptions:
     kind = env.get(ImporterEnv.SOURCE, "http")
     if kind == "http":
         return _http_from_env(env)
+    if kind == "registry":
+        return _registry_from_env(env)
     if kind in ("none", "blank"):
         return BlankOptions()
-    # S3, GCS, registry, imageio, vddk: rendered by the controller, not served by this importer.
+    # S3, GCS, imageio, vddk: rendered by the controller, not served by this importer.
     raise InvalidConfig(f"unknown source {kind!r}")
 
 
@@ -347,4 +376,7 @@ def from_env(env: Mapping[str, str]) -> ImportConfig:
         metrics_addr=env.get("IMPORTER_METRICS_ADDR", "0.0.0.0"),
         owner_uid=env.get(ImporterEnv.OWNER_UID, ""),
     )
-    return ImportConfig(plan=plan, source=source, edges=edges)
+    poll = env.get(REGISTRY_POLL_ENV, "").lower() == "true"
+    if poll and not isinstance(source, RegistryOptions):
+        raise InvalidConfig(f"{REGISTRY_POLL_ENV} applies to registry sources only")
+    return ImportConfig(plan=plan, source=source, edges=edges, poll_only=poll)

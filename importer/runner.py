@@ -9,11 +9,14 @@ the only place that turns source options into a ``Source`` (a table by options t
 from __future__ import annotations
 
 import ctypes
+import time
+from dataclasses import replace
 
-from cdi.api.termination import TerminationMessage
+from cdi.api.termination import REASON_COMPLETED, TerminationMessage
 from datapath import FileSource, Processor, Progress, Source
 from importer.config import BlankOptions, FileOptions, ImportConfig, SourceOptions
 from importer.sources.http import HttpOptions, HttpSource
+from importer.sources.registry import RegistryOptions, RegistrySource
 
 _M_ARENA_MAX = -8  # glibc mallopt parameter
 
@@ -38,6 +41,8 @@ def make_source(options: SourceOptions) -> Source | None:
     match options:
         case HttpOptions():
             return HttpSource(options)
+        case RegistryOptions():
+            return RegistrySource(options)
         case FileOptions(path=path):
             return FileSource(path)
         case BlankOptions():
@@ -47,11 +52,39 @@ def make_source(options: SourceOptions) -> Source | None:
 async def run_import(config: ImportConfig, progress: Progress | None = None) -> TerminationMessage:
     progress = progress or Progress()
     edges = config.edges
+    source = make_source(config.source)
+    if config.poll_only and isinstance(source, RegistrySource):  # a poll serves no progress
+        message = await poll_digest(source)
+        if edges.termination_path:
+            message.write(edges.termination_path)
+        return message
     if edges.metrics_port is not None:
         from datapath.metrics import serve_metrics  # prometheus_client: 12 ms of start-up
 
         serve_metrics(progress, edges.owner_uid, edges.metrics_port, edges.metrics_addr)
-    message = await Processor(config.plan, make_source(config.source), progress).run()
+    message = await Processor(config.plan, source, progress).run()
+    if isinstance(source, RegistrySource) and source.digest:
+        # What the image said about itself, and which digest a tag resolved to: CDI copies
+        # the image's KUBEVIRT_IO_ labels to the PVC; the digest makes the import reproducible.
+        labels = {**source.labels, **message.labels}
+        message = replace(message, labels=labels, source_digest=source.digest)
     if edges.termination_path:
         message.write(edges.termination_path)
     return message
+
+
+async def poll_digest(source: RegistrySource) -> TerminationMessage:
+    """Resolve the image's tag to the digest it names now (manifest, platform, config read and
+    verified as for an import) and report it; no layer is read, nothing is written."""
+    started = time.monotonic()
+    try:
+        await source.probe()
+    finally:
+        await source.close()
+    return TerminationMessage(
+        reason=REASON_COMPLETED,
+        message="Digest resolved",
+        duration_seconds=round(time.monotonic() - started, 3),
+        labels=source.labels,
+        source_digest=source.digest,
+    )

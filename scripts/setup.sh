@@ -10,6 +10,9 @@ mode=${1:-}
 apt_pkgs=(qemu-utils libmagic1 xz-utils zstd bzip2 gzip curl ca-certificates e2fsprogs util-linux)
 if [[ "$mode" == "--test" ]]; then
   apt_pkgs+=(pigz iproute2 hyperfine time mount tar)
+  # docker-registry, skopeo, umoci, apache2-utils (htpasswd): registry import tests and benchmark;
+  # xorriso: an ISO containerDisk
+  apt_pkgs+=(docker-registry skopeo umoci apache2-utils xorriso)
   # The test node's VM (testkit/vm.py): qemu (TCG), Debian's kernel, busybox for the initramfs.
   apt_pkgs+=(qemu-system-x86 linux-image-amd64 busybox-static cpio)
 fi

@@ -34,6 +34,7 @@ class TerminationMessage:
     resumed_from: int = 0  # source offset an interrupted import continued from (0: fresh)
     preallocation_applied: bool = False
     labels: dict[str, str] = field(default_factory=dict)
+    source_digest: str | None = None  # registry: the manifest digest a tag resolved to
 
     @property
     def succeeded(self) -> bool:

@@ -13,6 +13,8 @@ their caches, then run each reconciler's workers off its own queue (a key is onl
 - populators (one loop per source kind: import, upload, clone): a claim whose ``dataSourceRef``
   names that kind maps to itself, its prime claim and importer pods to it, an upload server
   pod through the prime that owns it (``cdi.controller.populators``).
+- DataImportCrons: a cron maps to itself, and its poller pod, imports (DataVolumes) and
+  DataSource map to it by their ``cdi.kubevirt.io/dataImportCron`` label.
 
 Shutdown (SIGTERM or lost leadership): stop the queues, let in-flight reconciles finish
 (bounded by ``shutdown_grace``), release the Lease, stop informers and the metrics server.
@@ -37,6 +39,8 @@ from cdi.api.constants import (
     LABEL_COMPONENT,
 )
 from cdi.controller.cdiconfig import CDIConfigReconciler
+from cdi.controller.dataimportcron import CronSettings, DataImportCronReconciler
+from cdi.controller.dataimportcron_desired import DATAIMPORTCRONS, LABEL_CRON
 from cdi.controller.datasource import DataSourceReconciler, keys_naming
 from cdi.controller.datavolume import (
     Caches,
@@ -135,6 +139,13 @@ def owner_key(obj: dict[str, Any]) -> str | None:
     return None
 
 
+def cron_key(obj: dict[str, Any]) -> str | None:
+    """The DataImportCron a poller pod, import or DataSource belongs to, by its label."""
+    meta = obj.get("metadata") or {}
+    cron = (meta.get("labels") or {}).get(LABEL_CRON)
+    return f"{meta.get('namespace')}/{cron}" if cron else None
+
+
 class Manager:
     def __init__(self, kube: Kube, config: ManagerConfig, identity: str = "cdi-controller"):
         self.config = config
@@ -147,6 +158,7 @@ class Manager:
             "sc": Informer(kube, STORAGE_CLASSES, resync=r),
             "profile": Informer(kube, STORAGE_PROFILES, resync=r),
             "config": Informer(kube, CDI_CONFIGS, resync=r),
+            "cron": Informer(kube, DATAIMPORTCRONS, resync=r),
             "ds": Informer(kube, DATA_SOURCES, resync=r),
         }
         self.scraper = HttpScraper()
@@ -175,6 +187,15 @@ class Manager:
         )
         profiles = StorageProfileReconciler(self.kube, utc_now)
         cdi_config = CDIConfigReconciler(self.kube, i["sc"], cfg.namespace, cfg.config_recheck)
+        crons = DataImportCronReconciler(
+            self.kube,
+            CronSettings(
+                cfg.controller.importer_image,
+                cfg.controller.pull_policy,
+                cfg.controller.cluster_cidrs,
+            ),
+            i["dv"],
+        )
         deps = FlavourDeps(self.kube, datavolumes.events, self.scraper)
         uploads = UploadPVCReconciler(
             self.kube,
@@ -216,6 +237,7 @@ class Manager:
             ("populator", populator.reconcile, cfg.workers),
             ("populator-upload", upload_populator.reconcile, 1),
             ("populator-clone", clone_populator.reconcile, 1),
+            ("dataimportcron", crons.reconcile, 1),
             ("storageprofile", profiles.reconcile, 1),
             ("cdiconfig", cdi_config.reconcile, 1),
             ("datasource", datasources.reconcile, 1),
@@ -245,6 +267,10 @@ class Manager:
             self.informers[name].add_handler(lambda _o: config.enqueue(CDICONFIG_NAME))
         for name in ("sc", "profile", "config"):
             self.informers[name].add_handler(lambda _o: self._enqueue_waiting())
+        crons = self.loops["dataimportcron"]
+        self.informers["cron"].add_handler(lambda o: crons.enqueue(object_key(o)))
+        for name in ("dv", "pod", "ds"):
+            self.informers[name].add_handler(lambda o: crons.enqueue(cron_key(o)))
         config.enqueue(CDICONFIG_NAME)  # created if missing, even before any event
         self._wire_datasources()
 

@@ -11,6 +11,7 @@
 - ``POST /datavolume-mutate``: ``mutate_datavolume`` as a base64 JSON patch;
 - ``POST /populator-validate``: ``validate_populator`` (``cdi.webhooks.populators``) on a
   ``VolumeImportSource`` being created or updated;
+- ``POST /dataimportcron-validate``: ``validate_dataimportcron`` (``cdi.webhooks.dataimportcron``);
 - ``GET /healthz``.
 
 Nothing here knows Kubernetes clients or TLS files: cluster lookups come through the
@@ -30,6 +31,7 @@ from typing import Any
 from aiohttp import web
 
 from cdi.webhooks.clone_auth import AccessReviewer, NoCrossNamespaceClones, authorize_clone
+from cdi.webhooks.dataimportcron import validate_dataimportcron
 from cdi.webhooks.mutation import Signer, UserInfo, mutate_datavolume
 from cdi.webhooks.populators import validate_populator
 from cdi.webhooks.validation import ClusterLookup, validate_datavolume
@@ -95,6 +97,15 @@ def validate_review(
     return verdict_response(uid, verdict)
 
 
+def validate_cron_review(request: Mapping[str, Any]) -> dict[str, Any]:
+    """A DataImportCron create or update (``cdi.webhooks.dataimportcron``)."""
+    uid = str(request.get("uid", ""))
+    if request.get("operation") not in ("CREATE", "UPDATE"):
+        return review_response(uid, allowed=True)
+    old = request.get("oldObject") if request.get("operation") == "UPDATE" else None
+    return verdict_response(uid, validate_dataimportcron(request.get("object") or {}, old))
+
+
 def populator_review(request: Mapping[str, Any]) -> dict[str, Any]:
     uid = str(request.get("uid", ""))
     if request.get("operation") not in ("CREATE", "UPDATE"):
@@ -155,6 +166,9 @@ def make_app(
         review = await _read_review(request)
         return web.json_response(mutate_review(review, signer))
 
+    async def validate_cron(request: web.Request) -> web.Response:
+        return web.json_response(validate_cron_review(await _read_review(request)))
+
     async def populator(request: web.Request) -> web.Response:
         return web.json_response(populator_review(await _read_review(request)))
 
@@ -164,6 +178,7 @@ def make_app(
     app = web.Application(client_max_size=MAX_REVIEW_BYTES)
     app.router.add_post("/datavolume-validate", validate)
     app.router.add_post("/datavolume-mutate", mutate)
+    app.router.add_post("/dataimportcron-validate", validate_cron)
     app.router.add_post("/populator-validate", populator)
     app.router.add_get("/healthz", healthz)
     return app

@@ -116,7 +116,18 @@ def _registry_causes(registry: RegistrySource, content_type: str | None) -> Caus
                 f"{field}.importMethod",
             )
         ]
+    if method == RegistryPullMethod.NODE:
+        return [Cause(NODE_PULL_UNSUPPORTED, f"{field}.pullMethod")]
     return []
+
+
+# Not CDI: node pull needs the kubelet to pull the containerDisk as a side container; this
+# product's importer pulls and streams the image itself (pod pull), with the same credentials,
+# CA and insecure-registry settings, and no scratch space, so node pull is refused up front.
+NODE_PULL_UNSUPPORTED = (
+    "pullMethod node is not supported: the importer pulls the image itself; "
+    "use pullMethod pod (the default)"
+)
 
 
 def _imageio_causes(imageio: ImageIOSource) -> Causes:

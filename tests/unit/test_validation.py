@@ -342,6 +342,18 @@ REJECTED: list[tuple[str, list[Edit], str]] = [
         "Source registry ImageStream is not valid",
     ),
     (
+        "registry node pull (not supported: the importer pulls)",
+        [registry(url="docker://quay.io/a/b:tag", pullMethod="node")],
+        "pullMethod node is not supported: the importer pulls the image itself; "
+        "use pullMethod pod (the default)",
+    ),
+    (
+        "registry imageStream node pull (node pull not supported)",
+        [registry(imageStream="fedora", pullMethod="node")],
+        "pullMethod node is not supported: the importer pulls the image itself; "
+        "use pullMethod pod (the default)",
+    ),
+    (
         "registry imageStream with pod pull",
         [registry(imageStream="is")],
         "Source registry ImageStream is supported only with node pull import method",
@@ -551,7 +563,6 @@ ACCEPTED: list[tuple[str, list[Edit]]] = [
     ("s3 https", [source({"s3": {"url": "https://bucket.s3.example/disk.img"}})]),
     ("registry docker pod pull", [registry(url="docker://quay.io/kubevirt/cirros:latest")]),
     ("registry oci-archive", [registry(url="oci-archive:///images/x.tar")]),
-    ("registry imageStream node pull", [registry(imageStream="fedora", pullMethod="node")]),
     (
         "imageio insecure without CA",
         [source({"imageio": {**IMAGEIO, "certConfigMap": "", "insecureSkipVerify": True}})],

@@ -38,6 +38,7 @@ from cdi.controller.pods import claim_pod, pod_uid
 from cdi.controller.policy import Decision, FailurePolicy, Outcome, pod_outcome
 from cdi.controller.progress import Progress, parse_metrics
 from cdi.controller.record import OUTCOME_FAILED, OUTCOME_SUCCEEDED, ImportRecord
+from cdi.controller.registry_result import result_patch
 from cdi.controller.status import ClaimProblem, FlavourPhases, View
 from cdi.kube.client import PODS, PVCS, SECRETS
 from cdi.kube.errors import Conflict, NotFound
@@ -157,6 +158,10 @@ class ImportFlavour:
             )
             return dataclasses.replace(view, retry_in=delay), Result(requeue_after=delay)
         if decision == Decision.SUCCEED:
+            extra = result_patch(outcome.termination)  # registry: image labels, digest
+            if extra is not None:
+                meta = pvc["metadata"]
+                pvc = await self.deps.kube.patch(PVCS, meta["name"], extra, meta.get("namespace"))
             await self.finish(dataclasses.replace(claim, pvc=pvc, record=new))
         return view, Result()
 

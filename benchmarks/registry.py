@@ -1,0 +1,187 @@
+"""containerDisk import benchmark (issue 14): our streamed registry import against CDI's route.
+
+The OS image of ``benchmarks/run.py`` (``disk.qcow2`` of the cached inputs: 2 GiB virtual,
+~600 MB of files) is published as a containerDisk on Debian's ``docker-registry`` on loopback,
+twice: a gzip layer (umoci + skopeo, as users build them) and an uncompressed layer. For each:
+
+- ``ours``: the import pod's entry point (``python -m importer``, CDI's environment variables)
+  pulls, verifies, decompresses and decodes in one pass into ``disk.img``; no scratch.
+- ``cdi``: what CDI does: ``skopeo copy docker://... dir:scratch`` (pull every blob into
+  scratch), extract the layer's ``disk/`` file, ``qemu-img convert -O raw``, ``sync``.
+
+One run each (``--rounds`` for more), page cache warmed with the registry's blobs first, output
+verified against ``disk.raw``'s sha256 outside the timed region; the ratio (CDI's time / ours),
+our peak RSS (GNU time) and our scratch bytes (termination message) are printed with the
+issue's targets (>= 1.5, < 150 MB, 0).
+
+    .venv/bin/python benchmarks/registry.py [--inputs DIR] [--workdir DIR] [--rounds N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import socket
+import statistics
+import sys
+import tarfile
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.measure import read_into_cache, timed_run, warm_memory
+from testkit.containerdisk import Layout, add_disk, push, push_plain
+from testkit.registry import Registry
+
+TARGET_RATIO, RSS_LIMIT_MB = 1.5, 150.0
+CDI_ROUTE = (
+    "set -e; skopeo copy -q --src-tls-verify=false docker://{host}/{repo}:v1 dir:{scratch}; "
+    "layer=$(ls -S {scratch} | head -1); mkdir {scratch}/root; "
+    "tar -xf {scratch}/$layer -C {scratch}/root disk; "
+    "qemu-img convert -O raw {scratch}/root/disk/disk.qcow2 {out}; sync {out}; rm -rf {scratch}"
+)
+
+
+def _inputs(given: str | None) -> Path:
+    if given:
+        return Path(given)
+    found = sorted(Path("/var/tmp/cdi-bench").glob("inputs-2147483648-*"))
+    if not found or not (found[-1] / "disk.qcow2").exists():
+        raise SystemExit("no cached inputs: run `benchmarks/run.py --only qcow2.ours` once first")
+    return found[-1]
+
+
+def publish(registry: Registry, disk: Path, work: Path) -> None:
+    """bench/gz (umoci + skopeo, gzip layer) and bench/plain (uncompressed layer)."""
+    layout = Layout.create(work / "layout")
+    layout.build("v1", [add_disk(("disk.qcow2", disk))])
+    push(layout, "v1", registry, "bench/gz")
+    tar_path = work / "plain-layer.tar"
+    with tarfile.open(tar_path, "w", format=tarfile.PAX_FORMAT) as tar:
+        info = tar.gettarinfo(str(disk), "disk/disk.qcow2")
+        info.uid = info.gid = 107
+        with open(disk, "rb") as fh:
+            tar.addfile(info, fh)
+    push_plain(registry, "bench/plain", "v1", tar_path)
+    tar_path.unlink()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def ours_argv(registry: Registry, repo: str, out: Path) -> list[str]:
+    """The import pod's command with its environment (through env(1): timed_run inherits ours)."""
+    env = {
+        "IMPORTER_SOURCE": "registry",
+        "IMPORTER_ENDPOINT": f"docker://{registry.host}/{repo}:v1",
+        "INSECURE_TLS": "true",  # the registry is listed in insecureRegistries: plain http
+        "IMPORTER_ALLOWED_SOURCE_CIDRS": "127.0.0.1/32",
+        "IMPORTER_IMAGE_SIZE": "2Gi",
+        "IMPORTER_DATA_DIR": str(out),
+        "IMPORTER_SCRATCH_DIR": str(out / "scratch"),
+        "IMPORTER_TERMINATION_PATH": str(out / "termination"),
+        "IMPORTER_METRICS_ADDR": "127.0.0.1",
+        "IMPORTER_METRICS_PORT": str(_free_port()),
+    }
+    return ["env", *(f"{k}={v}" for k, v in env.items()), sys.executable, "-m", "importer"]
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while piece := fh.read(8 << 20):
+            digest.update(piece)
+    return digest.hexdigest()
+
+
+def run_once(route: str, repo: str, registry: Registry, work: Path) -> dict[str, object]:
+    out = work / "out"
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir()
+    os.sync()
+    for blob in (registry.root / "store").rglob("data"):
+        read_into_cache(blob)
+    warm_memory(3.0)
+    logs = work / "logs"
+    logs.mkdir(exist_ok=True)
+    if route == "ours":
+        result = timed_run(ours_argv(registry, repo, out), logs, 1800, fsync=out / "disk.img")
+    else:
+        cmd = CDI_ROUTE.format(
+            host=registry.host, repo=repo, scratch=out / "scratch", out=out / "disk.img"
+        )
+        result = timed_run(["bash", "-c", cmd], logs, 1800)
+    seconds, rc, _, _, rss, _, stderr = result
+    row: dict[str, object] = {
+        "route": route,
+        "repo": repo,
+        "seconds": seconds,
+        "rc": rc,
+        "rss_mb": rss,
+    }
+    if rc:
+        row["error"] = stderr.read_text()[-400:]
+    if route == "ours" and (out / "termination").exists():
+        term = json.loads((out / "termination").read_text())
+        row["scratch_bytes"] = term.get("scratch_bytes")
+    row["output"] = out / "disk.img"
+    return row
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--inputs")
+    parser.add_argument("--workdir", default="/var/tmp/cdi-bench/registry")
+    parser.add_argument("--rounds", type=int, default=1)
+    args = parser.parse_args()
+    inputs = _inputs(args.inputs)
+    expected = json.loads((inputs / "manifest.json").read_text())["raw_sha256"]
+    work = Path(args.workdir)
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    registry = Registry(work / "registry").start()
+    try:
+        publish(registry, inputs / "disk.qcow2", work)
+        rows = []
+        for _ in range(args.rounds):
+            for repo in ("bench/gz", "bench/plain"):
+                for route in ("ours", "cdi"):
+                    row = run_once(route, repo, registry, work)
+                    output = Path(str(row.pop("output")))
+                    row["verified"] = output.exists() and sha256_of(output) == expected
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
+    finally:
+        registry.stop()
+    return report(rows)
+
+
+def report(rows: list[dict[str, object]]) -> int:
+    ok = True
+    print("\n| layer | ours s | CDI route s | ratio (>= 1.5) | our peak RSS MB (< 150) | scratch |")
+    print("|---|---|---|---|---|---|")
+    for repo in ("bench/gz", "bench/plain"):
+        ours = [r for r in rows if r["repo"] == repo and r["route"] == "ours"]
+        cdi = [r for r in rows if r["repo"] == repo and r["route"] == "cdi"]
+        t_ours = statistics.median(float(str(r["seconds"])) for r in ours)
+        t_cdi = statistics.median(float(str(r["seconds"])) for r in cdi)
+        rss = max(float(str(r["rss_mb"])) for r in ours)
+        scratch = max(int(str(r.get("scratch_bytes") or 0)) for r in ours)
+        ratio = t_cdi / t_ours
+        good = ratio >= TARGET_RATIO and rss < RSS_LIMIT_MB and scratch == 0
+        ok = ok and all(r["verified"] and not r["rc"] for r in ours + cdi)
+        verdict = "ok" if good else "FAIL"
+        cells = [repo.split("/")[1], f"{t_ours:.2f}", f"{t_cdi:.2f}", f"{ratio:.2f} {verdict}"]
+        print("| " + " | ".join([*cells, f"{rss:.0f}", str(scratch)]) + " |")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

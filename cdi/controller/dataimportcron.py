@@ -1,0 +1,237 @@
+"""The DataImportCron reconciler: poll the tag's digest, import each new digest once, point the
+managed DataSource at the newest successful import, collect the old ones, and say so in status.
+
+Level-triggered like the others: the key is the cron's ``namespace/name``; its poller pod, its
+imports (DataVolumes labelled ``cdi.kubevirt.io/dataImportCron``) and its DataSource map back to
+it, so tampering (the DataSource repointed or deleted, the last import deleted) is repaired by
+the next reconcile, which simply makes the world match ``dataimportcron_desired`` again. The
+poller pod is trusted only by the UID recorded on the cron when it was created (as importer
+pods are), so a pod a tenant names like it cannot choose the digest that gets imported.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from cdi.api.codec import SchemaError
+from cdi.api.config import CDIConfig
+from cdi.api.constants import CDICONFIG_NAME
+from cdi.controller import dataimportcron_desired as desired
+from cdi.controller.dataimportcron_desired import (
+    ANN_DESIRED_DIGEST,
+    ANN_NEXT_CRON_TIME,
+    ANN_POLLER_UID,
+    DATAIMPORTCRONS,
+    GC_NEVER,
+    LABEL_CRON,
+    Cron,
+)
+from cdi.controller.policy import pod_outcome
+from cdi.kube.client import CDI_CONFIGS, DATA_SOURCES, DATAVOLUMES, PODS, AsyncKube
+from cdi.kube.errors import Conflict, NotFound
+from cdi.kube.workqueue import Result
+from cdi.render.importer_pod import ImporterPodConfig
+
+log = logging.getLogger(__name__)
+JSON = dict[str, Any]
+POLL_RETRY = dt.timedelta(seconds=30)  # after a failed poll
+WATCH_INTERVAL = 2.0  # while a poll or an import runs
+
+
+class Store(Protocol):
+    def items(self) -> list[JSON]: ...
+
+
+@dataclass(frozen=True)
+class CronSettings:
+    image: str
+    pull_policy: str = "IfNotPresent"
+    cluster_cidrs: tuple[str, ...] = ()
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+class DataImportCronReconciler:
+    def __init__(
+        self,
+        kube: AsyncKube,
+        settings: CronSettings,
+        datavolumes: Store,
+        clock: Callable[[], dt.datetime] = _now,
+    ) -> None:
+        self.kube = kube
+        self.settings = settings
+        self.datavolumes = datavolumes
+        self.clock = clock
+
+    async def reconcile(self, key: str) -> Result:
+        namespace, _, name = key.partition("/")
+        obj = await self.kube.get_or_none(DATAIMPORTCRONS, name, namespace)
+        if obj is None or (obj.get("metadata") or {}).get("deletionTimestamp"):
+            return Result()  # children go by owner references (retentionPolicy None) or stay
+        cron = Cron.from_obj(obj)
+        if not cron.managed or not cron.source_url or not desired.valid_schedule(cron.schedule):
+            log.warning("%s: not a usable DataImportCron (the webhook would refuse it)", key)
+            return Result()
+        now = self.clock()
+        obj, polling, executed = await self._poll(cron, obj, now, await self._cdi_config())
+        cron = Cron.from_obj(obj)
+        status, busy = await self._import(cron, obj, now)
+        if executed:
+            status["lastExecutionTimestamp"] = desired.rfc3339(now)
+        if status != (obj.get("status") or {}):
+            try:
+                await self.kube.replace(DATAIMPORTCRONS, {**obj, "status": status}, sub="status")
+            except Conflict:
+                return Result(requeue_after=0.5)
+        return Result(requeue_after=_soonest(cron, now, polling or busy))
+
+    # -- polling --------------------------------------------------------------------------
+
+    async def _poll(
+        self, cron: Cron, obj: JSON, now: dt.datetime, config: CDIConfig
+    ) -> tuple[JSON, bool, bool]:
+        """(cron object, still polling, a poll finished now)."""
+        pod = await self.kube.get_or_none(PODS, cron.poller_name, cron.namespace)
+        recorded = cron.annotations.get(ANN_POLLER_UID)
+        if pod is not None and (pod.get("metadata") or {}).get("uid") != recorded:
+            await self._delete_poller(cron)  # not ours: never read
+            return obj, True, False
+        if pod is None:
+            if not desired.poll_due(cron, now):
+                return obj, False, False
+            created = await self.kube.create(
+                PODS, desired.poller_pod(cron, self._pod_config(config))
+            )
+            uid = (created.get("metadata") or {}).get("uid")
+            return await self._annotate(cron, {ANN_POLLER_UID: uid}), True, False
+        outcome = pod_outcome(pod)
+        if outcome is None:
+            return obj, True, False
+        await self._delete_poller(cron)
+        digest = outcome.termination.source_digest if outcome.termination else None
+        if outcome.succeeded and digest:
+            nxt = desired.next_poll(cron.schedule, now)
+            changes = {ANN_DESIRED_DIGEST: digest, ANN_POLLER_UID: None}
+            changes[ANN_NEXT_CRON_TIME] = desired.rfc3339(nxt) if nxt else None
+            return await self._annotate(cron, changes), False, True
+        log.info(
+            "%s/%s: poll failed: %s: %s", cron.namespace, cron.name, outcome.reason, outcome.message
+        )
+        retry = desired.rfc3339(now + POLL_RETRY)
+        return (
+            await self._annotate(cron, {ANN_NEXT_CRON_TIME: retry, ANN_POLLER_UID: None}),
+            False,
+            True,
+        )
+
+    async def _annotate(self, cron: Cron, changes: Mapping[str, str | None]) -> JSON:
+        patch = {"metadata": {"annotations": dict(changes)}}
+        return await self.kube.patch(DATAIMPORTCRONS, cron.name, patch, cron.namespace)
+
+    def _pod_config(self, config: CDIConfig) -> ImporterPodConfig:
+        return ImporterPodConfig(
+            image=self.settings.image,
+            command=(),
+            pull_policy=self.settings.pull_policy,
+            cdi_config=config,
+        )
+
+    async def _cdi_config(self) -> CDIConfig:
+        raw = await self.kube.get_or_none(CDI_CONFIGS, CDICONFIG_NAME)
+        try:
+            config = CDIConfig.from_dict(raw) if raw else CDIConfig()
+        except SchemaError:
+            config = CDIConfig()
+        return config.with_cluster_cidrs(self.settings.cluster_cidrs)
+
+    # -- importing ------------------------------------------------------------------------
+
+    async def _import(self, cron: Cron, obj: JSON, now: dt.datetime) -> tuple[JSON, bool]:
+        """The status to write, and whether an import is still running."""
+        old = dict(obj.get("status") or {})
+        stamp = desired.rfc3339(now)
+        previous = old.get("conditions") or []
+        digest = cron.annotations.get(ANN_DESIRED_DIGEST)
+        if not digest:
+            conds = [
+                desired.condition(
+                    previous, "Progressing", False, "NoImport", "No current import", stamp
+                ),
+                desired.condition(
+                    previous, "UpToDate", False, "NoDigest", "No source digest", stamp
+                ),
+            ]
+            return {**old, "conditions": conds}, False
+        name = desired.import_name(cron.managed, digest)
+        dv = await self.kube.get_or_none(DATAVOLUMES, name, cron.namespace)
+        if dv is None:
+            dv = await self.kube.create(DATAVOLUMES, desired.desired_import(cron, digest))
+        phase = (dv.get("status") or {}).get("phase") or ""
+        status = {**old, "currentImports": [{"dataVolumeName": name, "Digest": digest}]}
+        if phase != "Succeeded":
+            conds = desired.cron_conditions(
+                previous,
+                stamp,
+                (True, "ImportProgressing", f"Import DataVolume phase {phase or 'Pending'}"),
+                (False, "ImportProgressing", "Import is progressing"),
+            )
+            return {**status, "conditions": conds}, True
+        await self._point_data_source(cron, name, dv)
+        await self._collect(cron, name)
+        status["lastImportedPVC"] = {"name": name, "namespace": cron.namespace}
+        status.setdefault("lastImportTimestamp", stamp)
+        if old.get("lastImportedPVC") != status["lastImportedPVC"]:
+            status["lastImportTimestamp"] = stamp
+        conds = desired.cron_conditions(
+            previous, stamp, desired.NO_IMPORT, (True, "UpToDate", "Latest import is up to date")
+        )
+        return {**status, "conditions": conds}, False
+
+    async def _point_data_source(self, cron: Cron, pvc: str, dv: JSON) -> None:
+        labels = {
+            k: v
+            for k, v in ((dv.get("metadata") or {}).get("labels") or {}).items()
+            if ".kubevirt.io/" in k and not k.startswith("cdi.kubevirt.io/")
+        }
+        want = desired.desired_data_source(cron, pvc, labels)
+        found = await self.kube.get_or_none(DATA_SOURCES, cron.managed, cron.namespace)
+        if found is None:
+            await self.kube.create(DATA_SOURCES, want)
+        elif (found.get("spec") or {}).get("source") != want["spec"]["source"]:
+            patch = {"spec": want["spec"], "metadata": {"labels": want["metadata"]["labels"]}}
+            await self.kube.patch(DATA_SOURCES, cron.managed, patch, cron.namespace)
+        # Its Ready condition and status.source are the DataSource reconciler's (datasource.py).
+
+    async def _collect(self, cron: Cron, current: str) -> None:
+        if cron.garbage_collect == GC_NEVER:
+            return
+        ours = [
+            dv
+            for dv in self.datavolumes.items()
+            if (dv.get("metadata") or {}).get("namespace") == cron.namespace
+            and ((dv.get("metadata") or {}).get("labels") or {}).get(LABEL_CRON) == cron.name
+        ]
+        for name in desired.to_collect(ours, current, cron.keep):
+            with contextlib.suppress(NotFound):
+                await self.kube.delete(DATAVOLUMES, name, cron.namespace)
+
+    async def _delete_poller(self, cron: Cron) -> None:
+        with contextlib.suppress(NotFound):
+            await self.kube.delete(PODS, cron.poller_name, cron.namespace)
+
+
+def _soonest(cron: Cron, now: dt.datetime, busy: bool) -> float | None:
+    if busy:
+        return WATCH_INTERVAL
+    when = desired.parse_time(cron.annotations.get(ANN_NEXT_CRON_TIME))
+    if when is None:
+        return None
+    return max(0.5, (when - now).total_seconds())

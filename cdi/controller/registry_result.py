@@ -1,0 +1,43 @@
+"""What a successful registry import adds to its PVC: the image's labels and its digest.
+
+CDI copies a containerDisk's ``KUBEVIRT_IO_`` environment variables to the PVC as labels
+(``test.kubevirt.io/test``, ``instancetype.kubevirt.io/default-preference``); the importer
+reports them in its termination message. The message comes from a pod that ran tenant-chosen
+bytes, so only label keys of the ``<prefix>.kubevirt.io/<name>`` shape are taken, never
+``cdi.kubevirt.io/*`` (the controller's own), and at most ``MAX_LABELS``. The manifest digest a
+tag resolved to is recorded as ``cdi.kubevirt.io/storage.import.sourceDigest``, so the import
+is reproducible (``docker://repo@<digest>``).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from cdi.api.termination import TerminationMessage
+
+ANN_SOURCE_DIGEST = "cdi.kubevirt.io/storage.import.sourceDigest"
+MAX_LABELS = 16
+_KEY = re.compile(
+    r"[a-z0-9]([-a-z0-9.]{0,200}[a-z0-9])?\.kubevirt\.io/[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
+)
+_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?")
+_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+
+
+def result_patch(message: TerminationMessage | None) -> dict[str, Any] | None:
+    """A merge patch for the PVC, or None when the import reported nothing to record."""
+    if message is None:
+        return None
+    labels = {
+        k: v
+        for k, v in sorted(message.labels.items())[:MAX_LABELS]
+        if isinstance(k, str) and isinstance(v, str) and _KEY.fullmatch(k) and _VALUE.fullmatch(v)
+        and not k.startswith("cdi.kubevirt.io/")
+    }  # fmt: skip
+    meta: dict[str, Any] = {}
+    if labels:
+        meta["labels"] = labels
+    if message.source_digest and _DIGEST.fullmatch(message.source_digest):
+        meta["annotations"] = {ANN_SOURCE_DIGEST: message.source_digest}
+    return {"metadata": meta} if meta else None
