@@ -113,10 +113,21 @@ def test_plain_pvc_with_volume_upload_source_binds_with_the_uploaded_bytes(
     assert again[0] == 503, again
 
 
+@pytest.mark.parametrize(
+    ("mode", "storage_class", "image"),
+    [("Filesystem", "testkit-csi-fs", "disk.qcow2"), ("Block", "testkit-csi-block", "disk.raw.gz")],
+)
 def test_datavolume_upload_on_csi_storage_goes_through_the_populator(
-    kube: Kube, namespace: str, tenant: User, images: Images
+    kube: Kube,
+    namespace: str,
+    tenant: User,
+    images: Images,
+    mode: str,
+    storage_class: str,
+    image: str,
 ) -> None:
-    kube.create(dv_path(namespace), datavolume("up", {"upload": {}}, "32Mi", "testkit-csi-fs"))
+    manifest = datavolume("up", {"upload": {}}, "32Mi", storage_class, mode=mode)
+    kube.create(dv_path(namespace), manifest)
     dv = wait_phase(kube, namespace, "up", ("UploadReady",), 120)
     ref = kube.get(pvc_path(namespace, "up"))["spec"]["dataSourceRef"]
     assert ref == {
@@ -128,13 +139,13 @@ def test_datavolume_upload_on_csi_storage_goes_through_the_populator(
     assert source["metadata"]["ownerReferences"][0]["uid"] == dv["metadata"]["uid"]
     assert not kube.get(pvc_path(namespace, "up"))["spec"].get("volumeName")
 
-    status, text = tenant.upload(tenant.token("up"), images.path("disk.raw.gz").read_bytes())
+    status, text = tenant.upload(tenant.token("up"), images.path(image).read_bytes())
     assert status == 200, text
     dv = wait_phase(kube, namespace, "up", ("Succeeded", "Failed"), 120)
     assert dv["status"]["phase"] == "Succeeded", dv["status"]
     assert dv["status"]["progress"] == "100.0%"
-    disk = Path(pv_of(kube, namespace, "up")["spec"]["local"]["path"]) / "disk.img"
-    same_prefix_then_zeros(disk, images.reference)
+    local = Path(pv_of(kube, namespace, "up")["spec"]["local"]["path"])
+    same_prefix_then_zeros(local if mode == "Block" else local / "disk.img", images.reference)
     prime = f"prime-{kube.get(pvc_path(namespace, 'up'))['metadata']['uid']}"
     wait_until(lambda: prime not in claims(kube, namespace), "the prime claim deleted", 30)
 
