@@ -224,6 +224,7 @@ ANN_POPULATOR_SOURCE: Final = _A + "storage.populator.source"
 KIND_VOLUME_IMPORT_SOURCE: Final = "VolumeImportSource"
 ANN_SELECTED_NODE: Final = "volume.kubernetes.io/selected-node"
 KIND_VOLUME_UPLOAD_SOURCE: Final = "VolumeUploadSource"
+KIND_VOLUME_CLONE_SOURCE: Final = "VolumeCloneSource"
 
 # Source values of ANN_SOURCE (and of the importer's IMPORTER_SOURCE).
 IMPORT_SOURCE_HTTP: Final = "http"

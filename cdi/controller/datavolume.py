@@ -11,8 +11,8 @@ left alone), then takes at most one step toward the goal and writes the status o
    (``allowClaimAdoption``; an adopted PVC gets no owner reference, so it outlives the DV);
 2. PVC not bound on a WaitForFirstConsumer class: wait (WaitForFirstConsumer) unless the DV
    asks for immediate binding, in which case the worker pod is the first consumer;
-3. a claim that names a ``VolumeImportSource`` (created with it on CSI storage, or when
-   ``storage.usePopulator`` asks) is the populator's to fill
+3. a claim that names a ``VolumeImportSource`` or ``VolumeUploadSource`` (created with it on
+   CSI storage, or when ``storage.usePopulator`` asks) is the populator's to fill
    (``cdi.controller.populators``): its status is read from the claim, nothing is run here;
 4. otherwise the flavour's ``sync`` takes one step of its work (import: create the attempt's
    importer pod, follow it, let the failure policy decide) and says what it saw;
@@ -42,7 +42,6 @@ from cdi.api.constants import (
     ANN_POPULATED_FOR,
     ANN_PRE_POPULATED,
     CDICONFIG_NAME,
-    KIND_VOLUME_IMPORT_SOURCE,
     ConditionReason,
     Phase,
 )
@@ -64,7 +63,11 @@ from cdi.controller.flavours.table import standard_flavours
 from cdi.controller.flavours.upload import UploadSettings
 from cdi.controller.pods import owned_pods
 from cdi.controller.policy import FailurePolicy
-from cdi.controller.populators.datavolume import populated_claim, population_view
+from cdi.controller.populators.datavolume import (
+    POPULATED_KINDS,
+    populated_claim,
+    population_view,
+)
 from cdi.controller.progress import Scraper
 from cdi.controller.record import OUTCOME_SUCCEEDED, ImportRecord
 from cdi.controller.status import ClaimProblem, View, compute_status
@@ -258,7 +261,7 @@ class Step:
             deleting = f'Resource "{dv.name}" marked for deletion'
             self._see(problem=ClaimProblem(ConditionReason.PENDING, deleting))
             return Result(requeue_after=5.0)
-        if populator_kind(pvc) == KIND_VOLUME_IMPORT_SOURCE:  # the populator fills it
+        if populator_kind(pvc) in POPULATED_KINDS:  # a populator fills it
             self.view = population_view(self.view, pvc, r.waits_for_consumer(pvc))
             return Result()
         pods = owned_pods(r.caches.pods.items(), dv.uid)

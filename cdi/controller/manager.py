@@ -10,8 +10,9 @@ their caches, then run each reconciler's workers off its own queue (a key is onl
   to every DataVolume still waiting for its claim;
 - StorageProfiles: a StorageClass or a StorageProfile maps to the profile of that name;
 - CDIConfig: any StorageClass or CDIConfig change maps to the singleton ``config``;
-- populators: a claim whose ``dataSourceRef`` names a CDI populator source maps to itself, its
-  prime claim and importer pods to it (``cdi.controller.populators``).
+- populators (one loop per source kind: import, upload, clone): a claim whose ``dataSourceRef``
+  names that kind maps to itself, its prime claim and importer pods to it, an upload server
+  pod through the prime that owns it (``cdi.controller.populators``).
 - DataImportCrons: a cron maps to itself, and its poller pod, imports (DataVolumes) and
   DataSource map to it by their ``cdi.kubevirt.io/dataImportCron`` label.
 
@@ -52,8 +53,11 @@ from cdi.controller.flavours import FlavourDeps
 from cdi.controller.flavours.import_ import ImportFlavour
 from cdi.controller.flavours.upload import UploadWorker
 from cdi.controller.metrics import ControllerMetrics, Sources, serve_metrics
-from cdi.controller.populators import claim_target_key, pod_target_key
+from cdi.controller.populators import claim_target_key, worker_pod_target_key
+from cdi.controller.populators.clone import ClonePopulator
+from cdi.controller.populators.handover import PrimePopulator
 from cdi.controller.populators.import_ import ImportPopulator
+from cdi.controller.populators.upload import UploadPopulator
 from cdi.controller.progress import HttpScraper
 from cdi.controller.storageprofile import StorageProfileReconciler
 from cdi.controller.uploadpvc import UploadPVCReconciler, is_upload_target, owned_by_datavolume
@@ -73,6 +77,7 @@ from cdi.kube.events import EventRecorder
 from cdi.kube.informer import Informer, wait_all_synced
 from cdi.kube.leader import LeaderConfig, LeaderElector, LeadershipLost
 from cdi.kube.workqueue import Backoff, Reconcile, WorkQueue, run_workers
+from cdi.render.prime import is_prime
 from cdi.render.upload_pod import UPLOAD_COMPONENT, upload_pod_name
 
 log = logging.getLogger(__name__)
@@ -207,12 +212,31 @@ class Manager:
             EventRecorder(self.kube, "import-populator", identity),
             ImportFlavour(deps, import_settings(cfg.controller)),
         )
-        self.populator_kinds = populator.kinds
+        upload_populator = UploadPopulator(
+            self.kube,
+            i["sc"],
+            datavolumes.cdi_config,
+            EventRecorder(self.kube, "upload-populator", identity),
+            UploadWorker(deps, cfg.controller.upload),
+        )
+        clone_populator = ClonePopulator(
+            self.kube,
+            i["sc"],
+            datavolumes.cdi_config,
+            EventRecorder(self.kube, "clone-populator", identity),
+        )
+        self.populators: dict[str, PrimePopulator] = {
+            "populator": populator,
+            "populator-upload": upload_populator,
+            "populator-clone": clone_populator,
+        }
         datasources = DataSourceReconciler(self.kube, utc_now)
         reconcilers: list[tuple[str, Reconcile, int]] = [
             ("datavolume", datavolumes.reconcile, cfg.workers),
             ("uploadpvc", uploads.reconcile, 1),
             ("populator", populator.reconcile, cfg.workers),
+            ("populator-upload", upload_populator.reconcile, 1),
+            ("populator-clone", clone_populator.reconcile, 1),
             ("dataimportcron", crons.reconcile, 1),
             ("storageprofile", profiles.reconcile, 1),
             ("cdiconfig", cdi_config.reconcile, 1),
@@ -235,9 +259,8 @@ class Manager:
         self.informers["pod"].add_handler(
             lambda o: uploads.enqueue(owner_key(o) if is_upload_pod(o) else None)
         )
-        populators, kinds = self.loops["populator"], self.populator_kinds
-        self.informers["pvc"].add_handler(lambda o: populators.enqueue(claim_target_key(o, kinds)))
-        self.informers["pod"].add_handler(lambda o: populators.enqueue(pod_target_key(o)))
+        for name, populator in self.populators.items():
+            self._wire_populator(self.loops[name], populator.kinds)
         for name in ("sc", "profile"):
             self.informers[name].add_handler(lambda o: profiles.enqueue(object_key(o)))
         for name in ("sc", "config"):
@@ -250,6 +273,15 @@ class Manager:
             self.informers[name].add_handler(lambda o: crons.enqueue(cron_key(o)))
         config.enqueue(CDICONFIG_NAME)  # created if missing, even before any event
         self._wire_datasources()
+
+    def _wire_populator(self, loop: Loop, kinds: tuple[str, ...]) -> None:
+        """A target claim maps to itself, its prime to it; a worker pod to the claim that owns
+        it: the target (importer pods) or, through the prime, the target (upload servers)."""
+        claims = self.informers["pvc"]
+        claims.add_handler(lambda o: loop.enqueue(claim_target_key(o, kinds)))
+        self.informers["pod"].add_handler(
+            lambda o: loop.enqueue(worker_pod_target_key(o, claims.get, kinds))
+        )
 
     def _wire_datasources(self) -> None:
         """A DataSource maps to itself and to those naming it; a PVC or DataVolume to every
@@ -278,7 +310,7 @@ class Manager:
         has_server = self.informers["pod"].get(server) is not None
         if has_server and meta.get("deletionTimestamp"):
             return object_key(pvc)
-        if owned_by_datavolume(pvc):
+        if owned_by_datavolume(pvc) or is_prime(pvc):
             return None
         return object_key(pvc) if is_upload_target(pvc) or has_server else None
 

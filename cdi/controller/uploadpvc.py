@@ -8,7 +8,8 @@ DataVolume flavour drives; only the reading and the waiting differ:
 
 - a PVC being deleted loses its server first (the server pod holds the claim's protection
   finalizer, so the claim could never go otherwise), whoever owns it;
-- a PVC owned by a DataVolume (or created for one) is otherwise the DataVolume reconciler's;
+- a PVC owned by a DataVolume (or created for one) is otherwise the DataVolume reconciler's,
+  and a populator's prime claim the upload populator's (``cdi.controller.populators.upload``);
 - a PVC without the annotation (removed, or never there) gets its server, Service and Secret
   deleted, if it has any (CDI: removing the annotation deletes the upload pod);
 - a PVC that is not Bound waits, unless its class is WaitForFirstConsumer and the PVC asks for
@@ -37,6 +38,7 @@ from cdi.controller.record import ImportRecord
 from cdi.kube.client import PVCS, AsyncKube, split_key
 from cdi.kube.events import NORMAL, WARNING, EventRecorder
 from cdi.kube.workqueue import Result
+from cdi.render.prime import is_prime
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +83,7 @@ class UploadPVCReconciler:
             # DataVolume's claim, whose reconciler no longer runs once the DataVolume is gone).
             await self.worker.remove(pvc)
             return Result()
-        if owned_by_datavolume(pvc):
+        if owned_by_datavolume(pvc) or is_prime(pvc):
             return Result()
         if not is_upload_target(pvc):
             await self.worker.remove(pvc)

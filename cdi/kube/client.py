@@ -89,6 +89,12 @@ CSI_DRIVERS = Resource("storage.k8s.io", "v1", "csidrivers", "CSIDriver", namesp
 VOLUME_IMPORT_SOURCES = Resource(
     "cdi.kubevirt.io", "v1beta1", "volumeimportsources", "VolumeImportSource"
 )
+VOLUME_UPLOAD_SOURCES = Resource(
+    "cdi.kubevirt.io", "v1beta1", "volumeuploadsources", "VolumeUploadSource"
+)
+VOLUME_CLONE_SOURCES = Resource(
+    "cdi.kubevirt.io", "v1beta1", "volumeclonesources", "VolumeCloneSource"
+)
 VALIDATING_WEBHOOKS = Resource(
     "admissionregistration.k8s.io",
     "v1",

@@ -19,8 +19,9 @@ into the objects of that flow; ``cdi.controller.populators`` applies them.
 - ``rebind_patch``: the merge patch that points the prime's PV at the target.
 
 DataVolumes take the same road (CDI's default on CSI storage, ``uses_populator``): the
-DataVolume reconciler creates a ``VolumeImportSource`` it owns (``render_import_source``) and
-its PVC names it (``with_data_source_ref``), so a DataVolume's claim is gated the same way.
+DataVolume reconciler creates a ``VolumeImportSource`` (an upload: ``VolumeUploadSource``) it
+owns (``render_import_source``) and its PVC names it (``with_data_source_ref``), so a
+DataVolume's claim is gated the same way.
 """
 
 from __future__ import annotations
@@ -31,12 +32,16 @@ from typing import Any
 
 from cdi.api.codec import SchemaError
 from cdi.api.constants import (
+    ANN_CONTENT_TYPE,
     ANN_POPULATOR_KIND,
     ANN_POPULATOR_SOURCE,
+    ANN_PREALLOCATION_REQUESTED,
     ANN_SELECTED_NODE,
+    ANN_UPLOAD_REQUEST,
     ANN_USE_POPULATOR,
     GROUP,
     KIND_VOLUME_IMPORT_SOURCE,
+    KIND_VOLUME_UPLOAD_SOURCE,
     LABEL_APP,
     LABEL_APP_VALUE,
     LABEL_EXCLUDE_FROM_BACKUP,
@@ -64,6 +69,11 @@ def populator_kind(pvc: Mapping[str, Any]) -> str | None:
     return str(ref.get("kind") or "") or None
 
 
+def is_prime(pvc: Mapping[str, Any]) -> bool:
+    """A prime claim (it records the kind of source that fills it)."""
+    return ANN_POPULATOR_KIND in ((pvc.get("metadata") or {}).get("annotations") or {})
+
+
 def source_name(pvc: Mapping[str, Any]) -> str:
     return str(((pvc.get("spec") or {}).get("dataSourceRef") or {}).get("name") or "")
 
@@ -73,13 +83,21 @@ def target_reference(target: Mapping[str, Any]) -> JSON:
     return controller_reference("v1", PVC_KIND, str(meta["name"]), str(meta["uid"]))
 
 
-def render_prime(target: Mapping[str, Any], source: Mapping[str, Any]) -> JSON:
-    """The prime claim for ``target``, to be filled with ``source`` (a VolumeImportSource)."""
+def render_prime(
+    target: Mapping[str, Any],
+    source: Mapping[str, Any],
+    extra: Mapping[str, str] | None = None,
+    data_source: Mapping[str, Any] | None = None,
+) -> JSON:
+    """The prime claim for ``target``, to be filled with ``source`` (a populator source object:
+    its ``kind`` is recorded, VolumeImportSource when absent). ``extra`` annotations and a
+    ``dataSource`` (a CSI clone's source claim) are what other populators add."""
     meta = target["metadata"]
     spec = target.get("spec") or {}
     annotations = {
-        ANN_POPULATOR_KIND: KIND_VOLUME_IMPORT_SOURCE,
+        ANN_POPULATOR_KIND: str(source.get("kind") or KIND_VOLUME_IMPORT_SOURCE),
         ANN_POPULATOR_SOURCE: json.dumps(dict(source.get("spec") or {}), sort_keys=True),
+        **(extra or {}),
     }
     node = (meta.get("annotations") or {}).get(ANN_SELECTED_NODE)
     if node:
@@ -91,6 +109,8 @@ def render_prime(target: Mapping[str, Any], source: Mapping[str, Any]) -> JSON:
     }
     if spec.get("storageClassName"):
         prime_spec["storageClassName"] = spec["storageClassName"]
+    if data_source:
+        prime_spec["dataSource"] = dict(data_source)
     return {
         "apiVersion": "v1",
         "kind": PVC_KIND,
@@ -103,6 +123,28 @@ def render_prime(target: Mapping[str, Any], source: Mapping[str, Any]) -> JSON:
         },
         "spec": prime_spec,
     }
+
+
+def render_upload_prime(target: Mapping[str, Any], source: Mapping[str, Any]) -> JSON:
+    """The prime of a ``VolumeUploadSource``: an upload target (``storage.upload.target``,
+    what the proxy checks on PVC') with the source's content type and preallocation."""
+    spec = source.get("spec") or {}
+    extra = {ANN_UPLOAD_REQUEST: "", ANN_CONTENT_TYPE: str(spec.get("contentType") or "kubevirt")}
+    if spec.get("preallocation") is not None:
+        extra[ANN_PREALLOCATION_REQUESTED] = str(bool(spec["preallocation"])).lower()
+    return render_prime(target, {**source, "kind": KIND_VOLUME_UPLOAD_SOURCE}, extra)
+
+
+def clone_source_claim(source: Mapping[str, Any]) -> str:
+    """The claim a ``VolumeCloneSource`` names (in its own namespace)."""
+    return str(((source.get("spec") or {}).get("source") or {}).get("name") or "")
+
+
+def render_clone_prime(target: Mapping[str, Any], source: Mapping[str, Any]) -> JSON:
+    """The prime of a ``VolumeCloneSource``: ``dataSource`` = the source claim, so the
+    provisioner makes its volume as a clone (CDI's csi-clone)."""
+    data_source = {"kind": PVC_KIND, "name": clone_source_claim(source)}
+    return render_prime(target, source, data_source=data_source)
 
 
 def import_request(target: Mapping[str, Any], prime: Mapping[str, Any]) -> DataVolume:
@@ -152,17 +194,18 @@ def claim_ref_uid(pv: Mapping[str, Any]) -> str | None:
     return ((pv.get("spec") or {}).get("claimRef") or {}).get("uid") or None
 
 
-# The DataVolume sources an import populator fills (upload and clone have their own flavours).
+# The DataVolume sources an import populator fills (clone has its own flavour).
 IMPORT_SOURCES = frozenset(
     {SourceKind.HTTP, SourceKind.S3, SourceKind.GCS, SourceKind.REGISTRY, SourceKind.BLANK}
 )
+POPULATED_SOURCES = IMPORT_SOURCES | {SourceKind.UPLOAD}
 
 
 def uses_populator(dv: DataVolume, csi_storage: bool) -> bool:
     """CDI's ``shouldUseCDIPopulator``: the annotation ``storage.usePopulator`` decides when
-    set; otherwise import sources use the populator on CSI storage (the class's provisioner
-    has a CSIDriver object) and nothing else does."""
-    if dv.spec.source_kind not in IMPORT_SOURCES or dv.spec.checkpoints:
+    set; otherwise import and upload sources use the populator on CSI storage (the class's
+    provisioner has a CSIDriver object) and nothing else does."""
+    if dv.spec.source_kind not in POPULATED_SOURCES or dv.spec.checkpoints:
         return False
     wanted = dv.annotations.get(ANN_USE_POPULATOR)
     if wanted in ("true", "false"):
@@ -175,19 +218,28 @@ def import_source_name(dv: DataVolume) -> str:
     return resource_name("volume-import-source", dv.uid)
 
 
+def upload_source_name(dv: DataVolume) -> str:
+    """CDI's ``volume-upload-source-<dv uid>``."""
+    return resource_name("volume-upload-source", dv.uid)
+
+
 def render_import_source(dv: DataVolume) -> JSON:
-    """The VolumeImportSource a DataVolume's claim names, owned by the DataVolume."""
+    """The populator source a DataVolume's claim names, owned by the DataVolume: a
+    VolumeUploadSource for an upload, else a VolumeImportSource."""
     assert dv.spec.source is not None
-    spec: JSON = {"source": dv.spec.source.to_dict()}
+    upload = dv.spec.source_kind == SourceKind.UPLOAD
+    spec: JSON = {} if upload else {"source": dv.spec.source.to_dict()}
     if dv.spec.content_type:
         spec["contentType"] = dv.spec.content_type
     if dv.spec.preallocation is not None:
         spec["preallocation"] = dv.spec.preallocation
+    kind = KIND_VOLUME_UPLOAD_SOURCE if upload else KIND_VOLUME_IMPORT_SOURCE
+    name = upload_source_name(dv) if upload else import_source_name(dv)
     return {
         "apiVersion": f"{GROUP}/v1beta1",
-        "kind": KIND_VOLUME_IMPORT_SOURCE,
+        "kind": kind,
         "metadata": {
-            "name": import_source_name(dv),
+            "name": name,
             "namespace": dv.namespace,
             "ownerReferences": [datavolume_reference(dv)],
         },

@@ -128,7 +128,8 @@ def dv(source: dict[str, Any], **annotations: str) -> DataVolume:
         ({"blank": {}}, None, False, False),
         ({"blank": {}}, "true", False, True),
         ({"http": {"url": "http://x/y"}}, "false", True, False),
-        ({"upload": {}}, "true", True, False),  # the upload flavour's own road
+        ({"upload": {}}, None, True, True),  # through a VolumeUploadSource
+        ({"upload": {}}, "false", True, False),
         ({"pvc": {"namespace": "a", "name": "b"}}, None, True, False),
     ],
 )

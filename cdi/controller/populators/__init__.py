@@ -8,17 +8,19 @@ is Kubernetes' own, not a convention a VM runtime must follow. The populator fil
 claim and moves its PV to the target (``cdi.render.prime``).
 
 One reconciler per source kind, keyed by the *target* claim ("namespace/name"):
-``import_.ImportPopulator`` for ``VolumeImportSource``. Upload and clone sources follow their
-flavours. ``claim_target_key`` and ``pod_target_key`` map a watched PVC or Pod to the target key.
+``import_.ImportPopulator`` for ``VolumeImportSource``, ``upload.UploadPopulator`` for
+``VolumeUploadSource``, ``clone.ClonePopulator`` for ``VolumeCloneSource``, all on the
+prime's life in ``handover.PrimePopulator``. ``claim_target_key`` and
+``worker_pod_target_key`` map a watched PVC or Pod to the target key.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from cdi.api.constants import ANN_POPULATOR_KIND
-from cdi.render.prime import PVC_KIND, populator_kind
+from cdi.render.prime import PVC_KIND, is_prime, populator_kind
 
 
 def _owner_claim(meta: Mapping[str, Any]) -> str | None:
@@ -46,3 +48,18 @@ def pod_target_key(pod: Mapping[str, Any]) -> str | None:
     meta = pod.get("metadata") or {}
     owner = _owner_claim(meta)
     return f"{meta.get('namespace')}/{owner}" if owner else None
+
+
+def worker_pod_target_key(
+    pod: Mapping[str, Any],
+    claims: Callable[[str], Mapping[str, Any] | None],
+    kinds: tuple[str, ...],
+) -> str | None:
+    """The target key of any worker pod: an importer pod's owner is the target itself, an
+    upload server's is the prime (its Service is named after the prime, which the proxy
+    dials), so that one maps on through the prime (``claims``: a PVC by key) to its owner."""
+    key = pod_target_key(pod)
+    owner = claims(key) if key else None
+    if owner is not None and is_prime(owner):
+        return claim_target_key(owner, kinds)
+    return key

@@ -1,7 +1,8 @@
 """The DataVolume reconciler's side of populators: make the claim a populated one, read it.
 
 On CSI storage (and whenever ``storage.usePopulator: "true"`` asks; ``"false"`` opts out) a
-DataVolume with an import source does not run importer pods on its own claim. Instead:
+DataVolume with an import or upload source does not run importer pods or an upload server on
+its own claim (``POPULATED_KINDS``: the kinds whose claims it reads this way). Instead:
 
 - ``populated_claim``: before the claim is created, the DataVolume's ``VolumeImportSource``
   is created (owned by the DataVolume) and the rendered claim names it in ``dataSourceRef``;
@@ -29,13 +30,15 @@ from cdi.api.constants import (
     ANN_POPULATOR_PROGRESS,
     ANN_PVC_PRIME_NAME,
     ANN_SELECTED_NODE,
+    KIND_VOLUME_IMPORT_SOURCE,
+    KIND_VOLUME_UPLOAD_SOURCE,
     Phase,
 )
 from cdi.api.types import DataVolume
 from cdi.controller.progress import Progress
 from cdi.controller.record import OUTCOME_SUCCEEDED, ImportRecord
 from cdi.controller.status import View
-from cdi.kube.client import CSI_DRIVERS, VOLUME_IMPORT_SOURCES, AsyncKube
+from cdi.kube.client import CSI_DRIVERS, VOLUME_IMPORT_SOURCES, VOLUME_UPLOAD_SOURCES, AsyncKube
 from cdi.kube.errors import Conflict
 from cdi.render.prime import render_import_source, uses_populator, with_data_source_ref
 
@@ -66,10 +69,17 @@ async def populated_claim(
         return desired
     source = render_import_source(dv)
     try:
-        await kube.create(VOLUME_IMPORT_SOURCES, source, dv.namespace)
+        if source["kind"] == KIND_VOLUME_UPLOAD_SOURCE:
+            await kube.create(VOLUME_UPLOAD_SOURCES, source, dv.namespace)
+        else:
+            await kube.create(VOLUME_IMPORT_SOURCES, source, dv.namespace)
     except Conflict:
         pass  # created by an earlier reconcile
     return with_data_source_ref(desired, source)
+
+
+# The populator kinds a DataVolume's claim may name (its status is then read from the claim).
+POPULATED_KINDS = (KIND_VOLUME_IMPORT_SOURCE, KIND_VOLUME_UPLOAD_SOURCE)
 
 
 def parse_progress(text: str | None) -> Progress | None:
