@@ -2,8 +2,10 @@
 from the DataVolume's source, does the shared claim work itself, and writes the status the
 flavour's phases say.
 
-``PretendUpload`` stands in the table under ``upload`` (where the real upload flavour is): a
-``Flavour`` which reports its server pod scheduled. Everything else is the product: the
+``PretendUpload`` stands in the table under ``vddk``, a source the installed product's own
+controller leaves alone (every other source has a real flavour now, and the product's controller
+would race the in-process reconciler for the DataVolume): a ``Flavour`` with the upload phases
+which reports its server pod scheduled. Everything else is the product: the
 reconciler, ``AsyncKube`` (every verb it uses here goes to the API server through the typed
 descriptor), the event recorder, the PVC renderer, the testkit provisioner binding the claim.
 """
@@ -91,6 +93,9 @@ async def no_metrics(pod_ip: str, port: int) -> str | None:
     return None
 
 
+VDDK = {"url": "https://vc", "uuid": "u", "backingFile": "f", "secretRef": "s", "thumbprint": "t"}
+
+
 def standard(kube: AsyncKube) -> FlavourTable:
     deps = FlavourDeps(kube, EventRecorder(kube, "flavour-test"), no_metrics)
     return standard_flavours(deps, ImportSettings(image="importer"))
@@ -100,9 +105,9 @@ async def test_the_source_picks_the_flavour_and_its_phases_become_the_status(
     kube: Kube, namespace: str, async_kube: AsyncKube
 ) -> None:
     upload = PretendUpload()
-    table = {**standard(async_kube), SourceKind.UPLOAD: upload}
+    table = {**standard(async_kube), SourceKind.VDDK: upload}
     r = await reconciler(async_kube, table)
-    kube.create(dv_path(namespace), datavolume("up", {"upload": {}}))
+    kube.create(dv_path(namespace), datavolume("up", {"vddk": VDDK}))
 
     await r.reconcile(f"{namespace}/up")  # creates the claim; the flavour waits for it
     claim_path = f"/api/v1/namespaces/{namespace}/persistentvolumeclaims/up"
@@ -127,14 +132,7 @@ async def test_a_source_with_no_flavour_yet_is_left_alone(
     kube: Kube, namespace: str, async_kube: AsyncKube
 ) -> None:
     r = await reconciler(async_kube, None)  # the standard table
-    vddk = {
-        "url": "https://vc",
-        "uuid": "u",
-        "backingFile": "f",
-        "secretRef": "s",
-        "thumbprint": "t",
-    }
-    kube.create(dv_path(namespace), datavolume("vm", {"vddk": vddk}))
+    kube.create(dv_path(namespace), datavolume("vm", {"vddk": VDDK}))
     await r.reconcile(f"{namespace}/vm")
     assert kube.get_or_none(f"/api/v1/namespaces/{namespace}/persistentvolumeclaims/vm") is None
     assert "status" not in kube.get(dv_path(namespace, "vm"))
