@@ -107,13 +107,23 @@ class ImportFlavour:
         # only resume point a later attempt may keep (datapath.checkpoint). In memory, so a
         # new leader has none and the next attempt restarts from byte 0 (safe, slower).
         self._attested: dict[str, tuple[int, str]] = {}
+        # (namespace, pod name) -> UID of the importer pod this process created. Recording the
+        # UID on the PVC is a second write, which fails when the API server or etcd goes away
+        # right after the create; without this our own pod would then look like an impostor
+        # and be deleted and re-created (once per outage). In memory, so nothing a tenant
+        # writes can make a pod "ours"; a new leader re-creates such a pod once. An entry
+        # lives only until its record is written.
+        self._created: dict[tuple[str, str], str] = {}
 
     async def sync(self, claim: Claim, view: View) -> tuple[View, Result]:
         attempt = claim.record.failed_attempts
         view = dataclasses.replace(view, max_attempts=self.settings.policy.max_attempts)
         match = claim_pod(claim.pods, importer_pod_name(claim.name, attempt), claim.record.pod_uid)
         if match.impostor is not None:
-            return await self._remove_impostor(claim, view, match.impostor)
+            if not self._made_here(claim, match.impostor):
+                return await self._remove_impostor(claim, view, match.impostor)
+            await self._record_created(claim, match.impostor)
+            return dataclasses.replace(view, pod_phase="Pending"), Result(requeue_after=1.0)
         pod = match.pod
         if pod is None:
             return await self._start_attempt(claim, view, attempt)
@@ -199,15 +209,19 @@ class ImportFlavour:
             found = await self.deps.kube.get_or_none(PODS, name, dv.namespace)
             if found is None:
                 return view, Result(requeue_after=1.0)
-            if intent.pod_uid is None or pod_uid(found) != intent.pod_uid:
+            if self._made_here(claim, found):
+                await self._record_created(claim, found)
+            elif intent.pod_uid is None or pod_uid(found) != intent.pod_uid:
                 return await self._remove_impostor(claim, view, found)
             # ours, recorded, and not yet in the informer's cache
             return dataclasses.replace(view, pod_phase="Pending"), Result(requeue_after=1.0)
         # Unguarded: creating the pod may bind the claim (a new resourceVersion) before this
         # write, and a lost UID would make our own pod look like an impostor. The guarded
         # intent above already settled this attempt; only the leader writes these keys.
+        self._created[(dv.namespace, name)] = pod_uid(created) or ""
         recorded = dataclasses.replace(intent, pod_uid=pod_uid(created))
         await self._record(pvc, recorded, guarded=False)
+        del self._created[(dv.namespace, name)]  # recorded: the PVC vouches for it now
         view = dataclasses.replace(view, pod_phase="Pending")
         return view, Result(requeue_after=settings.progress_interval)
 
@@ -246,6 +260,19 @@ class ImportFlavour:
                 pass
         view = dataclasses.replace(view, pod_phase=None)
         return view, Result(requeue_after=self.settings.progress_interval)
+
+    def _made_here(self, claim: Claim, pod: Mapping[str, Any]) -> bool:
+        """The pod is one this process created (its UID record may not have been written)."""
+        meta = pod.get("metadata") or {}
+        key = (claim.dv.namespace, str(meta.get("name")))
+        return bool(meta.get("uid")) and self._created.get(key) == meta.get("uid")
+
+    async def _record_created(self, claim: Claim, pod: Mapping[str, Any]) -> None:
+        """Write the UID record that failed after this process created ``pod``."""
+        name = str((pod.get("metadata") or {}).get("name"))
+        record = dataclasses.replace(claim.record, pod_name=name, pod_uid=pod_uid(pod))
+        await self._record(claim.pvc, record, guarded=False)
+        self._created.pop((claim.dv.namespace, name), None)
 
     def _backoff_left(self, previous: Mapping[str, Any] | None, attempt: int) -> float:
         delay = self.settings.policy.retry_delay(attempt)
