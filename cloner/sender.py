@@ -38,6 +38,19 @@ def tls_context(config: CloneConfig) -> ssl.SSLContext:
     return ctx
 
 
+class _NamedHTTPSConnection(http.client.HTTPSConnection):
+    """Dials ``host`` but verifies (and sends SNI for) ``server_name``: the Service's ClusterIP
+    reaches the server, its certificate names ``cdi-upload-<pvc>.<ns>.svc``."""
+
+    def __init__(self, host: str, port: int, context: ssl.SSLContext, server_name: str) -> None:
+        super().__init__(host, port, context=context, timeout=TIMEOUT)
+        self._tls, self._server_name = context, server_name
+
+    def connect(self) -> None:
+        http.client.HTTPConnection.connect(self)
+        self.sock = self._tls.wrap_socket(self.sock, server_hostname=self._server_name)
+
+
 def _counted(pieces: Iterator[bytes], count: list[int]) -> Iterator[bytes]:
     for piece in pieces:
         count[0] += len(piece)
@@ -46,8 +59,9 @@ def _counted(pieces: Iterator[bytes], count: list[int]) -> Iterator[bytes]:
 
 def send(config: CloneConfig, payload: Payload) -> Sent:
     url = urlsplit(config.upload_url)
-    conn = http.client.HTTPSConnection(
-        url.hostname or "", url.port or 443, context=tls_context(config), timeout=TIMEOUT
+    host = url.hostname or ""
+    conn = _NamedHTTPSConnection(
+        host, url.port or 443, tls_context(config), config.server_name or host
     )
     headers = {CLONE_HEADER: str(payload.content_type), "Content-Type": "application/octet-stream"}
     if payload.length is not None:
