@@ -51,10 +51,22 @@ class _NamedHTTPSConnection(http.client.HTTPSConnection):
         self.sock = self._tls.wrap_socket(self.sock, server_hostname=self._server_name)
 
 
-def _counted(pieces: Iterator[bytes], count: list[int]) -> Iterator[bytes]:
+def _counted(pieces: Iterator[bytes], count: list[int], chunked: bool) -> Iterator[bytes]:
+    """The body's pieces, counted; framed for ``Transfer-Encoding: chunked`` here, as separate
+    writes (``http.client``'s own framing concatenates size, piece and CRLF: a copy of every
+    4 MiB piece, the sender's largest CPU cost on a filesystem clone)."""
     for piece in pieces:
+        if not piece:
+            continue
         count[0] += len(piece)
-        yield piece
+        if chunked:
+            yield b"%X\r\n" % len(piece)
+            yield piece
+            yield b"\r\n"
+        else:
+            yield piece
+    if chunked:
+        yield b"0\r\n\r\n"
 
 
 def send(config: CloneConfig, payload: Payload) -> Sent:
@@ -64,15 +76,15 @@ def send(config: CloneConfig, payload: Payload) -> Sent:
         host, url.port or 443, tls_context(config), config.server_name or host
     )
     headers = {CLONE_HEADER: str(payload.content_type), "Content-Type": "application/octet-stream"}
-    if payload.length is not None:
+    chunked = payload.length is None
+    if chunked:
+        headers["Transfer-Encoding"] = "chunked"
+    else:
         headers["Content-Length"] = str(payload.length)
     count = [0]
-    body = _counted(payload.pieces, count)
+    body = _counted(payload.pieces, count, chunked)
     try:
-        conn.request(
-            "POST", url.path or "/", body=body, headers=headers,
-            encode_chunked=payload.length is None,
-        )  # fmt: skip
+        conn.request("POST", url.path or "/", body=body, headers=headers)
         response = conn.getresponse()
         text = response.read(4096).decode(errors="replace").strip()
     except (OSError, http.client.HTTPException) as exc:
