@@ -34,6 +34,7 @@ from cdi.render.worker_pod import (
 
 CLONE_SOURCE = "cdi-clone-source"
 LABEL_TARGET_UID = f"{GROUP}/cloneTargetUID"
+ANN_COPY_TARGET = f"{GROUP}/clone.copyTarget"  # "namespace/name" of the target claim
 SOURCE_MOUNT = "/var/run/cdi/clone/source"
 SOURCE_DEVICE = "/dev/cdi-block-volume"
 CERT_DIR = "/etc/cdi/clone-source"
@@ -123,6 +124,9 @@ def _source_metadata(
             LABEL_APP: LABEL_APP_VALUE,
             LABEL_COMPONENT: CLONE_SOURCE,
             LABEL_TARGET_UID: str(_meta(target).get("uid") or ""),
+        },
+        "annotations": {
+            ANN_COPY_TARGET: f"{_meta(target).get('namespace')}/{_meta(target).get('name')}"
         },
     }
     if src.get("namespace") == dv.namespace:

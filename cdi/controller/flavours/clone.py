@@ -306,8 +306,10 @@ class CloneFlavour:
         return dataclasses.replace(view, record=record), Result()
 
     async def forget(self, namespace: str, name: str) -> None:
-        """The DataVolume ``namespace/name`` is gone: undo a move it left half-way."""
+        """The DataVolume ``namespace/name`` is gone: undo a move it left half-way, remove a
+        copy's source pod in another namespace."""
         await self.move.abandon(namespace, name)
+        await self.copy.abandon(namespace, name)
 
     async def finish(self, claim: Claim) -> None:
         """A CSI clone leaves no worker behind; a move ends in ``sync`` before the record; a

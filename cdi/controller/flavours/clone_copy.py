@@ -43,7 +43,9 @@ from cdi.kube.errors import Conflict, NotFound
 from cdi.kube.events import WARNING
 from cdi.kube.workqueue import Result
 from cdi.render.clone_pod import (
+    ANN_COPY_TARGET,
     CLONE_SOURCE,
+    LABEL_TARGET_UID,
     CloneSourcePod,
     client_name,
     client_secret_name,
@@ -216,6 +218,25 @@ class HostAssistedCopy:
             await self._delete_pod(source_pod_name(claim.pvc), ns, recorded)
         await self._delete_secret(client_secret_name(claim.pvc), ns)
         await self.worker.cleanup(Target(claim.pvc, claim.record, claim.cdi_config))
+
+    async def abandon(self, target_ns: str, target: str) -> int:
+        """The DataVolume of ``target_ns/target`` is gone: source pods (and their Secrets) left
+        in other namespaces, which no owner reference collects, go; how many."""
+        key = f"{target_ns}/{target}"
+        claim = await self.kube.get_or_none(PVCS, target, target_ns)
+        alive = "" if claim is None else str(claim["metadata"].get("uid") or "")
+        found = await self.kube.list(PODS, label_selector=LABEL_TARGET_UID)
+        orphans = [
+            pod["metadata"]
+            for pod in found.get("items") or []
+            if (pod["metadata"].get("annotations") or {}).get(ANN_COPY_TARGET) == key
+            and (pod["metadata"].get("labels") or {}).get(LABEL_TARGET_UID) != alive
+        ]
+        for meta in orphans:
+            ns = str(meta.get("namespace"))
+            await self._delete_pod(str(meta.get("name")), ns, meta.get("uid"))
+            await self._delete_secret(f"{meta.get('name')}-tls", ns)
+        return len(orphans)
 
 
 def _again(seen: Seen) -> Result:
