@@ -5,9 +5,11 @@ upload server's ``/v1beta1/upload``), ``VOLUME_MODE`` and ``MOUNT_POINT`` (the s
 read-only, or its block device), ``OWNER_UID`` and ``PREALLOCATION``, plus its client
 certificate, whose CN the upload server demands (``srcNs/srcName-tgtNs/tgtName``). We pass
 key material as mounted files, never in the environment: ``CLIENT_CERT_FILE``,
-``CLIENT_KEY_FILE`` and ``SERVER_CA_CERT_FILE``. ``CLONE_STREAM`` (ours) is ``tar`` (default:
-a filesystem source as CDI's sparse tar) or ``raw`` (its ``disk.img`` alone, for a block
-target, which the controller knows and the source pod does not).
+``CLIENT_KEY_FILE`` and ``SERVER_CA_CERT_FILE``. ``UPLOAD_SERVER_NAME`` (ours) is the name the
+server's certificate is verified for when ``UPLOAD_URL`` names the Service by its ClusterIP.
+``CLONE_STREAM`` (ours) is ``tar`` (default: a filesystem source as CDI's sparse tar) or
+``raw`` (its ``disk.img`` alone, for a block target, which the controller knows and the source
+pod does not).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ class CloneConfig:
     mount_point: str = SOURCE_MOUNT
     raw: bool = False  # a filesystem source sends disk.img raw (for a block target)
     owner_uid: str = ""
+    server_name: str = ""  # verify the server's certificate for this name (else the URL's host)
     termination_path: str | None = TERMINATION_PATH
 
 
@@ -62,5 +65,6 @@ def from_env(env: Mapping[str, str]) -> CloneConfig:
         mount_point=env.get("MOUNT_POINT", SOURCE_MOUNT),
         raw=stream == "raw",
         owner_uid=env.get("OWNER_UID", ""),
+        server_name=env.get("UPLOAD_SERVER_NAME", "").strip(),
         termination_path=env.get("CLONER_TERMINATION_PATH", TERMINATION_PATH),
     )

@@ -25,6 +25,7 @@ from typing import Any
 
 from cdi.api.constants import GROUP
 from cdi.api.quantity import Quantity, QuantityError
+from cdi.render.pvc import required_space
 
 JSON = dict[str, Any]
 COPY, SNAPSHOT, CSI_CLONE = "copy", "snapshot", "csi-clone"
@@ -106,11 +107,22 @@ def plan_strategy(
     return StrategyPlan(strategy)
 
 
-def fill_size(target: JSON, source: Mapping[str, Any]) -> JSON:
-    """``storage`` without a size takes the source's request (CDI: the source decides)."""
+def needs_overhead(source: Mapping[str, Any], target: Mapping[str, Any]) -> bool:
+    """A block source into a filesystem target without a size: the target must hold the
+    device's bytes as ``disk.img`` plus the filesystem's overhead."""
+    block_to_fs = volume_mode(source) == "Block" and volume_mode(target) == "Filesystem"
+    return block_to_fs and requested(target) is None
+
+
+def fill_size(target: JSON, source: Mapping[str, Any], overhead: float = 0.0) -> JSON:
+    """``storage`` without a size takes the source's request (CDI: the source decides); a
+    block source into a filesystem claim adds ``overhead`` as CDI's ``GetRequiredSpace``."""
     if requested(target) is not None:
         return target
     raw = (((source.get("spec") or {}).get("resources") or {}).get("requests") or {}).get("storage")
+    src = requested(source)
+    if needs_overhead(source, target) and src is not None:
+        raw = str(required_space(overhead, src))
     out = copy.deepcopy(target)
     resources = out["spec"].setdefault("resources", {})
     resources.setdefault("requests", {})["storage"] = raw

@@ -16,6 +16,7 @@ flavour finds (and deletes) it. Security is every worker pod's (``cdi.render.wor
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -33,10 +34,12 @@ from cdi.render.worker_pod import (
 
 CLONE_SOURCE = "cdi-clone-source"
 LABEL_TARGET_UID = f"{GROUP}/cloneTargetUID"
+ANN_COPY_TARGET = f"{GROUP}/clone.copyTarget"  # "namespace/name" of the target claim
 SOURCE_MOUNT = "/var/run/cdi/clone/source"
 SOURCE_DEVICE = "/dev/cdi-block-volume"
 CERT_DIR = "/etc/cdi/clone-source"
 UPLOAD_PORT = 8443
+MAX_COMMON_NAME = 64
 
 
 @dataclass(frozen=True)
@@ -47,6 +50,9 @@ class CloneSourcePod:
     settings: WorkerPod
     client_secret: str
     upload_port: int = UPLOAD_PORT
+    # The upload Service's ClusterIP: dialled directly (no cluster DNS needed), the server's
+    # certificate still verified for ``upload_server_name`` (``UPLOAD_SERVER_NAME``).
+    upload_host: str = ""
 
 
 def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -58,25 +64,38 @@ def source_pod_name(target: Mapping[str, Any]) -> str:
 
 
 def client_name(source: Mapping[str, Any], target: Mapping[str, Any]) -> str:
-    """The CN the target's upload server demands (``CLIENT_NAME``)."""
+    """The CN the target's upload server demands (``CLIENT_NAME``): CDI's
+    ``srcNs/srcName-tgtNs/tgtName``, or, when that exceeds a CN's 64 characters (X.509's upper
+    bound, which Go does not enforce but our certificate library does), ``clone-`` and a
+    SHA-256 prefix of it: still one name per source and target pair."""
     s, t = _meta(source), _meta(target)
-    return f"{s.get('namespace')}/{s.get('name')}-{t.get('namespace')}/{t.get('name')}"
+    full = f"{s.get('namespace')}/{s.get('name')}-{t.get('namespace')}/{t.get('name')}"
+    if len(full) <= MAX_COMMON_NAME:
+        return full
+    return "clone-" + hashlib.sha256(full.encode()).hexdigest()[:40]
 
 
-def upload_url(target: Mapping[str, Any], port: int = UPLOAD_PORT) -> str:
+def upload_server_name(target: Mapping[str, Any]) -> str:
+    """The name the target's upload server certificate is issued for."""
     meta = _meta(target)
-    service = upload_service_name(str(meta.get("name")))
-    return f"https://{service}.{meta.get('namespace')}.svc:{port}/v1beta1/upload"
+    return f"{upload_service_name(str(meta.get('name')))}.{meta.get('namespace')}.svc"
+
+
+def upload_url(target: Mapping[str, Any], port: int = UPLOAD_PORT, host: str = "") -> str:
+    return f"https://{host or upload_server_name(target)}:{port}/v1beta1/upload"
 
 
 def _block(claim: Mapping[str, Any]) -> bool:
     return (claim.get("spec") or {}).get("volumeMode") == "Block"
 
 
-def _env(source: Mapping[str, Any], target: Mapping[str, Any], port: int) -> list[dict[str, Any]]:
+def _env(
+    source: Mapping[str, Any], target: Mapping[str, Any], config: CloneSourcePod
+) -> list[dict[str, Any]]:
     block = _block(source)
     values = {
-        "UPLOAD_URL": upload_url(target, port),
+        "UPLOAD_URL": upload_url(target, config.upload_port, config.upload_host),
+        "UPLOAD_SERVER_NAME": upload_server_name(target),
         "VOLUME_MODE": "block" if block else "filesystem",
         "MOUNT_POINT": SOURCE_DEVICE if block else SOURCE_MOUNT,
         "CLONE_STREAM": "raw" if block or _block(target) else "tar",
@@ -88,6 +107,52 @@ def _env(source: Mapping[str, Any], target: Mapping[str, Any], port: int) -> lis
     return [{"name": k, "value": v} for k, v in values.items()]
 
 
+def _source_metadata(
+    dv: DataVolume,
+    source: Mapping[str, Any],
+    target: Mapping[str, Any],
+    name: str,
+    settings: WorkerPod | None = None,
+) -> dict[str, Any]:
+    """Name, labels (the target claim's UID) and, in the DataVolume's namespace only, owner."""
+    src = _meta(source)
+    metadata: dict[str, Any] = {
+        "name": name,
+        "namespace": src.get("namespace"),
+        "labels": {
+            **(settings.labels if settings else {}),
+            LABEL_APP: LABEL_APP_VALUE,
+            LABEL_COMPONENT: CLONE_SOURCE,
+            LABEL_TARGET_UID: str(_meta(target).get("uid") or ""),
+        },
+        "annotations": {
+            ANN_COPY_TARGET: f"{_meta(target).get('namespace')}/{_meta(target).get('name')}"
+        },
+    }
+    if src.get("namespace") == dv.namespace:
+        metadata["ownerReferences"] = [datavolume_reference(dv)]
+    return metadata
+
+
+def client_secret_name(target: Mapping[str, Any]) -> str:
+    return f"{source_pod_name(target)}-tls"
+
+
+def render_clone_client_secret(
+    dv: DataVolume, source: Mapping[str, Any], target: Mapping[str, Any], data: Mapping[str, str]
+) -> dict[str, Any]:
+    """Secret ``<target uid>-source-pod-tls`` in the source namespace: the source pod's client
+    certificate (``tls.crt``, ``tls.key``, CN = ``client_name``) and the upload server CA
+    (``ca.crt``), base64 ``data``."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "Opaque",
+        "metadata": _source_metadata(dv, source, target, client_secret_name(target)),
+        "data": dict(data),
+    }
+
+
 def render_clone_source_pod(
     dv: DataVolume, source: Mapping[str, Any], target: Mapping[str, Any], config: CloneSourcePod
 ) -> dict[str, Any]:
@@ -95,7 +160,7 @@ def render_clone_source_pod(
     container: dict[str, Any] = {
         "name": "cdi-clone-source",
         **image_fields(config.settings),
-        "env": _env(source, target, config.upload_port),
+        "env": _env(source, target, config),
         "securityContext": container_security_context(),
         "volumeMounts": [{"name": "client-cert", "mountPath": CERT_DIR, "readOnly": True}],
     }
@@ -104,18 +169,7 @@ def render_clone_source_pod(
     else:
         mount = {"name": "source", "mountPath": SOURCE_MOUNT, "readOnly": True}
         container["volumeMounts"].append(mount)
-    metadata: dict[str, Any] = {
-        "name": source_pod_name(target),
-        "namespace": src.get("namespace"),
-        "labels": {
-            **config.settings.labels,
-            LABEL_APP: LABEL_APP_VALUE,
-            LABEL_COMPONENT: CLONE_SOURCE,
-            LABEL_TARGET_UID: str(_meta(target).get("uid") or ""),
-        },
-    }
-    if src.get("namespace") == dv.namespace:
-        metadata["ownerReferences"] = [datavolume_reference(dv)]
+    metadata = _source_metadata(dv, source, target, source_pod_name(target), config.settings)
     claim = {"claimName": src.get("name"), "readOnly": True}
     return {
         "apiVersion": "v1",
@@ -123,6 +177,8 @@ def render_clone_source_pod(
         "metadata": metadata,
         "spec": {
             "restartPolicy": "OnFailure",
+            "enableServiceLinks": False,
+            "automountServiceAccountToken": False,
             "securityContext": pod_security_context(),
             "containers": [container],
             "volumes": [

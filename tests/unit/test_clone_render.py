@@ -174,3 +174,34 @@ def test_a_block_source_is_mounted_as_a_device() -> None:
     env = {e["name"]: e["value"] for e in container["env"]}
     assert (env["VOLUME_MODE"], env["CLONE_STREAM"]) == ("block", "raw")
     assert pod["metadata"]["ownerReferences"][0]["uid"] == "d1"  # same namespace: owned
+
+
+def test_the_source_pod_dials_the_cluster_ip_and_verifies_the_service_name() -> None:
+    dv = DataVolume.from_dict({"metadata": {"name": "mine", "namespace": "tenant", "uid": "d1"}})
+    source = {"metadata": {"name": "fedora", "namespace": "golden"}, "spec": {}}
+    target = {"metadata": {"name": "mine", "namespace": "tenant", "uid": "t1"}, "spec": {}}
+    config = CloneSourcePod(WorkerPod(image="cloner"), "s", upload_host="10.0.0.7")
+    pod = render_clone_source_pod(dv, source, target, config)
+    env = {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"]}
+    assert env["UPLOAD_URL"] == "https://10.0.0.7:8443/v1beta1/upload"
+    assert env["UPLOAD_SERVER_NAME"] == "cdi-upload-mine.tenant.svc"
+    assert pod["spec"]["automountServiceAccountToken"] is False
+
+
+def test_a_client_name_longer_than_a_common_name_is_hashed_and_stays_unique() -> None:
+    def meta(ns: str, name: str) -> dict[str, Any]:
+        return {"metadata": {"namespace": ns, "name": name}}
+
+    long_ns = "n" * 40
+    a = client_name(meta(long_ns, "golden"), meta(long_ns, "a"))
+    b = client_name(meta(long_ns, "golden"), meta(long_ns, "b"))
+    assert a != b and a.startswith("clone-") and len(a) <= 64
+    assert client_name(meta("g", "s"), meta("t", "x")) == "g/s-t/x"
+
+
+def test_a_block_source_into_a_filesystem_claim_without_size_gets_the_overhead() -> None:
+    source = claim("64Mi", mode="Block")
+    filled = plan.fill_size(claim(None), source, 0.055)
+    assert plan.requested(filled) == -(-64 * 1024 * 1024 * 1000 // 945)
+    assert plan.requested(plan.fill_size(claim(None, mode="Block"), source, 0.055)) == 64 * 2**20
+    assert plan.requested(plan.fill_size(claim("1Gi"), source, 0.055)) == 2**30

@@ -20,11 +20,13 @@ calls instead of creating the rendered claim; each call takes one step and says 
 6. ``csi-clone``: same namespace, the claim is created with ``dataSource`` = the source;
    across namespaces, ``clone_transfer.VolumeMove`` clones in the source namespace and moves
    the volume, then the claim is created bound to it (phases CSICloneInProgress,
-   NamespaceTransferInProgress). ``copy`` (host-assisted, through an upload server on the target)
-   is not built yet: the DataVolume says so (``CloneStrategyUnavailable``) and waits.
+   NamespaceTransferInProgress). ``copy`` (host-assisted): the claim is created as rendered
+   (``cloneType: copy``) and filled by ``clone_copy.HostAssistedCopy`` (an upload server on it,
+   a source pod beside the source), which works across classes, volume modes and sizes.
 
-``sync`` (``fills_unbound``: called while the claim is still Pending) waits for the bind, ends a
-move, and records "Clone Complete" on the PVC: CloneSucceeded, Succeeded.
+``sync`` (``fills_unbound``: called while the claim is still Pending) takes a copy's next step,
+or waits for the bind and ends a move, and records "Clone Complete" on the PVC: CloneSucceeded,
+Succeeded.
 """
 
 from __future__ import annotations
@@ -34,18 +36,28 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from cdi.api.cloneauth import CloneSource, clone_source
-from cdi.api.constants import ANN_CONTENT_TYPE, ContentType, Phase
+from cdi.api.codec import SchemaError
+from cdi.api.config import CDIConfig
+from cdi.api.constants import ANN_CONTENT_TYPE, CDICONFIG_NAME, ContentType, Phase
 from cdi.api.types import DataVolume
 from cdi.controller.flavours import JSON, Claim, FlavourDeps, PhaseEvent
 from cdi.controller.flavours.clone_auth import REASON_UNAUTHORIZED, CloneAuthorizer
+from cdi.controller.flavours.clone_copy import CopySettings, HostAssistedCopy
 from cdi.controller.flavours.clone_transfer import MoveRefused, VolumeMove
+from cdi.controller.flavours.upload import UploadSettings
 from cdi.controller.record import OUTCOME_SUCCEEDED, ImportRecord
 from cdi.controller.status import ClaimProblem, FlavourPhases, View
-from cdi.kube.client import DATA_SOURCES, PODS, PVCS, STORAGE_CLASSES, STORAGE_PROFILES
+from cdi.kube.client import CDI_CONFIGS, DATA_SOURCES, PODS, PVCS, STORAGE_CLASSES, STORAGE_PROFILES
 from cdi.kube.events import NORMAL, WARNING
 from cdi.kube.workqueue import Result
 from cdi.render import clone as plan
-from cdi.render.clone import ANN_CLONE_REQUEST, CSI_CLONE, REASON_INCOMPATIBLE_PVC
+from cdi.render.clone import (
+    ANN_CLONE_REQUEST,
+    ANN_CLONE_TYPE,
+    COPY,
+    CSI_CLONE,
+    REASON_INCOMPATIBLE_PVC,
+)
 
 CLONE_PHASES = FlavourPhases(
     scheduled=Phase.CLONE_SCHEDULED,
@@ -137,11 +149,18 @@ class CloneFlavour:
     events = CLONE_EVENTS
     fills_unbound = True
 
-    def __init__(self, deps: FlavourDeps, requester_key: bytes | None) -> None:
+    def __init__(
+        self,
+        deps: FlavourDeps,
+        requester_key: bytes | None,
+        upload: UploadSettings | None = None,
+        copy: CopySettings | None = None,
+    ) -> None:
         self.deps = deps
         self.kube = deps.kube
         self.authorizer = CloneAuthorizer(deps.kube, requester_key)
         self.move = VolumeMove(deps.kube)
+        self.copy = HostAssistedCopy(deps, upload or UploadSettings(), copy or CopySettings())
         self.throttle = Throttle(deps.clock)
 
     async def _event(self, obj: Mapping[str, Any], kind: str, reason: str, message: str) -> None:
@@ -179,7 +198,8 @@ class CloneFlavour:
         wait = Result(requeue_after=2.0)
         if not populated(src):
             return None, _step(view, Phase.CLONE_SCHEDULED), wait
-        desired = plan.fill_size(desired, src)
+        overhead = await self._overhead(desired) if plan.needs_overhead(src, desired) else 0.0
+        desired = plan.fill_size(desired, src, overhead)
         problem = content_problem(dv, src) or plan.size_problem(src, desired)
         if problem is not None:
             await self._event(obj, WARNING, REASON_INCOMPATIBLE_PVC, problem)
@@ -195,6 +215,8 @@ class CloneFlavour:
         if chosen.fallback is not None:
             fallback = chosen.fallback
             await self._event(obj, WARNING, fallback.reason, fallback.message)
+        if chosen.strategy == COPY:
+            return desired, _step(view, Phase.CLONE_SCHEDULED), wait
         if chosen.strategy != CSI_CLONE:
             msg = f"clone strategy {chosen.strategy} is not available in this build"
             if chosen.fallback is not None:
@@ -237,6 +259,17 @@ class CloneFlavour:
                 found[(ns, name)] = await self.kube.get_or_none(DATA_SOURCES, name, ns)
         return clone_source(dv.spec, dv.namespace, lambda ns, name: found.get((ns, name)))
 
+    async def _overhead(self, desired: JSON) -> float:
+        """The filesystem overhead CDIConfig sets for the target's class."""
+        raw = await self.kube.get_or_none(CDI_CONFIGS, CDICONFIG_NAME)
+        try:
+            config = CDIConfig.from_dict(raw) if raw else CDIConfig()
+        except SchemaError:
+            config = CDIConfig()
+        return float(
+            config.filesystem_overhead((desired.get("spec") or {}).get("storageClassName"))
+        )
+
     async def _plan(self, src: Mapping[str, Any], desired: JSON) -> plan.StrategyPlan:
         class_name = str((desired.get("spec") or {}).get("storageClassName") or "")
         names = {class_name, str((src.get("spec") or {}).get("storageClassName") or "")}
@@ -250,6 +283,13 @@ class CloneFlavour:
     # -- once the target claim exists ------------------------------------------------------
     async def sync(self, claim: Claim, view: View) -> tuple[View, Result]:
         pvc = claim.pvc
+        copying = _copy_source(pvc)
+        if copying is not None:
+            src = await self.kube.get_or_none(PVCS, copying[1], copying[0])
+            if src is None:
+                msg = f"The source pvc {copying[1]} doesn't exist"
+                return _problem(view, WITHOUT_SOURCE, msg), Result(requeue_after=5.0)
+            return await self.copy.step(claim, src, view)
         if (pvc.get("status") or {}).get("phase") != "Bound":
             moving = bool((pvc.get("spec") or {}).get("volumeName"))
             phase = Phase.NAMESPACE_TRANSFER_IN_PROGRESS if moving else Phase.CSI_CLONE_IN_PROGRESS
@@ -266,8 +306,24 @@ class CloneFlavour:
         return dataclasses.replace(view, record=record), Result()
 
     async def forget(self, namespace: str, name: str) -> None:
-        """The DataVolume ``namespace/name`` is gone: undo a move it left half-way."""
+        """The DataVolume ``namespace/name`` is gone: undo a move it left half-way, remove a
+        copy's source pod in another namespace."""
         await self.move.abandon(namespace, name)
+        await self.copy.abandon(namespace, name)
 
     async def finish(self, claim: Claim) -> None:
-        """A CSI clone leaves no worker behind; a move ends in ``sync`` before the record."""
+        """A CSI clone leaves no worker behind; a move ends in ``sync`` before the record; a
+        copy's pods and Secrets go (again: idempotent)."""
+        copying = _copy_source(claim.pvc)
+        if copying is not None:
+            source = {"metadata": {"namespace": copying[0], "name": copying[1]}}
+            await self.copy.cleanup(claim, source)
+
+
+def _copy_source(pvc: Mapping[str, Any]) -> tuple[str, str] | None:
+    """(namespace, name) of a host-assisted clone's source, from the target claim."""
+    ann = (pvc.get("metadata") or {}).get("annotations") or {}
+    if ann.get(ANN_CLONE_TYPE) != COPY:
+        return None
+    ns, _, name = str(ann.get(ANN_CLONE_REQUEST) or "").partition("/")
+    return (ns, name) if ns and name else None

@@ -28,7 +28,7 @@ def standard_flavours(
     requester_key: bytes | None = None,
 ) -> FlavourTable:
     importer: Flavour = ImportFlavour(deps, import_settings)
-    cloner: Flavour = CloneFlavour(deps, requester_key)
+    cloner: Flavour = CloneFlavour(deps, requester_key, upload_settings)
     return {
         SourceKind.HTTP: importer,
         SourceKind.S3: importer,

@@ -58,6 +58,7 @@ from cdi.kube.events import NORMAL, WARNING
 from cdi.kube.workqueue import Result
 from cdi.render import RenderError
 from cdi.render.upload_pod import (
+    UPLOAD_CLIENT_NAME,
     UPLOAD_COMPONENT,
     UploadPodConfig,
     render_upload_pod,
@@ -193,6 +194,7 @@ class Target:
     pvc: JSON
     record: ImportRecord
     cdi_config: CDIConfig = field(default_factory=CDIConfig)
+    client_name: str = UPLOAD_CLIENT_NAME  # the CN the server demands (a clone's own name)
 
     @property
     def name(self) -> str:
@@ -258,6 +260,7 @@ class UploadWorker:
             pull_policy=self.settings.pull_policy,
             cdi_config=claim.cdi_config,
             deadline=creds.deadline.strftime("%Y-%m-%dT%H:%M:%SZ"),
+            client_name=claim.client_name,
         )
         try:
             pod = render_upload_pod(pvc, config)

@@ -184,11 +184,13 @@ def test_five_clones_at_once_a_clone_of_a_clone_and_a_smaller_target(
         "target resources requests storage size is smaller than the source"
     )
     assert kube.get_or_none(ns_path(namespace, "persistentvolumeclaims", "small")) is None
-    # filesystem -> block cannot be a CSI clone: CDI's fallback reason, and host-assisted copy
-    # is not wired yet, which the DataVolume says.
-    blocky = condition(kube.get(dv_path(namespace, "blocky")), "Bound")
-    assert blocky["reason"] == "CloneStrategyUnavailable", blocky
-    assert blocky["message"].startswith("Source and target volume modes do not match")
+    # filesystem -> block cannot be a CSI clone: CDI's fallback reason, then host-assisted copy
+    succeeded(kube, namespace, "blocky", timeout=180)
+    same_prefix_then_zeros(data_of(kube, namespace, "blocky"), images.reference)
+    ann = kube.get(ns_path(namespace, "persistentvolumeclaims", "blocky"))["metadata"]
+    assert ann["annotations"]["cdi.kubevirt.io/cloneType"] == "copy"
+    fallback = ann["annotations"]["cdi.kubevirt.io/cloneFallbackReason"]
+    assert fallback == "Source and target volume modes do not match"
     assert "IncompatibleVolumeModes" in {e["reason"] for e in events_for(kube, namespace, "blocky")}
 
 

@@ -1,0 +1,263 @@
+"""Host-assisted (``copy``) clone: an upload server on the target claim, a source pod beside the
+source claim streaming into it over mutual TLS (CDI's clone controller, reference §4.3).
+
+The clone flavour (``cdi.controller.flavours.clone``) creates the target claim annotated
+``cloneType: copy``; from then on each reconcile calls ``HostAssistedCopy.step``, which takes one
+level-triggered step and says what it saw:
+
+1. the target side is the upload engine itself (``UploadWorker``): server pod, Service and
+   serving certificate for the target claim, followed by its recorded UID; the only difference
+   from an upload is the client name it demands, ``srcNs/srcName-tgtNs/tgtName``;
+2. once that server is ready, the source side: a client certificate Secret
+   ``<target uid>-source-pod-tls`` in the source namespace (CN = that client name, signed by
+   the ``cdi-uploadserver-client-ca``, with the server CA to verify the server by), then the
+   pod ``<target uid>-source-pod`` (``cdi.render.clone_pod``), whose UID is recorded on the
+   target claim (``clone.sourcePodUID``); a pod at that name with another UID is deleted unread;
+3. the upload server's termination decides the outcome: Succeeded ("Clone Complete") or its
+   typed failure; the source pod and its Secret go (and the server's pod, Service and Secret,
+   which the worker removes itself).
+
+Phases follow the pods: CloneScheduled until the source pod runs, then CloneInProgress.
+Restarts of the source pod (``restartPolicy: OnFailure``) are counted on the record with the
+last termination's reason, as for an upload server.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import datetime as dt
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from cdi.api.constants import GROUP
+from cdi.controller.flavours import JSON, Claim, FlavourDeps
+from cdi.controller.flavours.upload import Action, Seen, Target, UploadSettings, UploadWorker
+from cdi.controller.pods import pod_uid
+from cdi.controller.policy import pod_outcome
+from cdi.controller.record import OUTCOME_SUCCEEDED, ImportRecord
+from cdi.controller.status import ClaimProblem, View
+from cdi.kube.client import PODS, PVCS, SECRETS, SERVICES
+from cdi.kube.errors import Conflict, NotFound
+from cdi.kube.events import WARNING
+from cdi.kube.workqueue import Result
+from cdi.render.clone_pod import (
+    ANN_COPY_TARGET,
+    CLONE_SOURCE,
+    LABEL_TARGET_UID,
+    CloneSourcePod,
+    client_name,
+    client_secret_name,
+    render_clone_client_secret,
+    render_clone_source_pod,
+    source_pod_name,
+)
+from cdi.render.upload_pod import upload_pod_name
+from cdi.render.worker_pod import WorkerPod
+from cdi.upload.servercert import CLIENT_CA_SECRET, SERVER_CA_SECRET, ensure_ca
+from cdi.webhooks.certs import KeyPair, issue_client
+
+ANN_SOURCE_POD_UID = f"{GROUP}/clone.sourcePodUID"
+REASON_UNRECORDED_SOURCE_POD = "UnrecordedCloneSourcePod"
+REASON_BAD_CLIENT_NAME = "ErrCloneClientName"
+CLONE_COMPLETE = ImportRecord(
+    outcome=OUTCOME_SUCCEEDED, reason="Completed", message="Clone Complete"
+)
+
+
+@dataclass(frozen=True)
+class CopySettings:
+    """How clone source pods are made: the cloner image (in cdi-worker-pod-policy's list)."""
+
+    image: str = "quay.io/cdi-py/cdi-cloner:latest"
+    pull_policy: str = "IfNotPresent"
+    cert_lifetime: dt.timedelta = dt.timedelta(hours=24)
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+class HostAssistedCopy:
+    """One step of a host-assisted clone of ``source`` into the claim of ``claim``."""
+
+    def __init__(self, deps: FlavourDeps, upload: UploadSettings, settings: CopySettings) -> None:
+        self.deps, self.kube, self.settings = deps, deps.kube, settings
+        self.worker = UploadWorker(deps, upload)
+        self.ca_namespace = upload.namespace
+        self._cas: tuple[KeyPair, KeyPair] | None = None
+
+    def _load_cas(self) -> tuple[KeyPair, KeyPair]:
+        """(server CA, client CA) key pairs; blocking, cached (a CA never changes)."""
+        if self._cas is None:
+            kube, ns = self.kube.sync, self.ca_namespace
+            server = ensure_ca(kube, ns, SERVER_CA_SECRET, SERVER_CA_SECRET)
+            client = ensure_ca(kube, ns, CLIENT_CA_SECRET, CLIENT_CA_SECRET)
+            self._cas = (server, client)
+        return self._cas
+
+    async def step(self, claim: Claim, source: JSON, view: View) -> tuple[View, Result]:
+        target = Target(claim.pvc, claim.record, claim.cdi_config, client_name(source, claim.pvc))
+        seen = await self.worker.step(target, claim.obj)
+        action = seen.assessment.action
+        if action == Action.SUCCEED:
+            await self.cleanup(claim, source)
+            record = dataclasses.replace(
+                CLONE_COMPLETE,
+                failed_attempts=seen.record.failed_attempts,
+                pod_uid=seen.record.pod_uid,
+            )
+            await self._annotate(claim.pvc, record.annotations())
+            return dataclasses.replace(view, record=record), Result()
+        if action == Action.FAIL:
+            await self.cleanup(claim, source)
+            return dataclasses.replace(view, record=seen.record), Result()
+        view = dataclasses.replace(view, record=seen.record, problem=seen.problem or view.problem)
+        if action != Action.READY:
+            return dataclasses.replace(view, pod_phase="Pending"), _again(seen)
+        return await self._source_side(claim, source, seen, view)
+
+    async def _source_side(
+        self, claim: Claim, source: JSON, seen: Seen, view: View
+    ) -> tuple[View, Result]:
+        ns = str(source["metadata"]["namespace"])
+        pod = await self.kube.get_or_none(PODS, source_pod_name(claim.pvc), ns)
+        recorded = (claim.pvc["metadata"].get("annotations") or {}).get(ANN_SOURCE_POD_UID)
+        if pod is None:
+            problem = await self._create_source(claim, source)
+            view = dataclasses.replace(view, pod_phase="Pending", problem=problem or view.problem)
+            return view, Result(requeue_after=30.0 if problem else 1.0)
+        if pod_uid(pod) != recorded:
+            await self._remove_impostor(claim, pod)
+            return dataclasses.replace(view, pod_phase="Pending"), Result(requeue_after=1.0)
+        record = _with_restarts(seen.record, pod)
+        if record != seen.record:
+            await self._annotate(claim.pvc, record.annotations())
+        phase = (pod.get("status") or {}).get("phase") or "Pending"
+        shown = "Running" if phase in ("Running", "Succeeded") else "Pending"
+        return dataclasses.replace(view, record=record, pod_phase=shown), Result(requeue_after=1.0)
+
+    async def _create_source(self, claim: Claim, source: JSON) -> ClaimProblem | None:
+        ns = str(source["metadata"]["namespace"])
+        server_ca, client_ca = await self.kube.call(self._load_cas)
+        now = dt.datetime.fromtimestamp(self.deps.clock(), dt.UTC)
+        try:
+            pair = issue_client(
+                client_ca, client_name(source, claim.pvc), now, self.settings.cert_lifetime
+            )
+        except ValueError:  # a CN is at most 64 characters
+            msg = f"the clone's client name {client_name(source, claim.pvc)} is too long"
+            return ClaimProblem(REASON_BAD_CLIENT_NAME, msg)
+        data = {
+            "tls.crt": _b64(pair.cert_pem),
+            "tls.key": _b64(pair.key_pem),
+            "ca.crt": _b64(server_ca.cert_pem),
+        }
+        secret = render_clone_client_secret(claim.dv, source, claim.pvc, data)
+        await self._replace(secret, ns)
+        settings = WorkerPod(image=self.settings.image, pull_policy=self.settings.pull_policy)
+        service = await self.kube.get_or_none(
+            SERVICES, upload_pod_name(claim.name), claim.pvc["metadata"]["namespace"]
+        )
+        cluster_ip = str(((service or {}).get("spec") or {}).get("clusterIP") or "")
+        host = cluster_ip if cluster_ip not in ("", "None") else ""
+        config = CloneSourcePod(settings, client_secret_name(claim.pvc), upload_host=host)
+        pod = render_clone_source_pod(claim.dv, source, claim.pvc, config)
+        try:
+            created = await self.kube.create(PODS, pod, ns)
+        except Conflict:
+            return None  # someone's pod: the next step judges it
+        # Unguarded: the upload server may have bound the claim meanwhile.
+        await self._annotate(claim.pvc, {ANN_SOURCE_POD_UID: pod_uid(created)})
+        return None
+
+    async def _replace(self, secret: JSON, ns: str) -> None:
+        """A fresh client certificate for every source pod: an old Secret goes first."""
+        try:
+            await self.kube.create(SECRETS, secret, ns)
+        except Conflict:
+            await self._delete_secret(str(secret["metadata"]["name"]), ns)
+            await self.kube.create(SECRETS, secret, ns)
+
+    async def _remove_impostor(self, claim: Claim, pod: Mapping[str, Any]) -> None:
+        meta = pod.get("metadata") or {}
+        if meta.get("deletionTimestamp"):
+            return
+        await self.deps.events.emit(
+            dict(claim.obj),
+            WARNING,
+            REASON_UNRECORDED_SOURCE_POD,
+            f"Pod {meta.get('name')} (uid {meta.get('uid')}) was not created by the controller "
+            "for this clone; it is ignored and deleted",
+        )
+        await self._delete_pod(str(meta.get("name")), str(meta.get("namespace")), meta.get("uid"))
+
+    async def _annotate(self, pvc: JSON, annotations: Mapping[str, str | None]) -> None:
+        meta = pvc["metadata"]
+        patch = {"metadata": {"annotations": dict(annotations)}}
+        await self.kube.patch(PVCS, meta["name"], patch, meta.get("namespace"))
+
+    async def _delete_pod(self, name: str, ns: str, uid: str | None = None) -> None:
+        try:
+            await self.kube.delete(PODS, name, ns, uid=uid)
+        except (NotFound, Conflict):
+            pass
+
+    async def _delete_secret(self, name: str, ns: str) -> None:
+        try:
+            await self.kube.delete(SECRETS, name, ns)
+        except (NotFound, Conflict):
+            pass
+
+    async def cleanup(self, claim: Claim, source: Mapping[str, Any]) -> None:
+        """The source pod (the recorded one) and its Secret go; so do the server's objects."""
+        ns = str(source["metadata"]["namespace"])
+        recorded = (claim.pvc["metadata"].get("annotations") or {}).get(ANN_SOURCE_POD_UID)
+        if recorded:
+            await self._delete_pod(source_pod_name(claim.pvc), ns, recorded)
+        await self._delete_secret(client_secret_name(claim.pvc), ns)
+        await self.worker.cleanup(Target(claim.pvc, claim.record, claim.cdi_config))
+
+    async def abandon(self, target_ns: str, target: str) -> int:
+        """The DataVolume of ``target_ns/target`` is gone: source pods (and their Secrets) left
+        in other namespaces, which no owner reference collects, go; how many."""
+        key = f"{target_ns}/{target}"
+        claim = await self.kube.get_or_none(PVCS, target, target_ns)
+        alive = "" if claim is None else str(claim["metadata"].get("uid") or "")
+        found = await self.kube.list(PODS, label_selector=LABEL_TARGET_UID)
+        orphans = [
+            pod["metadata"]
+            for pod in found.get("items") or []
+            if (pod["metadata"].get("annotations") or {}).get(ANN_COPY_TARGET) == key
+            and (pod["metadata"].get("labels") or {}).get(LABEL_TARGET_UID) != alive
+        ]
+        for meta in orphans:
+            ns = str(meta.get("namespace"))
+            await self._delete_pod(str(meta.get("name")), ns, meta.get("uid"))
+            await self._delete_secret(f"{meta.get('name')}-tls", ns)
+        return len(orphans)
+
+
+def _again(seen: Seen) -> Result:
+    return Result(requeue_after=seen.requeue_after if seen.requeue_after is not None else 1.0)
+
+
+def _with_restarts(record: ImportRecord, pod: Mapping[str, Any]) -> ImportRecord:
+    """The record with the source container's restarts and its last termination's reason."""
+    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+        if cs.get("name") != CLONE_SOURCE:
+            continue
+        restarts = int(cs.get("restartCount") or 0)
+        if restarts <= record.failed_attempts:
+            return record
+        last = (cs.get("lastState") or {}).get("terminated") or {}
+        shaped = {"status": {"phase": "Failed", "containerStatuses": [
+            {"name": CLONE_SOURCE, "state": {"terminated": last}}
+        ]}}  # fmt: skip
+        outcome = pod_outcome(shaped, CLONE_SOURCE)
+        out = dataclasses.replace(record, failed_attempts=restarts)
+        if outcome is not None:
+            out = dataclasses.replace(out, reason=outcome.reason, message=outcome.message)
+        return out
+    return record
