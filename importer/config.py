@@ -41,7 +41,7 @@ from datapath.checkpoint import INTERVAL as CHECKPOINT_INTERVAL
 from datapath.plan import SPILL_MEMORY_LIMIT
 from importer.registry.credentials import registry_credentials
 from importer.sources.http import HttpOptions, ProxyConfig
-from importer.sources.registry import RegistryOptions
+from importer.sources.registry_options import RegistryOptions
 
 BLOCK_DEVICE_PATH = "/dev/cdi-block-volume"
 DATA_DIR = "/data"

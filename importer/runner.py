@@ -11,12 +11,16 @@ from __future__ import annotations
 import ctypes
 import time
 from dataclasses import replace
+from typing import TYPE_CHECKING, cast
 
 from cdi.api.termination import REASON_COMPLETED, TerminationMessage
 from datapath import FileSource, Processor, Progress, Source
 from importer.config import BlankOptions, FileOptions, ImportConfig, SourceOptions
 from importer.sources.http import HttpOptions, HttpSource
-from importer.sources.registry import RegistryOptions, RegistrySource
+from importer.sources.registry_options import RegistryOptions
+
+if TYPE_CHECKING:
+    from importer.sources.registry import RegistrySource
 
 _M_ARENA_MAX = -8  # glibc mallopt parameter
 
@@ -42,6 +46,8 @@ def make_source(options: SourceOptions) -> Source | None:
         case HttpOptions():
             return HttpSource(options)
         case RegistryOptions():
+            from importer.sources.registry import RegistrySource  # ~30 ms: only when used
+
             return RegistrySource(options)
         case FileOptions(path=path):
             return FileSource(path)
@@ -53,8 +59,12 @@ async def run_import(config: ImportConfig, progress: Progress | None = None) -> 
     progress = progress or Progress()
     edges = config.edges
     source = make_source(config.source)
-    if config.poll_only and isinstance(source, RegistrySource):  # a poll serves no progress
-        message = await poll_digest(source)
+    # registry options make a RegistrySource (imported lazily, so no isinstance on it here)
+    registry = (
+        cast("RegistrySource", source) if isinstance(config.source, RegistryOptions) else None
+    )
+    if config.poll_only and registry is not None:  # a poll serves no progress
+        message = await poll_digest(registry)
         if edges.termination_path:
             message.write(edges.termination_path)
         return message
@@ -63,11 +73,11 @@ async def run_import(config: ImportConfig, progress: Progress | None = None) -> 
 
         serve_metrics(progress, edges.owner_uid, edges.metrics_port, edges.metrics_addr)
     message = await Processor(config.plan, source, progress).run()
-    if isinstance(source, RegistrySource) and source.digest:
+    if registry is not None and registry.digest:
         # What the image said about itself, and which digest a tag resolved to: CDI copies
         # the image's KUBEVIRT_IO_ labels to the PVC; the digest makes the import reproducible.
-        labels = {**source.labels, **message.labels}
-        message = replace(message, labels=labels, source_digest=source.digest)
+        labels = {**registry.labels, **message.labels}
+        message = replace(message, labels=labels, source_digest=registry.digest)
     if edges.termination_path:
         message.write(edges.termination_path)
     return message

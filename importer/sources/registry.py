@@ -19,7 +19,7 @@ import contextlib
 import platform
 from collections.abc import AsyncGenerator, AsyncIterator, Generator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, cast
 
 from cdi.api.errors import InvalidConfig
@@ -37,7 +37,8 @@ from importer.registry.manifest import (
     parse_manifest,
 )
 from importer.registry.reference import Reference, parse_reference
-from importer.sources.http import HttpOptions, HttpSource
+from importer.sources.http import HttpSource
+from importer.sources.registry_options import RegistryOptions
 
 
 def _pull(awaitable: Any, loop: asyncio.AbstractEventLoop) -> Any:
@@ -58,16 +59,6 @@ def host_architecture() -> str:
     """This node's architecture in OCI's words (the default platform, as CDI's)."""
     machine = platform.machine().lower()
     return _MACHINES.get(machine, machine)
-
-
-@dataclass(frozen=True)
-class RegistryOptions:
-    url: str  # docker://host[:port]/repo[:tag|@sha256:...]
-    http: HttpOptions = field(default_factory=lambda: HttpOptions(url=""))  # trust, policy...
-    username: str | None = None
-    password: str | None = None
-    insecure_registry: bool = False  # CDIConfig insecureRegistries: no TLS check, http fallback
-    architecture: str = ""  # "" -> this node's
 
 
 @dataclass(frozen=True)
