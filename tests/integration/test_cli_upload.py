@@ -78,6 +78,25 @@ def create_pvc(kube: Kube, ns: str, name: str, annotations: dict[str, str]) -> J
 
 
 @pytest.fixture
+def unprovisioned(kube: Kube, namespace: str) -> Iterator[str]:
+    """An Immediate class nobody provisions: the installed controller (other tests of the
+    session install the product) can never make a claim of it ready, so these tests see only
+    what they write themselves."""
+    name = f"unprovisioned-{namespace}"
+    path = "/apis/storage.k8s.io/v1/storageclasses"
+    body = {
+        "apiVersion": "storage.k8s.io/v1",
+        "kind": "StorageClass",
+        "metadata": {"name": name},
+        "provisioner": "example.com/nobody",
+        "volumeBindingMode": "Immediate",
+    }
+    kube.create(path, body)
+    yield name
+    kube.delete(f"{path}/{name}")
+
+
+@pytest.fixture
 def controller_part(kube: Kube) -> Iterator[Callable[[Callable[[], bool]], None]]:
     """Play a controller's part in a thread: ``act`` is retried until it returns True."""
     threads: list[threading.Thread] = []
@@ -133,10 +152,15 @@ def test_upload_dv_creates_virtctls_datavolume(
 
 
 def test_upload_pvc_creates_an_annotated_pvc_and_waits_only_wait_secs(
-    kube: Kube, namespace: str, cdi: Callable[..., tuple[int, str, str]], image: Path
+    kube: Kube,
+    namespace: str,
+    cdi: Callable[..., tuple[int, str, str]],
+    image: Path,
+    unprovisioned: str,
 ) -> None:
     started = time.monotonic()
-    code, out, err = cdi("pvc", "up", "--size=16Mi", f"--archive-path={image}", "--wait-secs=3")
+    sc = f"--storage-class={unprovisioned}"
+    code, out, err = cdi("pvc", "up", "--size=16Mi", f"--archive-path={image}", "--wait-secs=3", sc)
     elapsed = time.monotonic() - started
     assert code == 1 and 3 <= elapsed < 8, elapsed
     assert f"PersistentVolumeClaim {namespace}/up created" in out
@@ -282,6 +306,7 @@ def test_a_failure_event_ends_the_wait(
     namespace: str,
     cdi: Callable[..., tuple[int, str, str]],
     controller_part: Callable[[Callable[[], bool]], None],
+    unprovisioned: str,
     kind: str,
     reason: str,
     said: str,
@@ -303,7 +328,8 @@ def test_a_failure_event_ends_the_wait(
 
     controller_part(report_failure)
     started = time.monotonic()
-    code, _, err = cdi(kind, "bad", "--size=16Mi", "--storage-class=testkit-fs-wffc")
+    sc = f"--storage-class={unprovisioned}"  # access mode given: no StorageProfile needed
+    code, _, err = cdi(kind, "bad", "--size=16Mi", sc, "--access-mode=ReadWriteOnce")
     assert code == 1 and time.monotonic() - started < 30
     assert err == f"cdi upload: {said}no space in the pool\n"
 
