@@ -51,6 +51,9 @@ from cdi.upload.token import UploadGrant
 
 log = logging.getLogger(__name__)
 
+DIAL_RETRY_SECONDS = 10.0  # how long a refused or reset dial of the upload server is retried
+DIAL_RETRY_INTERVAL = 0.5
+
 UPLOAD_PATHS = tuple(
     f"/{version}/{kind}"
     for version in ("v1beta1", "v1alpha1")
@@ -127,6 +130,7 @@ class _Body:
         self.failure: UploadInterrupted | None = None
         self.waiting_since: float | None = None  # loop time a read began; None between reads
         self.watchdog: asyncio.TimerHandle | None = None
+        self.started = False  # a piece was read: the request can no longer be sent again
 
     def _watch(self) -> None:
         loop = asyncio.get_running_loop()
@@ -153,6 +157,7 @@ class _Body:
                     raise self.failure from exc
                 self.waiting_since = None
                 if piece:
+                    self.started = True
                     yield piece
                 elif not chunk_end:  # (b"", True) only marks a chunked body's chunk end
                     return
@@ -197,21 +202,31 @@ class Relay:
         self, request: web.Request, url: str, server_hostname: str | None = None
     ) -> web.StreamResponse:
         body = _Body(request, self.config.idle_timeout)
-        try:
-            upstream = await self.session.request(
-                request.method,
-                url,
-                data=body.pieces() if request.method != "HEAD" else None,
-                headers=_forwarded(request.headers),
-                timeout=self._timeout(),
-                allow_redirects=False,
-                auto_decompress=False,
-                server_hostname=server_hostname,
-            )
-        except (aiohttp.ClientError, TimeoutError, UploadInterrupted) as exc:
-            if body.failure is not None:
-                raise body.failure from exc
-            raise _unreachable(url, exc) from exc
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + DIAL_RETRY_SECONDS
+        while True:
+            try:
+                upstream = await self.session.request(
+                    request.method,
+                    url,
+                    data=body.pieces() if request.method != "HEAD" else None,
+                    headers=_forwarded(request.headers),
+                    timeout=self._timeout(),
+                    allow_redirects=False,
+                    auto_decompress=False,
+                    server_hostname=server_hostname,
+                )
+                break
+            except (aiohttp.ClientError, TimeoutError, UploadInterrupted) as exc:
+                if body.failure is not None:
+                    raise body.failure from exc
+                # The Service may not route to a pod that just became ready (endpoints lag
+                # behind the pod's Ready condition, which readiness.py waited for): a dial that
+                # failed before any body byte was read is tried again for a few seconds.
+                retry = isinstance(exc, aiohttp.ClientConnectorError) and not body.started
+                if not retry or loop.time() >= give_up:
+                    raise _unreachable(url, exc) from exc
+                await asyncio.sleep(DIAL_RETRY_INTERVAL)
         try:
             return await self._answer(request, upstream)
         finally:
