@@ -33,6 +33,7 @@ from cdi.api.constants import (
     ContentType,
     ImporterEnv,
 )
+from cdi.api.content import parse_content_type
 from cdi.api.errors import InvalidConfig
 from cdi.api.netpolicy import NetPolicy
 from cdi.api.quantity import Quantity, QuantityError
@@ -153,13 +154,7 @@ def build_plan(
 
 def content_type(text: str | None) -> ContentType:
     """A DataVolume content type (kubevirt when unset); anything else is a typed error."""
-    try:
-        value = ContentType(text or ContentType.KUBEVIRT)
-    except ValueError as exc:
-        raise InvalidConfig(f"unknown content type {text!r}") from exc
-    if value not in DATAVOLUME_CONTENT_TYPES:
-        raise InvalidConfig(f"content type {text!r} is not one an import can take")
-    return value
+    return parse_content_type(text, "an import")
 
 
 def parse_size(text: str) -> int:

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from cdi.api.constants import ContentType
+from cdi.api.content import parse_content_type
 from cdi.api.errors import InvalidConfig
 from cdi.api.quantity import Quantity, QuantityError
 from datapath import CheckpointPlan, ProcessPlan, TargetSpec
@@ -28,7 +29,6 @@ SCRATCH_DIR = "/scratch"
 TERMINATION_PATH = "/dev/termination-log"
 CHECKPOINT_NAME = ".cdi-upload-checkpoint"
 IDLE_TIMEOUT = 300.0  # a cut upload waits this long for its continuation, then is abandoned
-UPLOAD_CONTENT_TYPES = (ContentType.KUBEVIRT, ContentType.ARCHIVE)
 
 
 @dataclass(frozen=True)
@@ -99,13 +99,7 @@ def parse_deadline(text: str) -> dt.datetime:
 
 
 def content_type(text: str | None) -> ContentType:
-    try:
-        value = ContentType(text or ContentType.KUBEVIRT)
-    except ValueError as exc:
-        raise InvalidConfig(f"unknown content type {text!r}") from exc
-    if value not in UPLOAD_CONTENT_TYPES:
-        raise InvalidConfig(f"content type {text!r} is not one an upload can take")
-    return value
+    return parse_content_type(text, "an upload")
 
 
 def _is_block(path: str) -> bool:
