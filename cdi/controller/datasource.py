@@ -36,7 +36,14 @@ from cdi.api.codec import SchemaError
 from cdi.api.constants import ConditionStatus, Phase
 from cdi.api.types import DataSource, DataSourceSource, ObjectRef
 from cdi.controller.status import merge_conditions
-from cdi.kube.client import DATA_SOURCES, DATAVOLUMES, PVCS, AsyncKube, Resource, split_key
+from cdi.kube.client import (
+    DATA_SOURCES,
+    DATAVOLUMES,
+    PVCS,
+    VOLUME_SNAPSHOTS,
+    AsyncKube,
+    split_key,
+)
 from cdi.kube.errors import KubeError, NotFound
 from cdi.kube.workqueue import Result
 
@@ -51,7 +58,6 @@ MAX_DEPTH_REACHED = "MaxReferenceDepthReached"
 SELF_REFERENCE = "SelfReference"
 CROSS_NAMESPACE_REFERENCE = "CrossNamespaceReference"
 READY_MESSAGE = "DataSource is ready to be consumed"
-VOLUME_SNAPSHOTS = Resource("snapshot.storage.k8s.io", "v1", "volumesnapshots", "VolumeSnapshot")
 LABEL_SUFFIX = ".kubevirt.io"
 
 

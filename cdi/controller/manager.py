@@ -15,6 +15,10 @@ their caches, then run each reconciler's workers off its own queue (a key is onl
   pod through the prime that owns it (``cdi.controller.populators``).
 - DataImportCrons: a cron maps to itself, and its poller pod, imports (DataVolumes) and
   DataSource map to it by their ``cdi.kubevirt.io/dataImportCron`` label.
+- VolumeSnapshots and their classes, watched only once the cluster serves the snapshot API
+  (``cdi.controller.snapshotwatch``, outside the cache-sync wait): a snapshot maps to the
+  DataVolume a temporary one was made for, and to the DataVolumes and DataSources naming it;
+  a class to every StorageProfile and to the DataVolumes still waiting for a claim.
 
 Shutdown (SIGTERM or lost leadership): stop the queues, let in-flight reconciles finish
 (bounded by ``shutdown_grace``), release the Lease, stop informers and the metrics server.
@@ -59,6 +63,7 @@ from cdi.controller.populators.handover import PrimePopulator
 from cdi.controller.populators.import_ import ImportPopulator
 from cdi.controller.populators.upload import UploadPopulator
 from cdi.controller.progress import HttpScraper
+from cdi.controller.snapshotwatch import SnapshotWatch, datavolume_keys
 from cdi.controller.storageprofile import StorageProfileReconciler
 from cdi.controller.uploadpvc import UploadPVCReconciler, is_upload_target, owned_by_datavolume
 from cdi.kube.client import (
@@ -161,6 +166,7 @@ class Manager:
             "cron": Informer(kube, DATAIMPORTCRONS, resync=r),
             "ds": Informer(kube, DATA_SOURCES, resync=r),
         }
+        self.snapshots = SnapshotWatch(kube, self.kube, r, config.config_recheck)
         self.scraper = HttpScraper()
         self.metrics = ControllerMetrics(
             Sources(self.informers["dv"], self.informers["sc"], self.informers["profile"])
@@ -273,6 +279,27 @@ class Manager:
             self.informers[name].add_handler(lambda o: crons.enqueue(cron_key(o)))
         config.enqueue(CDICONFIG_NAME)  # created if missing, even before any event
         self._wire_datasources()
+        self._wire_snapshots()
+
+    def _wire_snapshots(self) -> None:
+        dvs, profiles = self.loops["datavolume"], self.loops["storageprofile"]
+        datasources, store = self.loops["datasource"], self.informers["ds"]
+
+        def snapshot_changed(obj: dict[str, Any]) -> None:
+            for key in datavolume_keys(obj, self.informers["dv"].items()):
+                dvs.enqueue(key)
+            meta = obj.get("metadata") or {}
+            ns, name = str(meta.get("namespace") or ""), str(meta.get("name") or "")
+            for key in keys_naming(store.items(), "snapshot", ns, name):
+                datasources.enqueue(key)
+
+        def class_changed(_obj: dict[str, Any]) -> None:
+            for sc in self.informers["sc"].items():
+                profiles.enqueue(object_key(sc))
+            self._enqueue_waiting()
+
+        self.snapshots.on_snapshot(snapshot_changed)
+        self.snapshots.on_class(class_changed)
 
     def _wire_populator(self, loop: Loop, kinds: tuple[str, ...]) -> None:
         """A target claim maps to itself, its prime to it; a worker pod to the claim that owns
@@ -358,11 +385,12 @@ class Manager:
 
     async def _run_until_stopped(self) -> None:
         workers = asyncio.create_task(self._run_loops())
+        snapshots = asyncio.create_task(self.snapshots.run())  # returns once it watches
         watchers: list[asyncio.Task[Any]] = [asyncio.create_task(self._stop.wait())]
         if self.elector is not None:
             watchers.append(asyncio.create_task(self.elector.hold()))
         done, _ = await asyncio.wait([workers, *watchers], return_when=asyncio.FIRST_COMPLETED)
-        for task in watchers:
+        for task in [*watchers, snapshots]:
             task.cancel()
         for task in done:
             if task is not workers and not task.cancelled() and task.exception():
@@ -386,6 +414,7 @@ class Manager:
     async def _shutdown(self) -> None:
         for informer in self.informers.values():
             informer.stop()
+        self.snapshots.stop()
         if self.elector is not None:
             await self.elector.release()
         await self.scraper.close()

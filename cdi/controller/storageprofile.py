@@ -8,7 +8,9 @@ reconcilers: it reads the class and the profile fresh from the API server, and
    their overrides in;
 3. add the advised ``minimumSupportedPvcSize`` annotation if the provisioner has one and the
    profile none;
-4. compute the status (``cdi.render.storageprofile``), merge condition timestamps, and write
+4. compute the status (``cdi.render.storageprofile``; the VolumeSnapshotClass for the class's
+   provisioner, chosen as a clone would, decides the default clone strategy: no snapshot API,
+   no class), merge condition timestamps, and write
    it once, only when it differs, by replacing the status subresource (a merge patch could not
    remove a field that is no longer wanted). A stale resourceVersion is a 409: the work queue
    retries with the fresh object.
@@ -26,10 +28,11 @@ from typing import Any
 from cdi.api.codec import SchemaError
 from cdi.api.config import StorageProfileSpec
 from cdi.controller.status import merge_conditions
-from cdi.kube.client import STORAGE_CLASSES, STORAGE_PROFILES, AsyncKube
+from cdi.kube.client import STORAGE_CLASSES, STORAGE_PROFILES, VOLUME_SNAPSHOT_CLASSES, AsyncKube
 from cdi.kube.errors import Conflict, NotFound
 from cdi.kube.workqueue import Result
 from cdi.render import storageprofile as render
+from cdi.render.clone_snapshot import choose_snapshot_class
 
 log = logging.getLogger(__name__)
 
@@ -59,8 +62,17 @@ class StorageProfileReconciler:
             log.warning("StorageProfile %s: unparsable spec: %s", key, exc)
             return Result()
         profile = await self._annotate(sc, profile)
-        await self._write_status(profile, render.desired_status(sc, spec))
+        snapshot_class = await self._snapshot_class(str(sc.get("provisioner") or ""), spec)
+        await self._write_status(profile, render.desired_status(sc, spec, snapshot_class))
         return Result()
+
+    async def _snapshot_class(self, provisioner: str, spec: StorageProfileSpec) -> str | None:
+        try:
+            found = await self.kube.list(VOLUME_SNAPSHOT_CLASSES)
+        except NotFound:
+            return None  # no snapshot API on this cluster
+        choice = choose_snapshot_class(provisioner, found.get("items") or [], spec.snapshot_class)
+        return choice.name if choice else None
 
     async def _delete(self, name: str) -> None:
         try:

@@ -95,6 +95,11 @@ VOLUME_UPLOAD_SOURCES = Resource(
 VOLUME_CLONE_SOURCES = Resource(
     "cdi.kubevirt.io", "v1beta1", "volumeclonesources", "VolumeCloneSource"
 )
+# The CSI snapshot API (CRDs, served only where a snapshot controller is installed).
+VOLUME_SNAPSHOTS = Resource("snapshot.storage.k8s.io", "v1", "volumesnapshots", "VolumeSnapshot")
+VOLUME_SNAPSHOT_CLASSES = Resource(
+    "snapshot.storage.k8s.io", "v1", "volumesnapshotclasses", "VolumeSnapshotClass", False
+)
 VALIDATING_WEBHOOKS = Resource(
     "admissionregistration.k8s.io",
     "v1",

@@ -4,10 +4,11 @@ Given the source PVC, the target claim the DataVolume renders to, the storage cl
 target's StorageProfile, these functions say what the clone flavour
 (``cdi.controller.flavours.clone``) should create, so every rule is tested without a cluster:
 
-- ``plan_strategy``: the profile's ``cloneStrategy`` (CDI's planner, reference §4.1), and the
-  fallback to host-assisted ``copy`` with CDI's reason when the storage cannot do it:
-  different provisioners, different volume modes, a bigger target on a class without volume
-  expansion, a snapshot strategy with no snapshot API;
+- ``plan_strategy``: the profile's ``cloneStrategy`` (CDI's planner, reference §4.1: none
+  means ``snapshot``), and the fallback to host-assisted ``copy`` with CDI's reason when the
+  storage cannot do it: a snapshot strategy without a compatible VolumeSnapshotClass (none
+  for the provisioner, or no snapshot API at all), different provisioners, different volume
+  modes, a bigger target on a class without volume expansion;
 - ``fill_size`` / ``size_problem``: ``storage`` without a size takes the source's request; a
   target smaller than the source is CDI's ``ErrIncompatiblePVC``;
 - ``csi_target``: a same-namespace CSI clone is the target claim with ``dataSource`` = source;
@@ -58,19 +59,23 @@ INCOMPATIBLE_MODES = Fallback(
     "IncompatibleVolumeModes", "Source and target volume modes do not match"
 )
 NO_EXPANSION = Fallback("NoVolumeExpansion", "No volume expansion is possible")
-NO_SNAPSHOT_CLASS = Fallback(
-    "NoVolumeSnapshotClass", "No VolumeSnapshotClass found for the storage class"
-)
+NO_SNAPSHOT_CLASS = Fallback("NoVolumeSnapshotClass", "No compatible volumesnapshotclass found")
 
 
-def requested(claim: Mapping[str, Any]) -> int | None:
-    raw = (((claim.get("spec") or {}).get("resources") or {}).get("requests") or {}).get("storage")
+def quantity_bytes(raw: Any) -> int | None:
+    """A quantity as written in an object (``64Mi``, ``67108864``) in bytes; None if absent
+    or unparsable."""
     if raw is None:
         return None
     try:
         return Quantity.parse(str(raw)).value()
     except QuantityError:
         return None
+
+
+def requested(claim: Mapping[str, Any]) -> int | None:
+    raw = (((claim.get("spec") or {}).get("resources") or {}).get("requests") or {}).get("storage")
+    return quantity_bytes(raw)
 
 
 def volume_mode(claim: Mapping[str, Any]) -> str:
@@ -82,16 +87,17 @@ def plan_strategy(
     source: Mapping[str, Any],
     target: Mapping[str, Any],
     classes: Mapping[str, Mapping[str, Any]],
-    snapshots_served: bool = False,
+    snapshot_class: str | None = None,
 ) -> StrategyPlan:
     """The strategy to use for cloning ``source`` into ``target`` (both claims; ``classes``
-    by name), from the profile's ``wanted`` strategy (None: copy)."""
-    strategy = wanted or COPY
+    by name), from the profile's ``wanted`` strategy (None: CDI's default, ``snapshot``);
+    ``snapshot_class`` is the compatible VolumeSnapshotClass, if any."""
+    strategy = wanted or SNAPSHOT
     if strategy == COPY:
         return StrategyPlan(COPY)
     src_class = classes.get(str((source.get("spec") or {}).get("storageClassName") or ""))
     tgt_class = classes.get(str((target.get("spec") or {}).get("storageClassName") or ""))
-    if strategy == SNAPSHOT and not snapshots_served:
+    if strategy == SNAPSHOT and not snapshot_class:
         return StrategyPlan(COPY, NO_SNAPSHOT_CLASS)
     if (
         not src_class
@@ -157,29 +163,43 @@ def csi_target(target: JSON, source_name: str) -> JSON:
     return out
 
 
+def temporary_meta(name: str, namespace: str, dv_uid: str, target_key: str) -> JSON:
+    """Metadata of an object a clone makes in the source namespace (temporary claim, snapshot):
+    nothing there can own it, so it carries the DataVolume's UID (``cloneFor``) and the target
+    it serves (``clone.moveTarget``), by which strays are found."""
+    return {
+        "name": name,
+        "namespace": namespace,
+        "labels": {LABEL_CLONE_FOR: dv_uid, "app": "containerized-data-importer"},
+        "annotations": {ANN_MOVE_TARGET: target_key},
+    }
+
+
 def temporary_claim_name(dv_uid: str) -> str:
     return f"tmp-pvc-{dv_uid}"
 
 
 def temporary_claim(
-    target: Mapping[str, Any], dv_uid: str, source_ns: str, source: str, target_key: str = ""
+    target: Mapping[str, Any],
+    dv_uid: str,
+    source_ns: str,
+    source: str,
+    target_key: str = "",
+    data_source: Mapping[str, Any] | None = None,
 ) -> JSON:
     """The claim cloned in the source namespace whose volume becomes the target's: the
-    target's class, modes and size, ``dataSource`` = the source, labelled with the DV's UID."""
+    target's class, modes and size, ``dataSource`` = the source claim (or ``data_source``, a
+    snapshot to restore), labelled with the DV's UID."""
     spec = target.get("spec") or {}
+    source_ref = data_source or {"kind": "PersistentVolumeClaim", "name": source}
     keep = ("accessModes", "resources", "storageClassName", "volumeMode")
     return {
         "apiVersion": "v1",
         "kind": "PersistentVolumeClaim",
-        "metadata": {
-            "name": temporary_claim_name(dv_uid),
-            "namespace": source_ns,
-            "labels": {LABEL_CLONE_FOR: dv_uid, "app": "containerized-data-importer"},
-            "annotations": {ANN_MOVE_TARGET: target_key},
-        },
+        "metadata": temporary_meta(temporary_claim_name(dv_uid), source_ns, dv_uid, target_key),
         "spec": {
             **{k: copy.deepcopy(spec[k]) for k in keep if k in spec},
-            "dataSource": {"kind": "PersistentVolumeClaim", "name": source},
+            "dataSource": copy.deepcopy(source_ref),
         },
     }
 

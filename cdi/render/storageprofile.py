@@ -10,8 +10,10 @@ in CDI's ``storageprofile-controller``:
   on the class then report ``ErrClaimNotValid`` saying the profile has no access mode, which is
   the visible outcome a user who removed them expects;
 - ``cloneStrategy``: spec, else the class's ``cdi.kubevirt.io/clone-strategy`` annotation, else
-  the provisioner's advised strategy, else ``copy``; ``snapshot`` needs a snapshot class, so
-  without ``spec.snapshotClass`` it falls back to ``copy`` (we do not watch snapshot classes);
+  the provisioner's advised strategy, else ``snapshot`` when a VolumeSnapshotClass serves the
+  provisioner (the reconciler finds it), else ``copy``; an advised ``snapshot`` without such a
+  class is ``copy`` too (CDI's ``reconcileCloneStrategy``). A spec's ``snapshot`` stays: the
+  clone planner then falls back with ``NoVolumeSnapshotClass``, which the user sees;
 - ``dataImportCronSourceFormat``: spec, else ``pvc``;
 - condition ``Recognized``: True when the provisioner is in the table.
 
@@ -66,15 +68,16 @@ def claim_property_sets(sc: SC, spec: StorageProfileSpec) -> list[dict[str, Any]
     return [c.to_dict() for c in known] if known else []
 
 
-def clone_strategy(sc: SC, spec: StorageProfileSpec) -> str:
+def clone_strategy(sc: SC, spec: StorageProfileSpec, snapshot_class: str | None = None) -> str:
+    """``snapshot_class``: the VolumeSnapshotClass for the class's provisioner, if any."""
     annotated = ((sc.get("metadata") or {}).get("annotations") or {}).get(ANN_CLONE_STRATEGY)
-    strategy = (
-        spec.clone_strategy
-        or (annotated if annotated in CLONE_STRATEGIES else None)
-        or capabilities.clone_strategy(sc)
-        or capabilities.COPY
+    chosen = spec.clone_strategy or (annotated if annotated in CLONE_STRATEGIES else None)
+    if chosen:
+        return chosen
+    strategy = capabilities.clone_strategy(sc) or (
+        capabilities.SNAPSHOT if snapshot_class else capabilities.COPY
     )
-    if strategy == capabilities.SNAPSHOT and not spec.snapshot_class:
+    if strategy == capabilities.SNAPSHOT and not snapshot_class:
         return capabilities.COPY
     return strategy
 
@@ -90,12 +93,14 @@ def recognized(sc: SC) -> dict[str, str]:
     return {"type": CONDITION_RECOGNIZED, "status": status, "reason": reason, "message": message}
 
 
-def desired_status(sc: SC, spec: StorageProfileSpec) -> dict[str, Any]:
-    """``status`` without condition timestamps."""
+def desired_status(
+    sc: SC, spec: StorageProfileSpec, snapshot_class: str | None = None
+) -> dict[str, Any]:
+    """``status`` without condition timestamps; ``snapshot_class`` as in ``clone_strategy``."""
     status: dict[str, Any] = {
         "storageClass": sc_name(sc),
         "provisioner": str(sc.get("provisioner") or ""),
-        "cloneStrategy": clone_strategy(sc, spec),
+        "cloneStrategy": clone_strategy(sc, spec, snapshot_class),
         "dataImportCronSourceFormat": spec.data_import_cron_source_format or "pvc",
         "claimPropertySets": claim_property_sets(sc, spec),
         "conditions": [recognized(sc)],

@@ -52,10 +52,14 @@ def test_fallback_to_copy_with_cdis_reason(target: Any, reason: str, message: st
     assert message in chosen.fallback.message
 
 
-def test_snapshot_without_a_snapshot_api_falls_back_and_copy_stays_copy() -> None:
+def test_snapshot_without_a_snapshot_class_falls_back_and_copy_stays_copy() -> None:
     chosen = plan.plan_strategy("snapshot", claim(), claim(), CLASSES)
     assert chosen.strategy == "copy" and chosen.fallback == plan.NO_SNAPSHOT_CLASS
-    assert plan.plan_strategy(None, claim(), claim(), CLASSES) == plan.StrategyPlan("copy")
+    assert chosen.fallback.message == "No compatible volumesnapshotclass found"  # CDI's words
+    assert plan.plan_strategy("copy", claim(), claim(), CLASSES) == plan.StrategyPlan("copy")
+    # CDI's default, when the profile says nothing, is snapshot: without a class, copy
+    default = plan.plan_strategy(None, claim(), claim(), CLASSES)
+    assert default == plan.StrategyPlan("copy", plan.NO_SNAPSHOT_CLASS)
 
 
 def test_a_target_without_size_takes_the_sources_and_a_smaller_one_is_refused() -> None:

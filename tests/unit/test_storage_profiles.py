@@ -109,25 +109,41 @@ def test_spec_claim_property_sets_override_the_table_even_when_incomplete() -> N
 
 
 @pytest.mark.parametrize(
-    ("cls", "fields", "strategy"),
+    ("cls", "fields", "snapshot_class", "strategy"),
     [
-        (sc("a", caps.LOCAL_PROVISIONER), {}, "csi-clone"),
-        (sc("a", "rbd.csi.ceph.com"), {}, "csi-clone"),
-        (sc("a", "rbd.csi.ceph.com"), {"cloneStrategy": "copy"}, "copy"),
+        (sc("a", caps.LOCAL_PROVISIONER), {}, None, "csi-clone"),
+        (sc("a", caps.LOCAL_PROVISIONER), {}, "vsc", "csi-clone"),  # advised wins over default
+        (sc("a", "rbd.csi.ceph.com"), {}, None, "csi-clone"),
+        (sc("a", "rbd.csi.ceph.com"), {"cloneStrategy": "copy"}, "vsc", "copy"),
         (
             sc("a", "x", annotations={"cdi.kubevirt.io/clone-strategy": "csi-clone"}),
             {},
+            None,
             "csi-clone",
         ),
-        (sc("a", "pd.csi.storage.gke.io"), {}, "copy"),  # snapshot, but no snapshot class
-        (sc("a", "pd.csi.storage.gke.io"), {"snapshotClass": "vsc"}, "snapshot"),
+        (sc("a", "pd.csi.storage.gke.io"), {}, None, "copy"),  # snapshot, but no snapshot class
+        (sc("a", "pd.csi.storage.gke.io"), {"snapshotClass": "vsc"}, "vsc", "snapshot"),
+        (sc("a", "example.com/unknown"), {}, "vsc", "snapshot"),  # CDI's default with a class
+        (sc("a", "example.com/unknown"), {}, None, "copy"),
+        (sc("a", "example.com/unknown"), {"cloneStrategy": "snapshot"}, None, "snapshot"),
     ],
-    ids=["local", "table", "spec wins", "class annotation", "no snapshot class", "snapshot"],
+    ids=[
+        "local",
+        "local with a class",
+        "table",
+        "spec wins",
+        "class annotation",
+        "no snapshot class",
+        "snapshot",
+        "default snapshot",
+        "default copy",
+        "spec snapshot",
+    ],
 )
 def test_clone_strategy_precedence(
-    cls: dict[str, Any], fields: dict[str, Any], strategy: str
+    cls: dict[str, Any], fields: dict[str, Any], snapshot_class: str | None, strategy: str
 ) -> None:
-    assert desired_status(cls, spec(**fields))["cloneStrategy"] == strategy
+    assert desired_status(cls, spec(**fields), snapshot_class)["cloneStrategy"] == strategy
 
 
 def test_advised_minimum_size_is_annotated_once() -> None:

@@ -1,32 +1,41 @@
-"""The clone flavour: a DataVolume filled from a PVC (``source.pvc``, or ``sourceRef`` to a
-DataSource), in its namespace or another one.
+"""The clone flavour: a DataVolume filled from a PVC or a VolumeSnapshot (``source.pvc``,
+``source.snapshot``, or ``sourceRef`` to a DataSource naming either), in its namespace or another.
 
 A clone decides its target claim from the source (size, strategy, ``dataSource`` or a moved
 volume), so it works mostly before the claim exists, in ``before_claim``, which the reconciler
 calls instead of creating the rendered claim; each call takes one step and says what it saw:
 
 1. resolve the source (through the DataSource and one it references); none yet: Bound False
-   ``CloneWithoutSource`` "The source pvc <x> doesn't exist" (event, then proceed when it
-   appears). A snapshot source waits the same way: this cluster serves no snapshot API;
+   ``CloneWithoutSource`` "The source pvc|snapshot <x> doesn't exist" (then proceed when it
+   appears; a cluster without the snapshot API answers 404, which is the same "doesn't exist");
 2. authorize (``clone_auth``): a cross-namespace clone needs a requester record the webhook
    signed and, now, the rights CDI asks for in the source namespace. Nothing of the source is
    read before this;
-3. wait until the source is populated (its DataVolume Succeeded) and no running pod writes it
-   (event ``CloneSourceInUse``, phase CloneScheduled);
-4. size: ``storage`` without a size takes the source's; a smaller target is
-   ``ErrIncompatiblePVC`` with CDI's message; content types must match;
-5. strategy (``cdi.render.clone.plan_strategy``): the target profile's, or ``copy`` with CDI's
-   fallback reason (annotation ``cloneFallbackReason`` and an event);
+3. wait until the source is populated (its DataVolume Succeeded; a snapshot ``readyToUse``)
+   and no running pod writes a source claim (event ``CloneSourceInUse``, phase CloneScheduled);
+4. size: ``storage`` without a size takes the source's (a snapshot's ``restoreSize``); a
+   smaller target is ``ErrIncompatiblePVC`` with CDI's message; content types must match;
+5. strategy (``cdi.render.clone.plan_strategy``): the target profile's (none: ``snapshot``), or
+   ``copy`` with CDI's fallback reason (annotation ``cloneFallbackReason`` and an event);
+   ``snapshot`` needs a VolumeSnapshotClass for the provisioner (``clone_snapshot``, event
+   ``VolumeSnapshotClassSelected``), else ``NoVolumeSnapshotClass``;
 6. ``csi-clone``: same namespace, the claim is created with ``dataSource`` = the source;
    across namespaces, ``clone_transfer.VolumeMove`` clones in the source namespace and moves
    the volume, then the claim is created bound to it (phases CSICloneInProgress,
-   NamespaceTransferInProgress). ``copy`` (host-assisted): the claim is created as rendered
-   (``cloneType: copy``) and filled by ``clone_copy.HostAssistedCopy`` (an upload server on it,
-   a source pod beside the source), which works across classes, volume modes and sizes.
+   NamespaceTransferInProgress). ``snapshot`` (smart clone): ``tmp-snapshot-<dv uid>`` of the
+   source (SnapshotForSmartCloneInProgress), then a claim restored from it
+   (CloneFromSnapshotSourceInProgress): the target itself in the same namespace, else a
+   temporary claim whose volume moves. A snapshot source is restored the same way; when its
+   driver, volume mode or size rule out a restore, it is restored as CDI's
+   ``tmp-source-pvc-<dv uid>`` on a class of its driver and copied from (host-assisted, with
+   CDI's fallback reason), the restored claim deleted once the copy is recorded.
+   ``copy`` (host-assisted): the claim is created as rendered (``cloneType: copy``) and filled
+   by ``clone_copy.HostAssistedCopy`` (an upload server on it, a source pod beside the
+   source), which works across classes, volume modes and sizes.
 
 ``sync`` (``fills_unbound``: called while the claim is still Pending) takes a copy's next step,
-or waits for the bind and ends a move, and records "Clone Complete" on the PVC: CloneSucceeded,
-Succeeded.
+or waits for the bind, ends a move, grows a restored claim to its size and deletes the
+temporary snapshot, and records "Clone Complete" on the PVC: CloneSucceeded, Succeeded.
 """
 
 from __future__ import annotations
@@ -43,6 +52,7 @@ from cdi.api.types import DataVolume
 from cdi.controller.flavours import JSON, Claim, FlavourDeps, PhaseEvent
 from cdi.controller.flavours.clone_auth import REASON_UNAUTHORIZED, CloneAuthorizer
 from cdi.controller.flavours.clone_copy import CopySettings, HostAssistedCopy
+from cdi.controller.flavours.clone_snapshot import SnapshotClone, SnapshotRefused
 from cdi.controller.flavours.clone_transfer import MoveRefused, VolumeMove
 from cdi.controller.flavours.upload import UploadSettings
 from cdi.controller.record import OUTCOME_SUCCEEDED, ImportRecord
@@ -57,6 +67,16 @@ from cdi.render.clone import (
     COPY,
     CSI_CLONE,
     REASON_INCOMPATIBLE_PVC,
+    SNAPSHOT,
+)
+from cdi.render.clone_snapshot import (
+    REASON_CLASS_SELECTED,
+    as_source_claim,
+    plan_snapshot_source,
+    ready,
+    restore_plan,
+    snapshot_error,
+    temporary_source_name,
 )
 
 CLONE_PHASES = FlavourPhases(
@@ -73,6 +93,19 @@ CLONE_EVENTS: Mapping[str, PhaseEvent] = {
     ),
     Phase.NAMESPACE_TRANSFER_IN_PROGRESS: PhaseEvent(
         NORMAL, "NamespaceTransferInProgress", "Moving the cloned volume to {claim}"
+    ),
+    Phase.SNAPSHOT_FOR_SMART_CLONE_IN_PROGRESS: PhaseEvent(
+        NORMAL,
+        "SnapshotForSmartCloneInProgress",
+        "Creating snapshot for smart-clone is in progress (for pvc: {claim})",
+    ),
+    Phase.CLONE_FROM_SNAPSHOT_SOURCE_IN_PROGRESS: PhaseEvent(
+        NORMAL,
+        "CloneFromSnapshotSourceInProgress",
+        "Creating PVC from snapshot source is in progress (for pvc: {claim})",
+    ),
+    Phase.EXPANSION_IN_PROGRESS: PhaseEvent(
+        NORMAL, "ExpansionInProgress", "Expanding {claim} to the requested size"
     ),
     Phase.SUCCEEDED: PhaseEvent(NORMAL, "CloneSucceeded", "Successfully cloned into {claim}"),
     Phase.FAILED: PhaseEvent(WARNING, "CloneFailed"),
@@ -160,6 +193,7 @@ class CloneFlavour:
         self.kube = deps.kube
         self.authorizer = CloneAuthorizer(deps.kube, requester_key)
         self.move = VolumeMove(deps.kube)
+        self.snapshots = SnapshotClone(deps.kube)
         self.copy = HostAssistedCopy(deps, upload or UploadSettings(), copy or CopySettings())
         self.throttle = Throttle(deps.clock)
 
@@ -173,13 +207,14 @@ class CloneFlavour:
         self, dv: DataVolume, obj: Mapping[str, Any], desired: JSON, view: View
     ) -> tuple[JSON | None, View, Result]:
         source = await self._resolve(dv)
-        if source is None or source.snapshot:
-            what = f"{source.label} {source.name}" if source else "pvc"
-            msg = f"The source {what} doesn't exist"
+        if source is None:
+            msg = "The source pvc doesn't exist"
             return None, _problem(view, WITHOUT_SOURCE, msg), Result(requeue_after=5.0)
         denial = await self.authorizer.denial(obj, source)
         if denial is not None:
             return None, _problem(view, REASON_UNAUTHORIZED, denial), Result(requeue_after=30.0)
+        if source.snapshot:
+            return await self._from_snapshot(dv, obj, source, desired, view)
         src = await self.kube.get_or_none(PVCS, source.name, source.namespace)
         if src is None:
             msg = f"The source pvc {source.name} doesn't exist"
@@ -210,17 +245,17 @@ class CloneFlavour:
             msg = f"pod {', '.join(writers)} using PersistentVolumeClaim {source.name}"
             await self._event(obj, NORMAL, SOURCE_IN_USE, msg)
             return None, _step(view, Phase.CLONE_SCHEDULED), wait
-        chosen = await self._plan(src, desired)
+        chosen, snapshot_class = await self._plan(obj, src, desired)
         desired = plan.annotate(desired, chosen, source.namespace, source.name)
         if chosen.fallback is not None:
             fallback = chosen.fallback
             await self._event(obj, WARNING, fallback.reason, fallback.message)
         if chosen.strategy == COPY:
             return desired, _step(view, Phase.CLONE_SCHEDULED), wait
+        if chosen.strategy == SNAPSHOT and snapshot_class:
+            return await self._smart_clone(dv, source, desired, snapshot_class, view)
         if chosen.strategy != CSI_CLONE:
             msg = f"clone strategy {chosen.strategy} is not available in this build"
-            if chosen.fallback is not None:
-                msg = f"{chosen.fallback.message}; {msg}"
             return None, _problem(view, UNAVAILABLE, msg), Result(requeue_after=60.0)
         if source.namespace == dv.namespace:
             return (
@@ -228,23 +263,102 @@ class CloneFlavour:
                 _step(view, Phase.CSI_CLONE_IN_PROGRESS),
                 wait,
             )
-        return await self._move(dv, source, desired, view)
-
-    async def _move(
-        self, dv: DataVolume, source: CloneSource, desired: JSON, view: View
-    ) -> tuple[JSON | None, View, Result]:
         key = f"{dv.namespace}/{dv.name}"
         tmp = plan.temporary_claim(desired, dv.uid, source.namespace, source.name, key)
+        return await self._move(dv, tmp, desired, view, Phase.CSI_CLONE_IN_PROGRESS)
+
+    async def _smart_clone(
+        self, dv: DataVolume, source: CloneSource, desired: JSON, snapshot_class: str, view: View
+    ) -> tuple[JSON | None, View, Result]:
+        """CDI's smart clone: a snapshot of the source, then a claim restored from it."""
+        key = f"{dv.namespace}/{dv.name}"
+        try:
+            snap = await self.snapshots.snapshot_step(dv.uid, source, snapshot_class, key)
+        except SnapshotRefused as exc:
+            return None, _problem(view, UNAVAILABLE, str(exc)), Result(requeue_after=30.0)
+        if snap is None:
+            return None, _step(view, Phase.SNAPSHOT_FOR_SMART_CLONE_IN_PROGRESS), Result(POLL)
+        return await self._restore(dv, snap, desired, view)
+
+    async def _restore(
+        self, dv: DataVolume, snap: JSON, desired: JSON, view: View
+    ) -> tuple[JSON | None, View, Result]:
+        """The target restored from a ready snapshot: directly in the snapshot's namespace,
+        else through a temporary claim there whose volume moves to the target."""
+        key = f"{dv.namespace}/{dv.name}"
+        target, tmp = restore_plan(desired, snap, dv.namespace, dv.uid, key)
+        if tmp is None:
+            restoring = _step(view, Phase.CLONE_FROM_SNAPSHOT_SOURCE_IN_PROGRESS)
+            return target, restoring, Result(requeue_after=POLL)
+        return await self._move(dv, tmp, target, view, Phase.CLONE_FROM_SNAPSHOT_SOURCE_IN_PROGRESS)
+
+    async def _move(
+        self, dv: DataVolume, tmp: JSON, target: JSON, view: View, cloning: Phase
+    ) -> tuple[JSON | None, View, Result]:
+        """Fill ``tmp`` in the source namespace, move its volume; then the target binds it."""
         try:
             state = await self.move.step(dv.uid, tmp, dv.namespace, dv.name)
         except MoveRefused as exc:
             return None, _problem(view, UNAVAILABLE, str(exc)), Result(requeue_after=30.0)
         if state.pv is None:
             held = await self.move.held_volume(dv.uid)
-            phase = Phase.NAMESPACE_TRANSFER_IN_PROGRESS if held else Phase.CSI_CLONE_IN_PROGRESS
+            phase = Phase.NAMESPACE_TRANSFER_IN_PROGRESS if held else cloning
             return None, _step(view, phase), Result(requeue_after=POLL)
-        target = plan.moved_target(desired, state.pv)
-        return target, _step(view, Phase.NAMESPACE_TRANSFER_IN_PROGRESS), Result(POLL)
+        moved = plan.moved_target(target, state.pv)
+        return moved, _step(view, Phase.NAMESPACE_TRANSFER_IN_PROGRESS), Result(POLL)
+
+    async def _from_snapshot(
+        self, dv: DataVolume, obj: Mapping[str, Any], source: CloneSource, desired: JSON,
+        view: View,
+    ) -> tuple[JSON | None, View, Result]:  # fmt: skip
+        """A DataVolume cloned from an existing VolumeSnapshot (its own, or a DataSource's)."""
+        snap = await self.snapshots.source_snapshot(source)
+        if snap is None:
+            msg = f"The source snapshot {source.name} doesn't exist"
+            return None, _problem(view, WITHOUT_SOURCE, msg), Result(requeue_after=5.0)
+        if not ready(snap):
+            detail = snapshot_error(snap)
+            view = _step(view, Phase.CLONE_SCHEDULED)
+            if detail:
+                view = _problem(view, "SnapshotNotReady", detail)
+            return None, view, Result(requeue_after=2.0)
+        mode = await self.snapshots.source_mode(snap)
+        src = as_source_claim(snap, mode or plan.volume_mode(desired))
+        desired = plan.fill_size(desired, src)
+        problem = content_problem(dv, src) or plan.size_problem(src, desired)
+        if problem is not None:
+            await self._event(obj, WARNING, REASON_INCOMPATIBLE_PVC, problem)
+            return None, _problem(view, REASON_INCOMPATIBLE_PVC, problem), Result(30.0)
+        classes = await self._classes({_class_of(desired)})
+        driver = await self.snapshots.driver_of(snap)
+        chosen = plan_snapshot_source(driver, mode, snap, desired, classes)
+        desired = plan.annotate(desired, chosen, source.namespace, source.name)
+        if chosen.fallback is None:
+            return await self._restore(dv, snap, desired, view)
+        await self._event(obj, WARNING, chosen.fallback.reason, chosen.fallback.message)
+        return await self._copy_from_restore(dv, snap, desired, (mode, driver), view)
+
+    async def _copy_from_restore(
+        self, dv: DataVolume, snap: JSON, desired: JSON, taken: tuple[str | None, str], view: View
+    ) -> tuple[JSON | None, View, Result]:
+        """CDI's host-assisted fallback for a snapshot source: restore it where it can be
+        restored (``tmp-source-pvc-<dv uid>``), then copy from that claim. ``taken``: the
+        snapshotted volume's mode (None: unknown) and the snapshot's driver."""
+        key = f"{dv.namespace}/{dv.name}"
+        mode, driver = taken
+        try:
+            tmp = await self.snapshots.temporary_source_step(
+                dv.uid, snap, desired, mode, driver, key
+            )
+        except SnapshotRefused as exc:
+            return None, _problem(view, UNAVAILABLE, str(exc)), Result(requeue_after=60.0)
+        if tmp is None:
+            return None, _step(view, Phase.CLONE_SCHEDULED), Result(requeue_after=2.0)
+        tmp_meta = tmp["metadata"]  # host-assisted copy from the restored claim
+        desired["metadata"]["annotations"][ANN_CLONE_REQUEST] = (
+            f"{tmp_meta['namespace']}/{tmp_meta['name']}"
+        )
+        return desired, _step(view, Phase.CLONE_SCHEDULED), Result(requeue_after=2.0)
 
     async def _resolve(self, dv: DataVolume) -> CloneSource | None:
         found: dict[tuple[str, str], JSON | None] = {}
@@ -270,15 +384,31 @@ class CloneFlavour:
             config.filesystem_overhead((desired.get("spec") or {}).get("storageClassName"))
         )
 
-    async def _plan(self, src: Mapping[str, Any], desired: JSON) -> plan.StrategyPlan:
-        class_name = str((desired.get("spec") or {}).get("storageClassName") or "")
-        names = {class_name, str((src.get("spec") or {}).get("storageClassName") or "")}
-        classes = {
-            n: c for n in names if n and (c := await self.kube.get_or_none(STORAGE_CLASSES, n))
-        }
+    async def _classes(self, names: set[str]) -> dict[str, JSON]:
+        return {n: c for n in names if n and (c := await self.kube.get_or_none(STORAGE_CLASSES, n))}
+
+    async def _plan(
+        self, obj: Mapping[str, Any], src: Mapping[str, Any], desired: JSON
+    ) -> tuple[plan.StrategyPlan, str | None]:
+        """The strategy, and for ``snapshot`` the VolumeSnapshotClass to use."""
+        class_name = _class_of(desired)
+        classes = await self._classes({class_name, _class_of(src)})
         profile = await self.kube.get_or_none(STORAGE_PROFILES, class_name) if class_name else None
-        wanted = ((profile or {}).get("status") or {}).get("cloneStrategy")
-        return plan.plan_strategy(wanted, src, desired, classes)
+        status = (profile or {}).get("status") or {}
+        wanted = status.get("cloneStrategy")
+        choice = None
+        if (wanted or SNAPSHOT) == SNAPSHOT:
+            provisioners = {str((classes.get(n) or {}).get("provisioner") or "") for n in
+                            (class_name, _class_of(src))}  # fmt: skip
+            driver = provisioners.pop() if len(provisioners) == 1 else ""
+            named = status.get("snapshotClass") or ((profile or {}).get("spec") or {}).get(
+                "snapshotClass"
+            )
+            choice = await self.snapshots.choose_class(driver, named)
+        chosen = plan.plan_strategy(wanted, src, desired, classes, choice.name if choice else None)
+        if choice is not None and chosen.strategy == SNAPSHOT:
+            await self._event(obj, NORMAL, REASON_CLASS_SELECTED, choice.message)
+        return chosen, choice.name if choice else None
 
     # -- once the target claim exists ------------------------------------------------------
     async def sync(self, claim: Claim, view: View) -> tuple[View, Result]:
@@ -290,14 +420,25 @@ class CloneFlavour:
                 msg = f"The source pvc {copying[1]} doesn't exist"
                 return _problem(view, WITHOUT_SOURCE, msg), Result(requeue_after=5.0)
             return await self.copy.step(claim, src, view)
+        ann = (pvc.get("metadata") or {}).get("annotations") or {}
+        smart = ann.get(ANN_CLONE_TYPE) == SNAPSHOT
         if (pvc.get("status") or {}).get("phase") != "Bound":
             moving = bool((pvc.get("spec") or {}).get("volumeName"))
-            phase = Phase.NAMESPACE_TRANSFER_IN_PROGRESS if moving else Phase.CSI_CLONE_IN_PROGRESS
+            phase = (
+                Phase.CLONE_FROM_SNAPSHOT_SOURCE_IN_PROGRESS
+                if smart
+                else Phase.CSI_CLONE_IN_PROGRESS
+            )
+            phase = Phase.NAMESPACE_TRANSFER_IN_PROGRESS if moving else phase
             return _step(view, phase), Result(requeue_after=POLL)
-        request = ((pvc.get("metadata") or {}).get("annotations") or {}).get(ANN_CLONE_REQUEST, "")
-        if request.partition("/")[0] != claim.dv.namespace:
+        source_ns = str(ann.get(ANN_CLONE_REQUEST, "")).partition("/")[0]
+        if source_ns != claim.dv.namespace:
             if not await self.move.finish(claim.dv.uid, pvc):
                 return _step(view, Phase.NAMESPACE_TRANSFER_IN_PROGRESS), Result(POLL)
+        if smart:
+            settling = await self.snapshots.settle(claim, source_ns)
+            if settling is not None:
+                return _step(view, settling), Result(requeue_after=POLL)
         record = dataclasses.replace(CLONE_COMPLETE, failed_attempts=claim.record.failed_attempts)
         if record.differs_from(pvc):
             meta = pvc["metadata"]
@@ -310,6 +451,7 @@ class CloneFlavour:
         copy's source pod in another namespace."""
         await self.move.abandon(namespace, name)
         await self.copy.abandon(namespace, name)
+        await self.snapshots.abandon(namespace, name)
 
     async def finish(self, claim: Claim) -> None:
         """A CSI clone leaves no worker behind; a move ends in ``sync`` before the record; a
@@ -318,6 +460,12 @@ class CloneFlavour:
         if copying is not None:
             source = {"metadata": {"namespace": copying[0], "name": copying[1]}}
             await self.copy.cleanup(claim, source)
+            if copying[1] == temporary_source_name(claim.dv.uid):
+                await self.snapshots.remove_temporary_source(claim.dv.uid, copying[0])
+
+
+def _class_of(claim: Mapping[str, Any]) -> str:
+    return str((claim.get("spec") or {}).get("storageClassName") or "")
 
 
 def _copy_source(pvc: Mapping[str, Any]) -> tuple[str, str] | None:

@@ -37,7 +37,7 @@ def standard_flavours(
         SourceKind.BLANK: importer,
         SourceKind.UPLOAD: UploadFlavour(deps, upload_settings or UploadSettings()),
         SourceKind.PVC: cloner,  # and sourceRef DataSource (select_flavour)
-        SourceKind.SNAPSHOT: cloner,  # waits as CloneWithoutSource: no snapshot API here
+        SourceKind.SNAPSHOT: cloner,  # restored from the VolumeSnapshot (clone_snapshot.py)
         SourceKind.IMAGEIO: Unsupported(SourceKind.IMAGEIO, f"imageio import is {NOT_YET}"),
         SourceKind.VDDK: Unsupported(SourceKind.VDDK, f"vddk import is {NOT_YET}"),
     }

@@ -1,0 +1,213 @@
+"""The snapshot side of the clone flavour: VolumeSnapshotClasses, the smart clone's temporary
+snapshot, the snapshot a DataVolume clones from, and what a restored claim needs once bound.
+
+The clone flavour (``cdi.controller.flavours.clone``) decides; this module reads and writes the
+snapshot API for it, one level-triggered step per call (pure parts: ``cdi.render.clone_snapshot``):
+
+- ``choose_class``: the VolumeSnapshotClass for a driver (the StorageProfile's
+  ``snapshotClass``, the default-annotated one, the first by name). A cluster that serves no
+  snapshot API answers 404, which is "no class": the clone falls back to host-assisted copy
+  with ``NoVolumeSnapshotClass``, nothing crashes or waits;
+- ``snapshot_step`` (smart clone of a PVC): ``tmp-snapshot-<dv uid>`` of the source, in the
+  source namespace (phase SnapshotForSmartCloneInProgress) until it is ``readyToUse``; the
+  snapshot is labelled ``cloneFor=<dv uid>``, never owned (an owner in another namespace is
+  not allowed), so ``settle`` deletes it once the target is bound and ``abandon`` deletes a
+  stray one whose DataVolume is gone. A snapshot at that name without our label is refused;
+- ``source_snapshot`` / ``source_mode`` / ``driver_of``: the VolumeSnapshot a DataVolume names
+  (``source.snapshot``, or a DataSource's ``spec.source.snapshot``), the volume mode of the
+  claim it was taken of (when that claim still exists; else unknown, as CDI) and its driver;
+- ``temporary_source_step``: when a snapshot source cannot be restored into the target (CDI's
+  fallback reasons), CDI's ``tmp-source-pvc-<dv uid>`` restored in the snapshot's namespace on a
+  class of its driver, for the host-assisted copy to read; ``remove_temporary_source`` once
+  the copy is recorded (a stray one goes with ``VolumeMove.abandon``: same label);
+- ``settle``: a bound restored claim grows to its recorded size (CDI's PrepClaim expansion;
+  phase ExpansionInProgress), then the temporary snapshot goes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from cdi.api.cloneauth import CloneSource
+from cdi.api.constants import Phase
+from cdi.controller.flavours import JSON, Claim
+from cdi.kube.client import (
+    DATAVOLUMES,
+    PVCS,
+    STORAGE_CLASSES,
+    VOLUME_SNAPSHOT_CLASSES,
+    VOLUME_SNAPSHOTS,
+    AsyncKube,
+)
+from cdi.kube.errors import Conflict, KubeError, NotFound
+from cdi.render.clone import ANN_MOVE_TARGET, LABEL_CLONE_FOR, requested
+from cdi.render.clone_snapshot import (
+    SnapshotClassChoice,
+    choose_snapshot_class,
+    growth,
+    made_for,
+    ready,
+    render_snapshot,
+    restore_class,
+    snapshot_driver,
+    temporary_source,
+    temporary_source_name,
+    tmp_snapshot_name,
+)
+
+
+class SnapshotRefused(Exception):
+    """The temporary snapshot's name is taken by a snapshot this controller did not make."""
+
+
+def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    return obj.get("metadata") or {}
+
+
+class SnapshotClone:
+    def __init__(self, kube: AsyncKube) -> None:
+        self.kube = kube
+
+    # -- classes ---------------------------------------------------------------------------
+    async def choose_class(self, driver: str, wanted: str | None) -> SnapshotClassChoice | None:
+        """The class for ``driver``'s volumes, or None (none fits, or no snapshot API)."""
+        if not driver:
+            return None
+        try:
+            if wanted:
+                named = await self.kube.get_or_none(VOLUME_SNAPSHOT_CLASSES, wanted)
+                return choose_snapshot_class(driver, [named] if named else [], wanted)
+            found = await self.kube.list(VOLUME_SNAPSHOT_CLASSES)
+        except NotFound:
+            return None  # the snapshot API is not served here
+        return choose_snapshot_class(driver, found.get("items") or [])
+
+    async def driver_of(self, snapshot: Mapping[str, Any]) -> str:
+        """The driver of the class that took ``snapshot`` ("" when unknown)."""
+        name = str((snapshot.get("spec") or {}).get("volumeSnapshotClassName") or "")
+        if not name:
+            return ""
+        return snapshot_driver(await self.kube.get_or_none(VOLUME_SNAPSHOT_CLASSES, name))
+
+    # -- the smart clone's temporary snapshot ----------------------------------------------
+    async def snapshot_step(
+        self, dv_uid: str, source: CloneSource, snapshot_class: str, target_key: str
+    ) -> JSON | None:
+        """The ready temporary snapshot of ``source``, or None while it is being made."""
+        name = tmp_snapshot_name(dv_uid)
+        snap = await self.kube.get_or_none(VOLUME_SNAPSHOTS, name, source.namespace)
+        if snap is None:
+            body = render_snapshot(
+                source.namespace, source.name, dv_uid, snapshot_class, target_key
+            )
+            try:
+                await self.kube.create(VOLUME_SNAPSHOTS, body, source.namespace)
+            except Conflict:
+                pass  # made meanwhile: judged next time
+            return None
+        if not made_for(snap, dv_uid):
+            msg = f"snapshot {source.namespace}/{name} exists and was not made for this clone"
+            raise SnapshotRefused(msg)
+        return snap if ready(snap) else None
+
+    # -- a snapshot source -----------------------------------------------------------------
+    async def source_snapshot(self, source: CloneSource) -> JSON | None:
+        """The VolumeSnapshot a DataVolume clones from (None: absent, or no snapshot API)."""
+        return await self.kube.get_or_none(VOLUME_SNAPSHOTS, source.name, source.namespace)
+
+    async def source_mode(self, snapshot: Mapping[str, Any]) -> str | None:
+        """The volume mode of the claim the snapshot was taken of, while that claim exists."""
+        claim = ((snapshot.get("spec") or {}).get("source") or {}).get("persistentVolumeClaimName")
+        if not claim:
+            return None
+        pvc = await self.kube.get_or_none(PVCS, str(claim), str(_meta(snapshot).get("namespace")))
+        if pvc is None:
+            return None
+        return str((pvc.get("spec") or {}).get("volumeMode") or "Filesystem")
+
+    async def temporary_source_step(
+        self, dv_uid: str, snapshot: JSON, target: JSON, mode: str | None, driver: str, key: str
+    ) -> JSON | None:
+        """The bound claim restored from ``snapshot`` for a host-assisted copy, or None while
+        it is being made."""
+        name, ns = temporary_source_name(dv_uid), str(_meta(snapshot).get("namespace"))
+        tmp = await self.kube.get_or_none(PVCS, name, ns)
+        if tmp is None:
+            classes = (await self.kube.list(STORAGE_CLASSES)).get("items") or []
+            storage_class = restore_class(driver, classes)
+            if storage_class is None:
+                raise SnapshotRefused(
+                    f"no storage class restores snapshots of driver {driver or '(unknown)'}"
+                )
+            body = temporary_source(snapshot, storage_class, target, mode, dv_uid, key)
+            try:
+                await self.kube.create(PVCS, body, ns)
+            except Conflict:
+                pass
+            return None
+        if (_meta(tmp).get("labels") or {}).get(LABEL_CLONE_FOR) != dv_uid:
+            raise SnapshotRefused(f"claim {ns}/{name} exists and was not made for this clone")
+        return tmp if (tmp.get("status") or {}).get("phase") == "Bound" else None
+
+    async def remove_temporary_source(self, dv_uid: str, namespace: str) -> None:
+        tmp = await self.kube.get_or_none(PVCS, temporary_source_name(dv_uid), namespace)
+        meta = _meta(tmp or {})
+        if tmp is None or (meta.get("labels") or {}).get(LABEL_CLONE_FOR) != dv_uid:
+            return
+        if meta.get("deletionTimestamp"):
+            return
+        try:
+            await self.kube.delete(PVCS, str(meta["name"]), namespace, uid=str(meta["uid"]))
+        except (NotFound, Conflict):
+            pass
+
+    # -- after the bind --------------------------------------------------------------------
+    async def settle(self, claim: Claim, snapshot_ns: str) -> Phase | None:
+        """Grow the bound claim to its recorded size, then delete the temporary snapshot;
+        the phase to show while that is under way, None once done."""
+        pvc = claim.pvc
+        wanted = growth(pvc)
+        if wanted is not None:
+            if (requested(pvc) or 0) < wanted:
+                patch = {"spec": {"resources": {"requests": {"storage": str(wanted)}}}}
+                meta = _meta(pvc)
+                await self.kube.patch(PVCS, str(meta["name"]), patch, meta.get("namespace"))
+            return Phase.EXPANSION_IN_PROGRESS
+        await self._delete_temporary(claim.dv.uid, snapshot_ns)
+        return None
+
+    async def _delete_temporary(self, dv_uid: str, namespace: str) -> None:
+        snap = await self.kube.get_or_none(VOLUME_SNAPSHOTS, tmp_snapshot_name(dv_uid), namespace)
+        if snap is not None and made_for(snap, dv_uid):
+            await self._delete(snap)
+
+    async def _delete(self, snap: Mapping[str, Any]) -> None:
+        meta = _meta(snap)
+        if meta.get("deletionTimestamp"):
+            return
+        try:
+            await self.kube.delete(
+                VOLUME_SNAPSHOTS, str(meta["name"]), str(meta["namespace"]), uid=str(meta["uid"])
+            )
+        except (NotFound, Conflict):
+            pass
+
+    async def abandon(self, target_ns: str, target: str) -> int:
+        """Delete the temporary snapshots for ``target_ns/target`` whose DataVolume is gone."""
+        key = f"{target_ns}/{target}"
+        alive = await self.kube.get_or_none(DATAVOLUMES, target, target_ns)
+        alive_uid = str(_meta(alive).get("uid") or "") if alive else ""
+        try:
+            found = await self.kube.list(VOLUME_SNAPSHOTS, label_selector=LABEL_CLONE_FOR)
+        except KubeError:
+            return 0  # no snapshot API: nothing of ours can exist
+        strays = [
+            snap
+            for snap in found.get("items") or []
+            if (_meta(snap).get("annotations") or {}).get(ANN_MOVE_TARGET) == key
+            and (_meta(snap).get("labels") or {}).get(LABEL_CLONE_FOR) != alive_uid
+        ]
+        for snap in strays:
+            await self._delete(snap)
+        return len(strays)
