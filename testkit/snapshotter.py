@@ -187,13 +187,14 @@ class Snapshotter:
 
     def _check_existing(self, content: JSON) -> None:
         handle = content["spec"]["source"]["snapshotHandle"]
-        image = self.image(handle)
-        if not image.exists():
-            self._set_error(
-                content, f"Failed to check and update snapshot content: {handle} not found"
-            )
+        if not valid_handle(handle):
+            problem = f"invalid snapshot handle {handle!r}"
+        elif not self.image(handle).exists():
+            problem = f"{handle} not found"
+        else:
+            self._set_ready(content, handle, self.image(handle))
             return
-        self._set_ready(content, handle, image)
+        self._set_error(content, f"Failed to check and update snapshot content: {problem}")
 
     def _delete_snapshot(self, content: JSON) -> None:
         handle = content["status"]["snapshotHandle"]

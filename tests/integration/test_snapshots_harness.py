@@ -7,6 +7,7 @@ straight through the node's mount point or loop device."""
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -146,3 +147,74 @@ def test_snapshot_of_a_local_volume_is_left_to_the_controller_to_refuse(
     status = wait_until(failed, "the snapshot-controller's error on the VolumeSnapshot", 60)
     assert not status.get("readyToUse")
     assert not status.get("boundVolumeSnapshotContentName")
+
+
+def pre_provisioned(name: str, ns: str, handle: str, snapshot: str) -> JSON:
+    return {
+        "apiVersion": "snapshot.storage.k8s.io/v1",
+        "kind": "VolumeSnapshotContent",
+        "metadata": {"name": name},
+        "spec": {
+            "driver": CSI_PROVISIONER,
+            "deletionPolicy": "Retain",
+            "source": {"snapshotHandle": handle},
+            "sourceVolumeMode": "Filesystem",
+            "volumeSnapshotRef": {"name": snapshot, "namespace": ns},
+        },
+    }
+
+
+def imported_snapshot(name: str, content: str) -> JSON:
+    return {
+        "apiVersion": "snapshot.storage.k8s.io/v1",
+        "kind": "VolumeSnapshot",
+        "metadata": {"name": name},
+        "spec": {"source": {"volumeSnapshotContentName": content}},
+    }
+
+
+def test_pre_provisioned_snapshots_bind_by_handle_and_bad_handles_are_refused(
+    cluster: Cluster, kube: Kube, namespace: str
+) -> None:
+    claims = ns_path(namespace, "persistentvolumeclaims")
+    kube.create(claims, pvc_manifest("src", "16Mi", CLASS["Filesystem"]))
+    data = os.urandom(MiB)
+    write_pattern(bound_pv(kube, namespace, "src"), data)
+    kube.create(snapshot_path(namespace), snapshot_manifest("snap", "src"))
+    snap = ready_snapshot(kube, namespace, "snap")
+    dynamic = kube.get(f"{CONTENTS}/{snap['status']['boundVolumeSnapshotContentName']}")
+    handle = dynamic["status"]["snapshotHandle"]
+
+    suffix = namespace[-6:]  # contents are cluster-scoped: one name per test run
+    names = {k: f"{k}-{suffix}" for k in ("imported", "missing", "escape")}
+    handles = {"imported": handle, "missing": "snapshot-nothing-here", "escape": "../volumes/x"}
+    for key, content in names.items():
+        kube.create(CONTENTS, pre_provisioned(content, namespace, handles[key], key))
+        kube.create(snapshot_path(namespace), imported_snapshot(key, content))
+    imported = ready_snapshot(kube, namespace, "imported")
+    assert int(parse_quantity(imported["status"]["restoreSize"])) == 16 * MiB
+    kube.create(claims, from_snapshot("restored", "16Mi", "Filesystem", "imported"))
+    assert read_pattern(bound_pv(kube, namespace, "restored"), MiB) == data
+
+    def error_of(content: str) -> str | None:
+        status = kube.get(f"{CONTENTS}/{content}").get("status") or {}
+        return (status.get("error") or {}).get("message")
+
+    assert "not found" in wait_until(lambda: error_of(names["missing"]), "an error", 30)
+    assert "invalid snapshot handle" in wait_until(
+        lambda: error_of(names["escape"]), "an error", 30
+    )
+    # A claim of another volume mode than the snapshot's source is refused (stays Pending),
+    # and while it waits the snapshot-controller keeps the snapshot from being deleted.
+    kube.create(claims, from_snapshot("as-block", "16Mi", "Block", "imported"))
+    kube.delete(snapshot_path(namespace, "imported"))
+    time.sleep(3)
+    pvc = kube.get(f"{claims}/as-block")
+    assert pvc["status"]["phase"] == "Pending" and not pvc["spec"].get("volumeName")
+    assert kube.get_or_none(snapshot_path(namespace, "imported")) is not None
+
+    kube.delete(f"{claims}/as-block")
+    wait_gone(kube, snapshot_path(namespace, "imported"))
+    assert cluster.snapshot_image(handle).exists()  # Retain: the snapshot stays on storage
+    for content in names.values():
+        kube.delete_ignore_missing(f"{CONTENTS}/{content}")
