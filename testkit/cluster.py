@@ -2,8 +2,10 @@
 
 Order: etcd, kube-apiserver (secure port on 127.0.0.1, RBAC, a static token file, service-
 account signing keys, admission webhooks, aggregation with a front-proxy client certificate),
-kube-controller-manager, kube-scheduler, then the
-local node agent and the local provisioner (``testkit.node``, ``testkit.provisioner``). Each
+kube-controller-manager, the VolumeSnapshot CRDs and the upstream CSI snapshot-controller
+(both built by hack/kube/build.sh from kubernetes-csi/external-snapshotter), kube-scheduler,
+then the local node agent and the local provisioner (``testkit.node``, ``testkit.provisioner``,
+which is also the CSI snapshotter of its ``loop.testkit.local`` volumes). Each
 runs in its own process group, logs to ``<state>/logs/<name>.log`` and is stopped by group, so
 a teardown leaves no stray process, mount or loop device.
 
@@ -34,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import urllib3
+import yaml
 from kubernetes import client
 
 from testkit import pki, storage
@@ -49,14 +52,25 @@ from testkit.kubeconfig import (
 from testkit.node import MARKER_ENV
 from testkit.procs import ManagedProcess, kill_processes_with_env
 from testkit.provisioner import storage_classes
+from testkit.snapshotter import CLASSES as SNAPSHOT_CLASSES
+from testkit.snapshotter import SNAPSHOT_CLASS
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_BIN_DIR = REPO_ROOT / "hack" / "kube" / "_build" / "bin"
+DEFAULT_CRD_DIR = REPO_ROOT / "hack" / "kube" / "_build" / "crd"
 NET_LOCK_DIR = Path(tempfile.gettempdir())
 # Shared by every cluster on the machine: host paths containers had to create as mount points.
 MOUNT_POINT_RECORD = NET_LOCK_DIR / "testkit-created-mount-points"
 FRONT_PROXY_CLIENT = "front-proxy-client"
-BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler")
+BINARIES = (
+    "etcd",
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "snapshot-controller",
+)
+SNAPSHOT_CRDS = ("volumesnapshotclasses", "volumesnapshotcontents", "volumesnapshots")
+CRD_API = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
 
 # Controllers the tests rely on; everything else in kube-controller-manager stays off, which
 # keeps start-up fast and leaves the node's status to our node agent alone.
@@ -92,6 +106,7 @@ class ClusterStartFailed(RuntimeError):
 class ClusterConfig:
     state_dir: Path
     bin_dir: Path = DEFAULT_BIN_DIR
+    crd_dir: Path = DEFAULT_CRD_DIR  # the VolumeSnapshot CRDs build.sh takes from the module
     node_name: str = "testkit-node"
     with_node: bool = True
     images_config: Path | None = None
@@ -199,6 +214,11 @@ class Cluster:
     def ca_path(self) -> Path:
         return self.state / "pki" / "ca.crt"
 
+    @property
+    def storage_dir(self) -> Path:
+        """The provisioner's: volume images and mounts, snapshots."""
+        return self.state / "storage"
+
     def kubeconfig_for(self, user: str) -> Path:
         return self.state / f"kubeconfig-{user}"
 
@@ -214,6 +234,10 @@ class Cluster:
 
     def kube(self, user: str = ADMIN) -> Kube:
         return Kube(self.api_client(user))
+
+    def snapshot_image(self, handle: str) -> Path:
+        """Where the local snapshotter keeps the snapshot ``handle`` (a sparse image)."""
+        return self.storage_dir / "snapshots" / f"{handle}.img"
 
     def pod_log_dir(self, namespace: str, pod: str) -> Path:
         """Where the node agent keeps a pod's container logs (one dir per pod uid)."""
@@ -231,11 +255,11 @@ class Cluster:
     # -- lifecycle --------------------------------------------------------------------------
     def start(self) -> Cluster:
         t0 = time.monotonic()
-        missing = [b for b in BINARIES if not (self.config.bin_dir / b).is_file()]
+        missing = [str(self.config.bin_dir / b) for b in BINARIES]
+        missing += [str(self.config.crd_dir / f"{c}.yaml") for c in SNAPSHOT_CRDS]
+        missing = [m for m in missing if not Path(m).is_file()]
         if missing:
-            raise ControlPlaneMissing(
-                f"missing {', '.join(missing)} in {self.config.bin_dir}: run hack/kube/build.sh"
-            )
+            raise ControlPlaneMissing(f"missing {', '.join(missing)}: run hack/kube/build.sh")
         sweep_dead_clusters()
         self.state.mkdir(parents=True, exist_ok=True)
         self.state_lock = os.open(self.state / "cluster.lock", os.O_CREAT | os.O_RDWR, 0o644)
@@ -247,6 +271,8 @@ class Cluster:
             self._start_apiserver(etcd_url)
             self._wait("kube-apiserver /readyz", self._apiserver_ready)
             self._start_controller_manager()
+            self._install_snapshot_crds()
+            self._start_snapshot_controller()
             self._start_scheduler()
             if self.config.with_node:
                 self._start_local_components()
@@ -450,6 +476,49 @@ class Cluster:
             lambda: _http_ok(f"https://127.0.0.1:{port}/healthz"),
         )
 
+    def _install_snapshot_crds(self) -> None:
+        """The snapshot.storage.k8s.io CRDs, before the snapshot-controller (which exits when
+        they are not served) and before any product is installed."""
+        kube = self.kube()
+        for name in SNAPSHOT_CRDS:
+            crd = yaml.safe_load((self.config.crd_dir / f"{name}.yaml").read_text())
+            try:
+                kube.create(CRD_API, crd)
+            except ApiError as e:
+                if not e.conflict:
+                    raise
+
+        def established() -> bool:
+            for name in SNAPSHOT_CRDS:
+                crd = kube.get(f"{CRD_API}/{name}.snapshot.storage.k8s.io")
+                conds = crd.get("status", {}).get("conditions") or []
+                if not any(c["type"] == "Established" and c["status"] == "True" for c in conds):
+                    return False
+            return True
+
+        self._wait("VolumeSnapshot CRDs established", established)
+
+    def _start_snapshot_controller(self) -> None:
+        port = free_port()
+        self._spawn(
+            "snapshot-controller",
+            [
+                self._bin("snapshot-controller"),
+                f"--kubeconfig={self.kubeconfig}",
+                f"--http-endpoint=127.0.0.1:{port}",  # metrics: how we know it is up
+                "--leader-election=false",
+                # No group-snapshot CRDs here: with the gate on it would wait 30 s for them.
+                "--feature-gates=CSIVolumeGroupSnapshot=false",
+                "--kube-api-qps=50",  # the default 5/s would pace a burst of test snapshots
+                "--kube-api-burst=100",
+                "--retry-interval-max=10s",  # failures are retried within a test's patience
+                "--v=2",
+            ],
+        )
+        self._wait(
+            "snapshot-controller /metrics", lambda: _http_ok(f"http://127.0.0.1:{port}/metrics")
+        )
+
     def _start_scheduler(self) -> None:
         port = free_port()
         self._spawn(
@@ -478,7 +547,7 @@ class Cluster:
                 "-m",
                 "testkit.provisioner",
                 *common,
-                f"--state-dir={self.state / 'storage'}",
+                f"--state-dir={self.storage_dir}",
             ],
             env,
         )
@@ -521,7 +590,8 @@ class Cluster:
                 sc["metadata"]["name"]
                 for sc in kube.get("/apis/storage.k8s.io/v1/storageclasses")["items"]
             }
-            return {sc["metadata"]["name"] for sc in storage_classes()} <= names
+            snapclass = kube.get_or_none(f"{SNAPSHOT_CLASSES}/{SNAPSHOT_CLASS}")
+            return {sc["metadata"]["name"] for sc in storage_classes()} <= names and bool(snapclass)
 
         self._wait("node Ready", node_ready)
         self._wait("storage classes", classes)

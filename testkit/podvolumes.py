@@ -1,7 +1,8 @@
 """A pod's volumes, materialized on the node so containers can bind-mount them.
 
-Each volume becomes a host path: a PVC resolves through its bound PersistentVolume to the
-provisioner's mount point (filesystem) or loop device (block); Secret, ConfigMap, downward API
+Each volume becomes a host path: a PVC resolves through its bound PersistentVolume (local,
+hostPath, or one of the provisioner's CSI volumes) to the provisioner's mount point
+(filesystem) or loop device (block); Secret, ConfigMap, downward API
 and projected volumes (including service-account tokens from the TokenRequest API) are written
 as files under the pod's directory; emptyDir is a directory there. A volume that cannot be
 built yet (claim not bound, Secret missing) raises ``NotReady`` and the pod keeps waiting, as
@@ -17,6 +18,7 @@ from typing import Any
 
 from testkit.kubeclient import JSON, ApiError, Kube, ns_path
 from testkit.podenv import NotReady, PodFacts, configmap_data, field_value, secret_data
+from testkit.provisioner import volume_path
 
 DEFAULT_MODE = 0o644
 TOKEN_SECONDS = 3607
@@ -133,7 +135,7 @@ class VolumeBuilder:
             raise NotReady("ContainerCreating", f'claim "{src["claimName"]}" is not bound')
         pv = self.kube.get(f"/api/v1/persistentvolumes/{pv_name}")
         spec = pv["spec"]
-        path = (spec.get("local") or spec.get("hostPath") or {}).get("path")
+        path = volume_path(pv)
         if not path:
             raise NotReady("ContainerCreating", f"volume {pv_name} has no local path")
         return Volume(

@@ -10,7 +10,8 @@ kube-controller-manager's PV binder does the binding; this process only answers 
 * ``dataSource`` naming a bound PVC of ours clones it with a sparse copy. A claim whose data
   source is any other kind (a volume populator's, e.g. CDI's ``VolumeImportSource``) is left
   alone, as the CSI external-provisioner leaves it: its populator fills another claim and
-  hands that claim's PV over.
+  hands that claim's PV over. On the CSI classes a ``VolumeSnapshot`` data source is ours:
+  the claim gets a copy of the snapshot (``testkit.snapshotter``), once it is ready.
 * WaitForFirstConsumer claims are provisioned only once the scheduler has chosen this node.
 * Growing ``spec.resources.requests.storage`` grows file, device and filesystem online.
 * A Released PV with reclaim policy Delete loses its backing files, then its object.
@@ -18,7 +19,12 @@ kube-controller-manager's PV binder does the binding; this process only answers 
 The same volumes are also served under a second provisioner name, ``loop.testkit.local``, for
 which a ``CSIDriver`` object is registered (classes ``testkit-csi-fs``, ``testkit-csi-fs-wffc``,
 ``testkit-csi-block``): to CDI those classes are CSI storage, where DataVolumes are filled
-through volume populators by default, while the first three are not.
+through volume populators by default, while the first three are not. Their PVs are CSI
+volumes (``spec.csi``: driver ``loop.testkit.local``, the PV name as ``volumeHandle``, the host
+path in ``volumeAttributes``, as a driver keeps its volume context there), because the
+snapshot-controller snapshots only CSI volumes; the node mounts them as it mounts local PVs
+(:func:`volume_path`). For that driver this process is also the CSI snapshotter
+(``testkit.snapshotter``, run in the same loop).
 
 The loop is level-triggered and polls (a few list calls a second is nothing for a test API
 server); every step re-reads state, so a crash or restart never leaves it confused.
@@ -44,6 +50,8 @@ from kubernetes.utils import parse_quantity
 
 from testkit import storage
 from testkit.kubeclient import JSON, ApiError, Kube, ns_path
+from testkit.snapshotter import GROUP as SNAPSHOT_GROUP
+from testkit.snapshotter import Snapshotter
 
 log = logging.getLogger("testkit.provisioner")
 
@@ -55,6 +63,7 @@ ANN_PROVISIONER_BETA = "volume.beta.kubernetes.io/storage-provisioner"
 ANN_SELECTED_NODE = "volume.kubernetes.io/selected-node"
 ANN_PROVISIONED_BY = "pv.kubernetes.io/provisioned-by"
 ANN_IMAGE = "testkit.local/image"
+ATTR_PATH = "testkit.local/path"  # in a CSI PV's volumeAttributes: mount point or device
 
 FS_IMMEDIATE = "testkit-fs"
 FS_WFFC = "testkit-fs-wffc"
@@ -89,6 +98,19 @@ def storage_classes() -> list[JSON]:
     ]
 
 
+def volume_path(pv: JSON) -> str | None:
+    """Where a PV's data is on this node: a local PV's path, a hostPath, or for one of our CSI
+    volumes the mount point (filesystem) or loop device (block) in its volume attributes."""
+    spec = pv["spec"]
+    if "local" in spec or "hostPath" in spec:
+        return str((spec.get("local") or spec.get("hostPath"))["path"])
+    csi = spec.get("csi") or {}
+    if csi.get("driver") == CSI_PROVISIONER:
+        path = (csi.get("volumeAttributes") or {}).get(ATTR_PATH)
+        return str(path) if path else None
+    return None
+
+
 def csi_driver() -> JSON:
     return {
         "apiVersion": "storage.k8s.io/v1",
@@ -112,6 +134,9 @@ class Provisioner:
         self.config = config
         self.volumes = config.state_dir / "volumes"
         self.volumes.mkdir(parents=True, exist_ok=True)
+        self.snapshotter = Snapshotter(
+            kube, self.volumes, config.state_dir / "snapshots", CSI_PROVISIONER
+        )
         self._pool = ThreadPoolExecutor(config.parallel, thread_name_prefix="provision")
         self._lock = threading.Lock()
         self._loop_lock = threading.Lock()
@@ -128,16 +153,18 @@ class Provisioner:
             except ApiError as e:
                 if not e.conflict:
                     raise
+        self.snapshotter.ensure_class()
 
     # -- loop -----------------------------------------------------------------------------
     def run(self, stop: threading.Event) -> None:
         self.ensure_storage_classes()
         try:
             while not stop.is_set():
-                try:
-                    self.sync_once()
-                except Exception:
-                    log.exception("sync failed; retrying")
+                for sync in (self.sync_once, self.snapshotter.sync_once):
+                    try:
+                        sync()
+                    except Exception:
+                        log.exception("sync failed; retrying")
                 stop.wait(self.config.poll_interval)
         finally:
             self._pool.shutdown(wait=True, cancel_futures=True)
@@ -179,7 +206,7 @@ class Provisioner:
             return False
         if pvc["spec"].get("volumeName") or pvc.get("status", {}).get("phase") != "Pending":
             return False
-        if not _own_data_source(pvc):
+        if not _own_data_source(pvc, cls):
             return False
         if cls.get("volumeBindingMode") == "WaitForFirstConsumer":
             return ann.get(ANN_SELECTED_NODE) == self.config.node_name
@@ -209,10 +236,8 @@ class Provisioner:
         size = int(parse_quantity(pvc["spec"]["resources"]["requests"]["storage"]))
         block = pvc["spec"].get("volumeMode") == "Block"
         image = self.volumes / f"{name}.img"
-        source = self._clone_source(pvc)
         self._discard(name)
-        if source is not None:
-            self._copy_consistent(source, image)
+        if self._fill_from_source(pvc, image):
             if image.stat().st_size < size:
                 storage.grow(image, size, None)
             if not block:
@@ -243,10 +268,23 @@ class Provisioner:
             path,
         )
 
-    def _clone_source(self, pvc: JSON) -> JSON | None:
+    def _fill_from_source(self, pvc: JSON, image: Path) -> bool:
+        """Copy the claim's data source (a PVC or a VolumeSnapshot) to ``image``; False when it
+        has none."""
         src = pvc["spec"].get("dataSourceRef") or pvc["spec"].get("dataSource")
-        if not src or src.get("kind") != "PersistentVolumeClaim":
-            return None
+        if not src:
+            return False
+        if src.get("kind") == "VolumeSnapshot":
+            self.snapshotter.restore(pvc, src["name"], image)
+            return True
+        source = self._clone_source(pvc, src)
+        mounted = source["spec"].get("volumeMode") != "Block"
+        path = Path(volume_path(source) or "")
+        src_image = Path(source["metadata"]["annotations"][ANN_IMAGE])
+        storage.copy_consistent(src_image, image, path if mounted else None)
+        return True
+
+    def _clone_source(self, pvc: JSON, src: JSON) -> JSON:
         ns = pvc["metadata"]["namespace"]
         source_pvc = self.kube.get(ns_path(ns, "persistentvolumeclaims", src["name"]))
         pv_name = source_pvc["spec"].get("volumeName")
@@ -256,21 +294,6 @@ class Provisioner:
         if not _ours(pv):
             raise storage.StorageError(f"clone source {pv_name} is not a testkit volume")
         return pv
-
-    def _copy_consistent(self, source_pv: JSON, image: Path) -> None:
-        """Sparse-copy a source volume's image while its filesystem is frozen (or, for a
-        block volume, after flushing the device), so the clone sees every completed write."""
-        src_image = Path(source_pv["metadata"]["annotations"][ANN_IMAGE])
-        path = source_pv["spec"]["local"]["path"]
-        if source_pv["spec"].get("volumeMode") == "Block":
-            storage.run("blockdev", "--flushbufs", path)
-            storage.sparse_copy(src_image, image)
-            return
-        storage.run("fsfreeze", "--freeze", path)
-        try:
-            storage.sparse_copy(src_image, image)
-        finally:
-            storage.run("fsfreeze", "--unfreeze", path)
 
     def _pv_object(self, pvc: JSON, cls: JSON, name: str, path: str, image: Path) -> JSON:
         meta = pvc["metadata"]
@@ -294,7 +317,7 @@ class Provisioner:
                     "name": meta["name"],
                     "uid": meta["uid"],
                 },
-                "local": {"path": path},
+                **_volume_source(cls, name, path, pvc["spec"].get("volumeMode") == "Block"),
                 "nodeAffinity": {
                     "required": {
                         "nodeSelectorTerms": [
@@ -391,10 +414,26 @@ class Provisioner:
             mnt.rmdir()
 
 
-def _own_data_source(pvc: JSON) -> bool:
-    """No data source, or one this provisioner fills itself (a PVC of the core group)."""
+def _own_data_source(pvc: JSON, cls: JSON) -> bool:
+    """No data source, or one this provisioner fills itself: a PVC of the core group, or on
+    the CSI classes a VolumeSnapshot."""
     src = pvc["spec"].get("dataSourceRef") or pvc["spec"].get("dataSource")
-    return not src or (not src.get("apiGroup") and src.get("kind") == "PersistentVolumeClaim")
+    if not src:
+        return True
+    if src.get("kind") == "VolumeSnapshot" and src.get("apiGroup") == SNAPSHOT_GROUP:
+        return bool(cls.get("provisioner") == CSI_PROVISIONER)
+    return not src.get("apiGroup") and src.get("kind") == "PersistentVolumeClaim"
+
+
+def _volume_source(cls: JSON, name: str, path: str, block: bool) -> JSON:
+    """``local`` for the plain classes; ``csi`` (volume handle = PV name) for the CSI ones."""
+    if cls.get("provisioner") != CSI_PROVISIONER:
+        return {"local": {"path": path}}
+    csi: JSON = {"driver": CSI_PROVISIONER, "volumeHandle": name}
+    csi["volumeAttributes"] = {ATTR_PATH: path}
+    if not block:
+        csi["fsType"] = "ext4"
+    return {"csi": csi}
 
 
 def _pv_name(pvc: JSON) -> str:

@@ -37,6 +37,29 @@ def sparse_copy(src: Path, dst: Path) -> None:
     run("cp", "--sparse=always", str(src), str(dst))
 
 
+def copy_consistent(src: Path, dst: Path, mounted_at: Path | None) -> None:
+    """Sparse-copy the image of a volume in use: a filesystem volume (``mounted_at``) is frozen
+    while copying, a block volume's loop devices are flushed first, so the copy holds every
+    write completed before the call (a clone, or a snapshot's point in time). The copy goes to
+    a temporary name first: ``dst`` exists only once it is whole."""
+    tmp = dst.with_name(f".{dst.name}.partial")
+    if mounted_at is None:
+        for device in loop_devices_of(src):
+            run("blockdev", "--flushbufs", device)
+        sparse_copy(src, tmp)
+    else:
+        run("fsfreeze", "--freeze", str(mounted_at))
+        try:
+            sparse_copy(src, tmp)
+        finally:
+            run("fsfreeze", "--unfreeze", str(mounted_at))
+    tmp.replace(dst)
+
+
+def set_mtime_ns(path: Path, ns: int) -> None:
+    os.utime(path, ns=(ns, ns))
+
+
 def make_ext4(image: Path) -> None:
     # -m 0: no blocks reserved for root, so the usable size is close to the requested size.
     run(

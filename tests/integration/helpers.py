@@ -77,6 +77,17 @@ def wait_pod_phase(
     return wait_until(done, f"pod {ns}/{name} in {phases}", timeout)
 
 
+def bound_pv(kube: Kube, ns: str, claim: str, timeout: float = 60) -> JSON:
+    """The PersistentVolume of claim ``ns/claim`` once it is Bound."""
+
+    def bound() -> JSON | None:
+        pvc = kube.get(ns_path(ns, "persistentvolumeclaims", claim))
+        return pvc if pvc.get("status", {}).get("phase") == "Bound" else None
+
+    pvc = wait_until(bound, f"claim {ns}/{claim} bound", timeout)
+    return kube.get(f"/api/v1/persistentvolumes/{pvc['spec']['volumeName']}")
+
+
 def wait_gone(kube: Kube, path: str, timeout: float = 60) -> None:
     wait_until(lambda: kube.get_or_none(path) is None, f"{path} to be deleted", timeout)
 

@@ -14,6 +14,7 @@ from testkit.cluster import Cluster
 from testkit.kubeclient import Kube, ns_path
 from testkit.waiting import wait_until
 from tests.integration.helpers import (
+    bound_pv,
     pod_manifest,
     pvc_manifest,
     terminated,
@@ -24,22 +25,13 @@ from tests.integration.helpers import (
 pytestmark = pytest.mark.integration
 
 
-def _bound_pv(kube: Kube, ns: str, claim: str, timeout: float = 60) -> dict:
-    def bound() -> dict | None:
-        pvc = kube.get(ns_path(ns, "persistentvolumeclaims", claim))
-        return pvc if pvc.get("status", {}).get("phase") == "Bound" else None
-
-    pvc = wait_until(bound, f"claim {ns}/{claim} bound", timeout)
-    return kube.get(f"/api/v1/persistentvolumes/{pvc['spec']['volumeName']}")
-
-
 def test_pod_writes_to_immediate_fs_claim_and_is_collected_with_its_owner(
     kube: Kube, namespace: str
 ) -> None:
     kube.create(
         ns_path(namespace, "persistentvolumeclaims"), pvc_manifest("data", "64Mi", "testkit-fs")
     )
-    pv = _bound_pv(kube, namespace, "data")  # Immediate: bound before any pod exists
+    pv = bound_pv(kube, namespace, "data")  # Immediate: bound before any pod exists
     assert pv["spec"]["volumeMode"] == "Filesystem"
     owner = kube.create(
         ns_path(namespace, "configmaps"),
@@ -100,7 +92,7 @@ def test_wait_for_first_consumer_claim_binds_on_this_node_when_a_pod_uses_it(
             mounts=[{"name": "vol", "mountPath": "/vol"}],
         ),
     )
-    pv = _bound_pv(kube, namespace, "late")
+    pv = bound_pv(kube, namespace, "late")
     pvc = kube.get(f"{claims}/late")
     node = cluster.config.node_name
     assert pvc["metadata"]["annotations"]["volume.kubernetes.io/selected-node"] == node
@@ -145,12 +137,12 @@ def test_clone_copies_data_and_released_volume_loses_its_backing_file(
 ) -> None:
     claims = ns_path(namespace, "persistentvolumeclaims")
     kube.create(claims, pvc_manifest("src", "32Mi", "testkit-fs"))
-    src_pv = _bound_pv(kube, namespace, "src")
+    src_pv = bound_pv(kube, namespace, "src")
     (Path(src_pv["spec"]["local"]["path"]) / "seed.txt").write_text("seed\n")
     clone = pvc_manifest("copy", "40Mi", "testkit-fs")
     clone["spec"]["dataSource"] = {"kind": "PersistentVolumeClaim", "name": "src"}
     kube.create(claims, clone)
-    copy_pv = _bound_pv(kube, namespace, "copy")
+    copy_pv = bound_pv(kube, namespace, "copy")
     copy_dir = Path(copy_pv["spec"]["local"]["path"])
     assert (copy_dir / "seed.txt").read_text() == "seed\n"
     image = Path(copy_pv["metadata"]["annotations"]["testkit.local/image"])
@@ -167,7 +159,7 @@ def test_claim_expansion_grows_the_volume(kube: Kube, namespace: str, mode: str)
     claims = ns_path(namespace, "persistentvolumeclaims")
     sc = "testkit-block" if mode == "Block" else "testkit-fs"
     kube.create(claims, pvc_manifest("grow", "32Mi", sc, mode=mode))
-    pv = _bound_pv(kube, namespace, "grow")
+    pv = bound_pv(kube, namespace, "grow")
     kube.patch(f"{claims}/grow", {"spec": {"resources": {"requests": {"storage": "64Mi"}}}})
 
     def expanded() -> bool:

@@ -35,6 +35,7 @@ from aiohttp import web
 from testkit.cluster import Cluster
 from testkit.kubeclient import ApiError, Kube
 from testkit.product import Product, container_argv
+from testkit.provisioner import volume_path
 from testkit.waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[3]
@@ -377,6 +378,14 @@ def events_for(kube: Kube, ns: str, name: str) -> list[dict[str, Any]]:
 def pv_of(kube: Kube, ns: str, claim: str) -> dict[str, Any]:
     pvc = kube.get(f"/api/v1/namespaces/{ns}/persistentvolumeclaims/{claim}")
     return kube.get(f"/api/v1/persistentvolumes/{pvc['spec']['volumeName']}")
+
+
+def volume_dir(kube: Kube, ns: str, claim: str) -> Path:
+    """Where a claim's volume is on the node: the mount point of a filesystem volume, the
+    device of a block one; local PVs and the provisioner's CSI PVs alike."""
+    path = volume_path(pv_of(kube, ns, claim))
+    assert path, f"claim {ns}/{claim}: its PV has no path on this node"
+    return Path(path)
 
 
 def same_prefix_then_zeros(target: Path, reference: Path) -> None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import stat
 import time
-from pathlib import Path
 
 import pytest
 
@@ -20,8 +19,8 @@ from tests.integration.datavolumes.cdi_env import (
     datavolume,
     dv_path,
     events_for,
-    pv_of,
     same_prefix_then_zeros,
+    volume_dir,
     wait_phase,
 )
 from tests.integration.datavolumes.populator_env import (
@@ -60,7 +59,7 @@ def test_plain_pvc_with_volume_import_source_binds_populated_and_prime_is_delete
     assert ann["cdi.kubevirt.io/storage.populator.progress"] == "100.0%"
     assert ann["cdi.kubevirt.io/storage.populator.pvcPrime"] == prime
     assert ann["cdi.kubevirt.io/storage.pod.phase"] == "Succeeded"
-    disk = Path(pv_of(kube, namespace, "disk")["spec"]["local"]["path"]) / "disk.img"
+    disk = volume_dir(kube, namespace, "disk") / "disk.img"
     same_prefix_then_zeros(disk, marker_disk.reference)
     st = os.stat(disk)
     assert stat.S_IMODE(st.st_mode) == 0o660
@@ -90,7 +89,7 @@ def test_deleting_the_source_mid_population_does_not_break_it(
         "the target claim Bound",
         120,
     )
-    disk = Path(pv_of(kube, namespace, "disk")["spec"]["local"]["path"]) / "disk.img"
+    disk = volume_dir(kube, namespace, "disk") / "disk.img"
     same_prefix_then_zeros(disk, marker_disk.reference)
 
 
@@ -143,7 +142,7 @@ def test_datavolumes_on_csi_storage_use_the_populator_unless_opted_out(
         dv = wait_phase(kube, namespace, name, ("Succeeded", "Failed"), 90)
         assert dv["status"]["phase"] == "Succeeded", dv["status"]
         assert dv["status"]["progress"] == "100.0%"
-        disk = Path(pv_of(kube, namespace, name)["spec"]["local"]["path"]) / "disk.img"
+        disk = volume_dir(kube, namespace, name) / "disk.img"
         sizes[name] = disk.stat().st_size
     via = kube.get(dv_path(namespace, "via"))
     ref = kube.get(pvc_path(namespace, "via"))["spec"]["dataSourceRef"]
@@ -201,6 +200,6 @@ def test_a_controller_crash_mid_population_neither_duplicates_nor_loses_work(
 
     wait_until(bound, "the target claim Bound after the takeover", 150)
     assert len(pods) == 1, pods  # the new leader followed the recorded pod
-    disk = Path(pv_of(kube, namespace, "disk")["spec"]["local"]["path"]) / "disk.img"
+    disk = volume_dir(kube, namespace, "disk") / "disk.img"
     same_prefix_then_zeros(disk, marker_disk.reference)
     wait_until(lambda: prime not in claims(kube, namespace), "the prime claim deleted", 30)

@@ -23,6 +23,7 @@ from tests.integration.datavolumes.cdi_env import (
     events_for,
     pv_of,
     same_prefix_then_zeros,
+    volume_dir,
     wait_phase,
 )
 from tests.integration.datavolumes.populator_env import claims, pvc_path
@@ -78,7 +79,7 @@ def test_a_clone_populated_claim_waits_for_its_source_then_binds_with_its_conten
     assert ann["cdi.kubevirt.io/storage.populator.pvcPrime"] == prime
     capacity = pv_of(kube, namespace, "copy")["spec"]["capacity"]["storage"]
     assert Quantity.parse(capacity).value() >= 96 * 1024 * 1024, capacity
-    local = pv_of(kube, namespace, "copy")["spec"]["local"]["path"]
+    local = volume_dir(kube, namespace, "copy")
     same_prefix_then_zeros(Path(local) / "disk.img", images.reference)
     assert (
         pv_of(kube, namespace, "copy")["metadata"]["name"]

@@ -6,7 +6,6 @@ prime is gone. DataVolumes with an upload source on CSI storage take the same ro
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,8 +20,8 @@ from tests.integration.datavolumes.cdi_env import (
     datavolume,
     dv_path,
     events_for,
-    pv_of,
     same_prefix_then_zeros,
+    volume_dir,
     wait_phase,
 )
 from tests.integration.datavolumes.populator_env import claims, pvc_path, volumes_for
@@ -92,7 +91,7 @@ def test_plain_pvc_with_volume_upload_source_binds_with_the_uploaded_bytes(
     ann = annotations(kube, namespace, "disk")
     assert ann[ANN + "populator.progress"] == "100.0%"
     assert ann[ANN + "pod.phase"] == "Succeeded"
-    disk = Path(pv_of(kube, namespace, "disk")["spec"]["local"]["path"]) / "disk.img"
+    disk = volume_dir(kube, namespace, "disk") / "disk.img"
     same_prefix_then_zeros(disk, images.reference)
     wait_until(lambda: prime not in claims(kube, namespace), "the prime claim deleted", 30)
     wait_until(
@@ -144,7 +143,7 @@ def test_datavolume_upload_on_csi_storage_goes_through_the_populator(
     dv = wait_phase(kube, namespace, "up", ("Succeeded", "Failed"), 120)
     assert dv["status"]["phase"] == "Succeeded", dv["status"]
     assert dv["status"]["progress"] == "100.0%"
-    local = Path(pv_of(kube, namespace, "up")["spec"]["local"]["path"])
+    local = volume_dir(kube, namespace, "up")
     same_prefix_then_zeros(local if mode == "Block" else local / "disk.img", images.reference)
     prime = f"prime-{kube.get(pvc_path(namespace, 'up'))['metadata']['uid']}"
     wait_until(lambda: prime not in claims(kube, namespace), "the prime claim deleted", 30)
@@ -191,7 +190,7 @@ def test_deleting_the_source_changes_nothing_and_deleting_a_target_leaves_nothin
         "kept Bound",
         120,
     )
-    disk = Path(pv_of(kube, namespace, "kept")["spec"]["local"]["path"]) / "disk.img"
+    disk = volume_dir(kube, namespace, "kept") / "disk.img"
     same_prefix_then_zeros(disk, images.reference)
 
     def only_kept_left() -> bool:
