@@ -32,6 +32,7 @@ from tests.integration.datavolumes.cdi_env import (
     events_for,
     pv_of,
     same_prefix_then_zeros,
+    volume_dir,
     wait_phase,
 )
 
@@ -66,10 +67,12 @@ def clone_of(name: str, ns: str, source: str, mode: str, size: str | None = None
 
 
 def data_of(kube: Kube, ns: str, claim: str) -> Path:
-    """The image's bytes: ``disk.img`` on a filesystem volume, the device of a block one."""
-    pv = pv_of(kube, ns, claim)
-    path = Path(pv["spec"]["local"]["path"])
-    return path if pv["spec"].get("volumeMode") == "Block" else path / "disk.img"
+    """The image's bytes: ``disk.img`` on a filesystem volume, the device of a block one
+    (local and CSI volumes of the test node alike)."""
+    path = volume_dir(kube, ns, claim)
+    return (
+        path if pv_of(kube, ns, claim)["spec"].get("volumeMode") == "Block" else path / "disk.img"
+    )
 
 
 def allocated(kube: Kube, ns: str, claim: str) -> int:
@@ -77,7 +80,7 @@ def allocated(kube: Kube, ns: str, claim: str) -> int:
     if pv["spec"].get("volumeMode") == "Block":
         path = Path(pv["metadata"]["annotations"]["testkit.local/image"])
     else:
-        path = Path(pv["spec"]["local"]["path"]) / "disk.img"
+        path = volume_dir(kube, ns, claim) / "disk.img"
     return os.stat(path).st_blocks * 512
 
 
