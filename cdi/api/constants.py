@@ -108,13 +108,16 @@ class ContentType(StrEnum):
     The one definition for the control plane and the workers. A DataVolume may ask only for
     ``kubevirt`` or ``archive`` (``DATAVOLUME_CONTENT_TYPES``); the clone envelopes are what a
     clone source pod sends its target: ``blockdevice-clone`` is a block volume's bytes as they
-    are (never sniffed or decoded), ``filesystem-clone`` a tar of a filesystem volume.
+    are (never sniffed or decoded), ``filesystem-clone`` a tar of a filesystem volume, and
+    ``blockdevice-clone-sparse`` (ours) the same bytes as data extents only
+    (``datapath.decode.sparseraw``), what our cloner sends so zero runs never travel.
     """
 
     KUBEVIRT = "kubevirt"
     ARCHIVE = "archive"
     BLOCKDEVICE_CLONE = "blockdevice-clone"
     FILESYSTEM_CLONE = "filesystem-clone"
+    BLOCKDEVICE_CLONE_SPARSE = "blockdevice-clone-sparse"
 
 
 # The content types a DataVolume's spec.contentType accepts (CDI's API); the others are the
