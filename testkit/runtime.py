@@ -135,6 +135,11 @@ def _config_image(layout: Path, tag: str) -> Image:
     )
 
 
+def _backoff(ref: str, error: str) -> str:
+    """The kubelet's back-off message (1.30+ carries the last error)."""
+    return f'Back-off pulling image "{ref}": ErrImagePull: {error}'
+
+
 class ImageRuntime:
     """Pulls, unpacks and caches images under ``cache``; one instance per node."""
 
@@ -164,6 +169,7 @@ class ImageRuntime:
         hexd = hashlib.sha256(raw).hexdigest()
         layout, bundle = self.cache / "layout", self.cache / "bundles" / hexd
         if not bundle.exists():
+            self.cache.mkdir(parents=True, exist_ok=True)
             src = f"docker://{repo}@sha256:{hexd}"
             tls = [f"--src-{f.removeprefix('--')}" for f in self._tls_flag(ref)]
             _run(["skopeo", "copy", "-q", *tls, src, f"oci:{layout}:{hexd}"], ref)
@@ -182,11 +188,11 @@ class ImageRuntime:
             future = self._pulls.get(ref)
             if future is None:
                 if failed and time.monotonic() < failed[0]:
-                    raise NotReady("ImagePullBackOff", f'Back-off pulling image "{ref}"')
+                    raise NotReady("ImagePullBackOff", _backoff(ref, failed[2]))
                 future = self._pulls[ref] = self._pool.submit(self.pull, ref)
         if not future.done():
             if failed:  # a retry: the kubelet keeps showing the back-off meanwhile
-                raise NotReady("ImagePullBackOff", f'Back-off pulling image "{ref}"')
+                raise NotReady("ImagePullBackOff", _backoff(ref, failed[2]))
             raise NotReady("ContainerCreating", f'Pulling image "{ref}"')
         try:
             pulled = future.result()

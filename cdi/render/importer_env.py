@@ -121,7 +121,7 @@ def _node_pull(reg: RegistrySource, arch: str | None) -> SourceSettings:
         IMPORT_SOURCE_REGISTRY,
         url,
         extra_env=(
-            (ImporterEnv.PULL_METHOD, RegistryPullMethod.NODE),
+            (ImporterEnv.PULL_METHOD, str(RegistryPullMethod.NODE)),
             (ImporterEnv.READY_FILE, f"{NODE_PULL_SHARED_DIR}/ready"),
             (ImporterEnv.DONE_FILE, f"{NODE_PULL_SHARED_DIR}/done"),
         ),
