@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -65,8 +66,8 @@ def registry(
     reg.stop()
 
 
-def _node_pull(url: str) -> dict[str, object]:
-    return {"registry": {"url": url, "pullMethod": "node"}}
+def _node_pull(url: str, **extra: Any) -> dict[str, Any]:
+    return {"registry": {"url": url, "pullMethod": "node", **extra}}
 
 
 @pytest.mark.parametrize("kind", ["qcow2", "raw"])
@@ -134,3 +135,16 @@ def test_a_broken_containerdisk_fails_with_its_reason_and_nothing_is_read(
     for path in volume.rglob("*"):
         assert not path.is_file() or HOST_SECRET not in path.read_bytes(), path
     assert host_file.read_bytes() == HOST_SECRET
+
+
+def test_node_pull_for_an_absent_architecture_is_unschedulable(
+    kube: Kube, namespace: str, controller: Product, registry: tuple[Registry, Path]
+) -> None:
+    """The platform becomes the nodeSelector ``kubernetes.io/arch``; no node has it (CDI)."""
+    reg, _ = registry
+    source = _node_pull(reg.url("disks/np-qcow2", "qcow2"), platform={"architecture": "absent"})
+    kube.create(dv_path(namespace), datavolume("node-absent", source))
+    running = wait_running_reason(kube, namespace, "node-absent", "Unschedulable")
+    assert (running["status"], running["message"]) == ("False", "Importer pod cannot be scheduled")
+    pod = kube.get(f"/api/v1/namespaces/{namespace}/pods/importer-node-absent")
+    assert pod["spec"]["nodeSelector"] == {"kubernetes.io/arch": "absent"}
