@@ -46,6 +46,8 @@ these environment variables (CDI's names, ``cdi.api.constants.ImporterEnv``):
 ``no_proxy``
 ``IMPORTER_PROXY_AUTH_DIR``        the proxies' credentials, a mounted Secret (not CDI)
 ``IMPORTER_PULL_METHOD``           registry: pod | node
+``IMPORTER_READY_FILE``            node pull: ``/shared/ready``, the holder's pid
+``IMPORTER_DONE_FILE``             node pull: ``/shared/done``, created when the import ends
 ``IMPORTER_REGISTRY_IMAGE_ARCHITECTURE``  registry platform architecture
 ``IMPORTER_EXTRA_HEADER_<i>``      "Name: value", from http.extraHeaders
 ``IMPORTER_DISK_ID``               imageio disk id
