@@ -280,6 +280,11 @@ TERMINATION_LOG_PATH: Final = "/dev/termination-log"
 METRICS_PORT: Final = 8443
 METRICS_PORT_NAME: Final = "metrics"
 IMPORTER_CONTAINER_NAME: Final = "importer"
+# Node pull (registry pullMethod: node): the containerDisk runs as the pod's "server" container
+# (CDI's name) with the static holder an init container copies into the shared emptyDir.
+NODE_PULL_CONTAINER_NAME: Final = "server"
+NODE_PULL_SHARED_DIR: Final = "/shared"
+NODE_PULL_HOLDER: Final = "/shared/cdi-holder"
 QEMU_UID: Final = 107  # qemu user/group in KubeVirt images; disk.img is 0660 group 107
 SECRET_KEY_ACCESS_KEY_ID: Final = "accessKeyId"
 SECRET_KEY_SECRET_KEY: Final = "secretKey"
