@@ -201,6 +201,7 @@ class Manager:
             # the clone flavour checks the webhook's signed requester record with this key
             dataclasses.replace(cfg.controller, requester_key=cfg.requester_key),
         )
+        self.datavolumes = datavolumes
         profiles = StorageProfileReconciler(self.kube, utc_now)
         cdi_config = CDIConfigReconciler(self.kube, i["sc"], cfg.namespace, cfg.config_recheck)
         crons = DataImportCronReconciler(
@@ -267,11 +268,17 @@ class Manager:
         dvs, profiles, config = (
             self.loops[n] for n in ("datavolume", "storageprofile", "cdiconfig")
         )
+        own_dvs, own_claims = self.datavolumes.own_dvs, self.datavolumes.own_claims
         # a DataVolume with no status yet has never been reconciled: its claim and worker pod
-        # come first (WorkQueue: ahead of the status follow-ups of DataVolumes under way)
-        self.informers["dv"].add_handler(lambda o: dvs.enqueue(object_key(o), first=is_new(o)))
-        for name in ("pvc", "pod"):
-            self.informers[name].add_handler(lambda o: dvs.enqueue(owner_key(o)))
+        # come first (WorkQueue: ahead of the status follow-ups of DataVolumes under way); the
+        # echo of the reconciler's own status write or claim create triggers nothing
+        self.informers["dv"].add_handler(
+            lambda o: None if own_dvs.echoes(o) else dvs.enqueue(object_key(o), first=is_new(o))
+        )
+        self.informers["pvc"].add_handler(
+            lambda o: None if own_claims.echoes(o) else dvs.enqueue(owner_key(o))
+        )
+        self.informers["pod"].add_handler(lambda o: dvs.enqueue(owner_key(o)))
         uploads = self.loops["uploadpvc"]
         self.informers["pvc"].add_handler(lambda o: uploads.enqueue(self._upload_key(o)))
         self.informers["pod"].add_handler(

@@ -13,6 +13,11 @@ with etcd they are its revisions, which only grow; a version that is not an inte
 cache win, which is the behaviour without this class. An object
 deleted or re-created behind our back must not be shadowed forever, so an entry gives way to a
 cached object with another UID and expires after ``ttl`` seconds whatever happens.
+
+``echoes`` tells a watch event that carries exactly what a write of ours returned: the
+controller skips the reconcile such an event would trigger (the write's own reconcile already
+decided what comes next), as controller-runtime's predicates filter events. Anything written
+by someone else has another resourceVersion and is never skipped.
 """
 
 from __future__ import annotations
@@ -54,6 +59,18 @@ class OwnWrites:
         if len(self._written) > 256:
             self._expire(now)
         self._written[_key(obj)] = (obj, now)
+
+    def echoes(self, obj: JSON) -> bool:
+        """``obj`` is the very version a write of this process returned (within ``ttl``): a
+        watch event that only echoes our own write, which the controller has acted on."""
+        entry = self._written.get(_key(obj))
+        if entry is None or self.clock() - entry[1] > self.ttl:
+            return False
+        mine = entry[0]
+        uid = (obj.get("metadata") or {}).get("uid")
+        if uid != (mine.get("metadata") or {}).get("uid"):
+            return False
+        return _version(obj) is not None and _version(obj) == _version(mine)
 
     def forget(self, key: str) -> None:
         self._written.pop(key, None)

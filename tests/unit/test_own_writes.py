@@ -59,3 +59,16 @@ def test_an_entry_expires_and_other_keys_are_untouched() -> None:
     own.wrote(obj("20"))
     own.forget("ns/dv")
     assert own.freshest("ns/dv", obj("13")) == obj("13")
+
+
+def test_only_the_very_version_we_wrote_is_an_echo() -> None:
+    clock = Clock()
+    own = OwnWrites(ttl=30.0, clock=clock)
+    own.wrote(obj("12", status="ImportScheduled"))
+    assert own.echoes(obj("12"))
+    assert not own.echoes(obj("13"))  # someone wrote after us
+    assert not own.echoes(obj("11"))  # the version before ours
+    assert not own.echoes(obj("12", uid="u2"))  # another object
+    assert not own.echoes({"metadata": {"namespace": "ns", "name": "x", "resourceVersion": "12"}})
+    clock.now += 31
+    assert not own.echoes(obj("12"))  # a resync long after is not skipped

@@ -9,6 +9,10 @@ cluster.
   create's 409 and followed, not created twice;
 - a DataVolume read from a cache that has not seen the reconciler's own status write is seen
   through that write (``OwnWrites``): the next reconcile does not send a stale status patch.
+
+The DataVolumes have a vddk source, which the installed product's controller (other tests of
+the session start it) leaves alone; the reconciler here fills them with the import flavour, so
+the two never race for one DataVolume (as in ``test_flavours``).
 """
 
 from __future__ import annotations
@@ -17,7 +21,11 @@ from typing import Any
 
 import pytest
 
+from cdi.api.constants import SourceKind
 from cdi.controller.datavolume import Caches, ControllerConfig, DataVolumeReconciler
+from cdi.controller.flavours import FlavourDeps
+from cdi.controller.flavours.import_ import ImportSettings
+from cdi.controller.flavours.table import standard_flavours
 from cdi.controller.record import ANN_IMPORT_POD_UID
 from cdi.kube.client import PVCS, STORAGE_CLASSES, AsyncKube
 from cdi.kube.client import Kube as ProductKube
@@ -25,7 +33,7 @@ from cdi.kube.events import EventRecorder
 from testkit.cluster import Cluster
 from testkit.kubeclient import Kube, ns_path
 from tests.integration.datavolumes.cdi_env import datavolume, dv_path
-from tests.integration.datavolumes.test_flavours import async_kube, no_metrics
+from tests.integration.datavolumes.test_flavours import VDDK, async_kube, no_metrics
 
 __all__ = ["async_kube"]  # the fixture, shared with the flavour tests
 
@@ -57,7 +65,15 @@ async def reconciler(
     classes = Listed((await kube.list(STORAGE_CLASSES))["items"], namespaced=False)
     caches = Caches(pods or Listed([]), classes, Listed([]), Listed([]), dvs, claims)
     events = EventRecorder(kube, "cache-test")
-    return DataVolumeReconciler(kube, caches, events, no_metrics, ControllerConfig("importer"))
+    table = standard_flavours(FlavourDeps(kube, events, no_metrics), ImportSettings("importer"))
+    table = {**table, SourceKind.VDDK: table[SourceKind.HTTP]}  # the import flavour
+    return DataVolumeReconciler(
+        kube, caches, events, no_metrics, ControllerConfig("importer"), flavours=table
+    )
+
+
+def vddk_datavolume(name: str) -> dict[str, Any]:
+    return datavolume(name, {"vddk": VDDK}, size="8Mi")
 
 
 def first_claim_version(cluster: Cluster, namespace: str, since: str) -> dict[str, Any]:
@@ -72,7 +88,7 @@ def first_claim_version(cluster: Cluster, namespace: str, since: str) -> dict[st
 async def test_a_new_claim_carries_the_first_pod_name_and_the_pod_follows_at_once(
     kube: Kube, namespace: str, async_kube: AsyncKube, cluster: Cluster
 ) -> None:
-    dv = kube.create(dv_path(namespace), datavolume("fast", {"blank": {}}, size="8Mi"))
+    dv = kube.create(dv_path(namespace), vddk_datavolume("fast"))
     since = kube.get(ns_path(namespace, "persistentvolumeclaims"))["metadata"]["resourceVersion"]
     r = await reconciler(async_kube, Listed([dv]), Listed([]))
     await r.reconcile(f"{namespace}/fast")
@@ -88,7 +104,7 @@ async def test_a_new_claim_carries_the_first_pod_name_and_the_pod_follows_at_onc
 async def test_a_claim_the_cache_has_not_seen_yet_is_followed_not_created_twice(
     kube: Kube, namespace: str, async_kube: AsyncKube
 ) -> None:
-    dv = kube.create(dv_path(namespace), datavolume("lag", {"blank": {}}, size="8Mi"))
+    dv = kube.create(dv_path(namespace), vddk_datavolume("lag"))
     first = await reconciler(async_kube, Listed([dv]), Listed([]))
     await first.reconcile(f"{namespace}/lag")
     pod = kube.get(ns_path(namespace, "pods", "importer-lag"))
@@ -107,7 +123,7 @@ async def test_a_claim_the_cache_has_not_seen_yet_is_followed_not_created_twice(
 async def test_the_reconciler_sees_its_own_status_write_through_a_lagging_cache(
     kube: Kube, namespace: str, async_kube: AsyncKube
 ) -> None:
-    dv = kube.create(dv_path(namespace), datavolume("own", {"blank": {}}, size="8Mi"))
+    dv = kube.create(dv_path(namespace), vddk_datavolume("own"))
     r = await reconciler(async_kube, Listed([dv]), Listed([]))
     await r.reconcile(f"{namespace}/own")
     written = kube.get(dv_path(namespace, "own"))
