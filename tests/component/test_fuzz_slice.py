@@ -1,7 +1,7 @@
 """CI's one-minute slice of the fuzzing run (``scripts/fuzz.sh`` is the 30-minute one): each
 parser that reads untrusted bytes is fuzzed by atheris from the seed corpus and must end with
-no crash, no hang and no memory blow-up (typed errors only). The image decoders get 11 s each,
-the registry client's small JSON and header parsers 4 s each (they run far more inputs per
+no crash, no hang and no memory blow-up (typed errors only). The image decoders get 10 s each,
+the registry client's small JSON and header parsers 3 s each (they run far more inputs per
 second), so the slice stays at about a minute."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from tests.fuzz.targets import TARGETS
 
 
 def slice_seconds(target: str) -> int:
-    return 4 if target.startswith("registry-") else 11
+    return 3 if target.startswith("registry-") else 10
 
 
 @pytest.mark.parametrize("target", sorted(TARGETS))
