@@ -3,7 +3,8 @@
 On a claim that is ready (bound, or bindable by the pod itself), one ``sync`` takes one step:
 
 1. no pod for the current attempt: create it (after the retry backoff, for a retry), having
-   first recorded its name on the PVC and, when CDIConfig importProxy carries credentials,
+   first recorded its name on the PVC (the first attempt's is on the claim from its creation,
+   ``first_record``) and, when CDIConfig importProxy carries credentials,
    created the Secret that brings them to the pod (``cdi.render.proxy_auth``);
 2. pod running: scrape progress, come back in ``progress_interval``;
 3. pod finished: the failure policy decides; the decision is recorded on the PVC first
@@ -114,6 +115,13 @@ class ImportFlavour:
         # writes can make a pod "ours"; a new leader re-creates such a pod once. An entry
         # lives only until its record is written.
         self._created: dict[tuple[str, str], str] = {}
+
+    @staticmethod
+    def first_record(claim_name: str) -> dict[str, str]:
+        """The record a new claim is created with: the first attempt's pod name (the intent
+        ``_start_attempt`` would otherwise write first), so the pod follows with no write."""
+        record = ImportRecord(pod_name=importer_pod_name(claim_name, 0))
+        return {k: v for k, v in record.annotations().items() if v is not None}
 
     async def sync(self, claim: Claim, view: View) -> tuple[View, Result]:
         attempt = claim.record.failed_attempts
