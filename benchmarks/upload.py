@@ -218,13 +218,15 @@ async def ours(
         ]
         cpu0 = _cpu_split(servers, proxy_proc)
         started = time.perf_counter()
+        # each server is sampled (peak RSS) from now until it exits, not only once it has
+        finishing = [asyncio.create_task(server.finish()) for server in servers]
         await asyncio.gather(
             *(
                 upload_file(str(source), ClientSettings(url, ssl=ctx), token=lambda t=t: t)
                 for url, t in zip(urls, tokens, strict=True)
             )
         )
-        reports = await asyncio.gather(*(server.finish() for server in servers))
+        reports = await asyncio.gather(*finishing)
         await asyncio.gather(*(asyncio.to_thread(_fsync, out) for out in outs))
         timed = time.perf_counter() - started
         cpu = {k: round(v - cpu0[k], 2) for k, v in _cpu_split(servers, proxy_proc).items()}
