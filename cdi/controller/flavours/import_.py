@@ -35,10 +35,10 @@ from cdi.api.constants import (
 )
 from cdi.controller.flavours import JSON, Claim, FlavourDeps, PhaseEvent
 from cdi.controller.pods import claim_pod, pod_uid
-from cdi.controller.policy import Decision, FailurePolicy, Outcome, pod_outcome
+from cdi.controller.policy import Decision, FailurePolicy, Outcome, pod_outcome, pod_problem
 from cdi.controller.progress import Progress, parse_metrics
 from cdi.controller.record import OUTCOME_FAILED, OUTCOME_SUCCEEDED, ImportRecord
-from cdi.controller.registry_result import result_patch
+from cdi.controller.registry_result import result_patch, with_node_digest
 from cdi.controller.status import ClaimProblem, FlavourPhases, View
 from cdi.kube.client import PODS, PVCS, SECRETS
 from cdi.kube.errors import Conflict, NotFound
@@ -131,6 +131,7 @@ class ImportFlavour:
         view = dataclasses.replace(view, pod_phase=pod_phase)
         outcome = pod_outcome(pod)
         if outcome is None:
+            view = dataclasses.replace(view, pod_problem=pod_problem(pod))
             if pod_phase != "Running":
                 return view, Result()
             progress = await self._scrape(claim, pod)
@@ -138,6 +139,10 @@ class ImportFlavour:
                 self._attested[self._claim_uid(claim)] = progress.checkpoint
             return dataclasses.replace(view, progress=progress), Result(
                 requeue_after=self.settings.progress_interval
+            )
+        if outcome.termination is not None:  # node pull: the digest is the kubelet's
+            outcome = dataclasses.replace(
+                outcome, termination=with_node_digest(outcome.termination, pod)
             )
         return await self._decide(claim, view, outcome, attempt)
 
