@@ -280,8 +280,8 @@ def _linger(sock: TlsStream, head: Head) -> None:
 
 
 def _shut(sock: socket.socket) -> None:
-    """Wake the connection's thread (the socket-level call: see ``http1.shut_reading``)."""
+    """Wake the connection's thread blocked on ``sock`` (it reads an end of stream)."""
     try:
-        socket.socket.shutdown(sock, socket.SHUT_RDWR)
+        sock.shutdown(socket.SHUT_RDWR)
     except OSError:
         pass

@@ -11,7 +11,7 @@ raises the typed refusal the server answers with (502 unreachable, 408 interrupt
 Why it is shaped so:
 - Blocking sockets, one thread per upload (``TlsStream``: large socket reads and writes,
   OpenSSL working with the GIL released), and the body moves through one reused buffer; on
-  an event loop the same relay cost twice the CPU (see ``http1.py``). Uploads are few and
+  an event loop the same relay cost 1.4 times the CPU (see ``http1.py``). Uploads are few and
   long, so a thread each is cheap.
 - No request timeout while bytes flow. Each receive from the uploader may wait up to
   ``idle_timeout`` seconds (the socket's timeout; the TLS state survives it, so the 408 can
