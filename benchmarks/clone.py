@@ -4,9 +4,10 @@ Routes, on the benchmark's 2 GiB OS image (``disk.raw`` of ``benchmarks/run.py``
 601 MB of files in ext4, the rest holes):
 
 - ``fs.ref-cp``: ``cp --sparse=always src/disk.img out/disk.img`` then ``sync``;
-- ``fs.ours``: ``python -m cloner`` (filesystem source) -> mutual TLS on loopback ->
-  ``benchmarks.clone_receiver`` (the upload server's stand-in: the data path into
-  ``out/disk.img``);
+- ``fs.ours``: ``python -m cloner`` (filesystem source) -> mutual TLS on loopback -> the
+  receiver: ``--receiver uploader`` (default) the upload server itself (``python -m uploader``,
+  as the target pod runs it), ``--receiver stand-in`` ``benchmarks.clone_receiver`` (the data
+  path behind a bare aiohttp route); either writes ``out/disk.img`` through the data path;
 - ``block.ref-dd``: ``dd if=<src loop> of=<dst loop> bs=1M conv=sparse,fsync``;
 - ``block.ours``: the cloner reading the source loop device -> the receiver writing the target
   loop device.
@@ -15,7 +16,7 @@ Printed: seconds, the ratio reference/ours (>= 0.8 wanted), allocated bytes of t
 against the source's (<= 1.01 wanted), the peak RSS of the clone source and of the receiver
 (< 150 MB each wanted) and their CPU seconds. Outputs are checked byte for byte (outside the
 timing). Needs root (loop devices).
-``.venv/bin/python -m benchmarks.clone [--image PATH] [--workdir DIR]``.
+``.venv/bin/python -m benchmarks.clone [--image PATH] [--workdir DIR] [--receiver KIND]``.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -30,6 +32,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from benchmarks.inputs import sha256_file
 from cdi.webhooks.certs import issue_client, issue_serving, new_ca
@@ -85,20 +88,57 @@ def certificates(work: Path) -> dict[str, str]:
     return {name: str(work / name) for name in files}
 
 
-def ours(
-    route: str, work: Path, certs: dict[str, str], source: str, target: str, block: bool
-) -> Run:
+def stand_in(work: Path, certs: dict[str, str], target: str, block: bool) -> tuple[Any, int]:
     port_file = work / "port"
     port_file.unlink(missing_ok=True)
     receiver = [sys.executable, "-m", "benchmarks.clone_receiver", "--target", target,
                 "--cert", certs["srv.crt"], "--key", certs["srv.key"], "--client-ca", certs["ca"],
                 "--client-name", CLIENT_NAME, "--port-file", str(port_file)]  # fmt: skip
-    t0 = time.monotonic()
     proc = subprocess.Popen(receiver + (["--block"] if block else []), cwd=REPO,
                             stdout=subprocess.DEVNULL)  # fmt: skip
     while not port_file.exists() or not port_file.read_text():
         time.sleep(0.01)
-    env = {**os.environ, "UPLOAD_URL": f"https://127.0.0.1:{port_file.read_text()}/v1beta1/upload",
+    return proc, int(port_file.read_text())
+
+
+def upload_server(work: Path, certs: dict[str, str], target: str) -> tuple[Any, int]:
+    """``python -m uploader`` with the target pod's environment, on a free loopback port."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {"PATH": os.environ["PATH"], "TLS_CERT_FILE": certs["srv.crt"],
+           "TLS_KEY_FILE": certs["srv.key"], "CLIENT_CERT_FILE": certs["ca"],
+           "CLIENT_NAME": CLIENT_NAME, "DESTINATION": target,
+           "UPLOAD_SERVER_ADDRESS": "127.0.0.1", "UPLOAD_SERVER_PORT": str(port),
+           "UPLOAD_SCRATCH_DIR": str(work / "scratch"),
+           "UPLOAD_TERMINATION_PATH": str(work / "server-termination")}  # fmt: skip
+    proc = subprocess.Popen([sys.executable, "-m", "uploader"], env=env, cwd=REPO,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return proc, port
+        except OSError:
+            if proc.poll() is not None:
+                raise RuntimeError("the upload server exited before it listened") from None
+            time.sleep(0.02)
+
+
+@dataclass(frozen=True)
+class Setup:
+    work: Path
+    certs: dict[str, str]
+    receiver: str  # "uploader" or "stand-in"
+
+
+def ours(route: str, setup: Setup, source: str, target: str, block: bool) -> Run:
+    work, certs = setup.work, setup.certs
+    t0 = time.monotonic()
+    if setup.receiver == "uploader":
+        proc, port = upload_server(work, certs, target)
+    else:
+        proc, port = stand_in(work, certs, target, block)
+    env = {**os.environ, "UPLOAD_URL": f"https://127.0.0.1:{port}/v1beta1/upload",
            "CLIENT_CERT_FILE": certs["cl.crt"], "CLIENT_KEY_FILE": certs["cl.key"],
            "SERVER_CA_CERT_FILE": certs["ca"], "MOUNT_POINT": source,
            "VOLUME_MODE": "block" if block else "filesystem",
@@ -127,7 +167,8 @@ def loop(backing: Path, size: int) -> Iterator[str]:
         subprocess.run(["losetup", "-d", dev], check=False)
 
 
-def filesystem_routes(image: Path, work: Path, certs: dict[str, str]) -> list[Run]:
+def filesystem_routes(image: Path, setup: Setup) -> list[Run]:
+    work = setup.work
     src = work / "src"
     src.mkdir(exist_ok=True)
     (src / "disk.img").unlink(missing_ok=True)
@@ -145,13 +186,14 @@ def filesystem_routes(image: Path, work: Path, certs: dict[str, str]) -> list[Ru
             )
             run = Run(route, seconds, 0, (rss,))
         else:
-            run = ours(route, work, certs, str(src), str(target), block=False)
+            run = ours(route, setup, str(src), str(target), block=False)
         assert sha256_file(target) == image_hash(image), f"{route}: output differs"
         runs.append(Run(run.route, run.seconds, allocated(target), run.rss_mb, run.cpu))
     return runs
 
 
-def block_routes(image: Path, work: Path, certs: dict[str, str]) -> list[Run]:
+def block_routes(image: Path, setup: Setup) -> list[Run]:
+    work = setup.work
     size = image.stat().st_size
     runs = []
     with loop(work / "src.blk", size) as src:
@@ -167,7 +209,7 @@ def block_routes(image: Path, work: Path, certs: dict[str, str]) -> list[Run]:
                                           "conv=sparse,fsync", "status=none"])  # fmt: skip
                     run = Run(route, seconds, 0, (rss,))
                 else:
-                    run = ours(route, work, certs, src, dst, block=True)
+                    run = ours(route, setup, src, dst, block=True)
                 assert sha256_file(Path(dst)) == image_hash(image), f"{route}: output differs"
             runs.append(Run(run.route, run.seconds, allocated(backing), run.rss_mb, run.cpu))
     return runs
@@ -192,10 +234,12 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--image", type=Path, default=DEFAULT_IMAGE)
     p.add_argument("--workdir", type=Path, default=Path("/var/tmp/cdi-bench/clone"))
+    p.add_argument("--receiver", choices=("uploader", "stand-in"), default="uploader")
     a = p.parse_args(argv)
     a.workdir.mkdir(parents=True, exist_ok=True)
     certs = certificates(a.workdir)
-    runs = filesystem_routes(a.image, a.workdir, certs) + block_routes(a.image, a.workdir, certs)
+    setup = Setup(a.workdir, certs, a.receiver)
+    runs = filesystem_routes(a.image, setup) + block_routes(a.image, setup)
     print(report(runs, allocated(a.image)))
     return 0
 

@@ -39,6 +39,7 @@ from kubernetes import client, watch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from benchmarks import load_costs  # noqa: E402
 from testkit.cluster import Cluster, ClusterConfig  # noqa: E402
 from testkit.product import Product  # noqa: E402
 from testkit.tryout import ImageServer, allow_example_server  # noqa: E402
@@ -136,13 +137,7 @@ class RssSampler:
         self._thread = threading.Thread(target=self._run, daemon=True, name="rss")
 
     def _groups(self) -> dict[str, int]:
-        out = {}
-        for pod in self.product.pods("cdi-controller"):
-            for status in pod["status"].get("containerStatuses") or []:
-                cid = str(status.get("containerID", ""))
-                if cid.startswith("testkit://"):
-                    out[pod["metadata"]["name"]] = int(cid.removeprefix("testkit://"))
-        return out
+        return pod_groups(self.product, "cdi-controller")
 
     def _run(self) -> None:
         groups: dict[str, int] = {}
@@ -163,6 +158,25 @@ class RssSampler:
         self._thread.join(5)
 
 
+def pod_groups(product: Product, app: str) -> dict[str, int]:
+    """Pod name -> process group of its container (the node runs pods as process groups)."""
+    out = {}
+    for pod in product.pods(app):
+        for status in pod["status"].get("containerStatuses") or []:
+            cid = str(status.get("containerID", ""))
+            if cid.startswith("testkit://"):
+                out[pod["metadata"]["name"]] = int(cid.removeprefix("testkit://"))
+    return out
+
+
+def cost_groups(cluster: Cluster, product: Product) -> dict[str, int]:
+    """Every process group whose CPU the cost report shows: control plane, node, our pods."""
+    groups = {proc.name: proc.pid for proc in cluster.processes}
+    for app in ("cdi-controller", "cdi-webhook"):
+        groups.update(pod_groups(product, app))
+    return groups
+
+
 def _group_rss_mb(pgid: int) -> float:
     total = 0
     for entry in os.listdir("/proc"):
@@ -179,17 +193,23 @@ def _group_rss_mb(pgid: int) -> float:
     return total / 1e6
 
 
-def create_all(api: client.ApiClient, count: int, http_every: int, url: str) -> dict[str, float]:
+def create_all(
+    api: client.ApiClient, count: int, http_every: int, url: str, calls: list[float]
+) -> dict[str, float]:
+    """Create the DataVolumes (16 client threads); when each create returned. ``calls``
+    gets each create call's duration (admission and storage on the API server's side)."""
     custom = client.CustomObjectsApi(api)
     created: dict[str, float] = {}
 
     def one(i: int) -> None:
         name = f"dv-{i:04d}"
         source = {"http": {"url": url}} if i % http_every == 0 else {"blank": {}}
+        started = time.monotonic()
         custom.create_namespaced_custom_object(
             "cdi.kubevirt.io", "v1beta1", NAMESPACE, "datavolumes", datavolume(name, source)
         )
         created[name] = time.monotonic()
+        calls.append(created[name] - started)
 
     with ThreadPoolExecutor(16) as pool:
         list(pool.map(one, range(count)))
@@ -227,6 +247,11 @@ def report(figures: dict[str, Any]) -> str:
         ),
         ("Succeeded", f"{figures['succeeded']} of {figures['count']}"),
         ("all created in", f"{figures['create_s']:.1f} s"),
+        (
+            "create call p50 / p99",
+            f"{figures['call_p50']:.3f} / {figures['call_p99']:.3f} s",
+        ),
+        ("load average before / after", figures["load"]),
         ("all Succeeded after", f"{figures['done_s']:.1f} s"),
         ("DV -> worker pod p50", f"{figures['p50']:.3f} s (target < 0.5 s)"),
         ("DV -> worker pod p99", f"{figures['p99']:.3f} s (target < 3 s)"),
@@ -257,15 +282,22 @@ def run(args: argparse.Namespace) -> int:
         product = Product.on(cluster).install()
         allow_example_server(product, cluster)
         product.kubectl("create", "namespace", NAMESPACE)
-        api = cluster.api_client()
+        cfg = cluster.api_client().configuration
+        # one kept-alive connection per client thread (the default pool keeps 5 per core)
+        cfg.connection_pool_maxsize = 32
+        api = client.ApiClient(cfg)
         seen, rss = Watcher(api).start(), RssSampler(product).start()
         time.sleep(2.0)  # the watch is established; the sampler has a baseline
+        groups = cost_groups(cluster, product)
+        load_before, costs_before = os.getloadavg()[0], load_costs.snapshot(api, groups)
         t0 = time.monotonic()
         url = f"http://{server.hostport}/{IMAGE}"
-        created = create_all(api, args.count, args.http_every, url)
+        calls: list[float] = []
+        created = create_all(api, args.count, args.http_every, url, calls)
         create_s = time.monotonic() - t0
         phases = wait_done(api, args.count, args.timeout)
         done_s = time.monotonic() - t0
+        costs = load_costs.report(costs_before, load_costs.snapshot(api, groups))
         leader = product.leader()
         rss.stop()
         seen.stop()
@@ -281,6 +313,10 @@ def run(args: argparse.Namespace) -> int:
             "made_p99": percentile(after_pvc, 0.99) if after_pvc else float("nan"),
             "bound_p50": statistics.median(after_bound) if after_bound else float("nan"),
             "bound_p99": percentile(after_bound, 0.99) if after_bound else float("nan"),
+            "call_p50": statistics.median(calls) if calls else float("nan"),
+            "call_p99": percentile(calls, 0.99) if calls else float("nan"),
+            "load": f"{load_before:.1f} / {os.getloadavg()[0]:.1f}",
+            "costs": costs,
             "count": args.count,
             "http": http,
             "blank": args.count - http,
@@ -297,6 +333,7 @@ def run(args: argparse.Namespace) -> int:
             "not_succeeded": sorted(n for n, p in phases.items() if p != "Succeeded")[:5],
         }
         print(report(figures))
+        print(costs)
         if args.json:
             Path(args.json).write_text(json.dumps(figures, indent=2))
         return 0 if figures["succeeded"] == args.count else 1

@@ -5,7 +5,7 @@ throw-away PKI and then, per mode:
 
 - default: a real upload server (``python -m uploader``, DESTINATION=OUT) and an upload of
   INPUT with the client library (``cdi.upload.client``) straight to it;
-- ``--via-proxy``: the same through a real upload proxy process (``make_proxy_app`` with a
+- ``--via-proxy``: the same through a real upload proxy process (``UploadProxy`` with a
   fixed PVC table; its Kubernetes lookups are the only part not exercised);
 - ``--cdi-way``: CDI's route for an upload: ``curl -T`` sends INPUT over TLS to a receiver that
   writes the body to a scratch file (OpenSSL does the TLS, the loop is ``recv_into`` +
@@ -17,8 +17,11 @@ durable OUT (``timed_seconds`` in the JSON, which the runner uses as the run's t
 the server, the proxy and the receiver is not in it: the upload pod is ready before a user
 uploads. The last stdout line is JSON: the server's termination message (``scratch_used``,
 ``duration_seconds``), ``timed_seconds``, and the peak RSS (VmHWM, sampled from /proc) of the
-server and the proxy. With ``--concurrent N``: N servers and N uploads of INPUT at once
-(OUT.0 ... OUT.N-1) and every server's peak RSS (issue 12's "10 uploads at once").
+server and the proxy, and the CPU seconds each process spent in the timed region
+(``client_cpu_s``, ``server_cpu_s``, ``proxy_cpu_s``). With ``--concurrent N``: N servers and
+N uploads of INPUT at once (OUT.0 ... OUT.N-1), every server's peak RSS, and with
+``--via-proxy`` all N through one proxy process, whose peak RSS is ``proxy_rss_mb`` (issue
+12's "10 uploads at once").
 """
 
 from __future__ import annotations
@@ -151,12 +154,12 @@ class Server:
             self.proc.wait()
 
 
-async def _proxy(pki: Pki, folder: Path, server_port: int) -> tuple[subprocess.Popen[str], int]:
-    pvc = {
+def _pvc(name: str) -> dict[str, Any]:
+    return {
         "metadata": {
-            "name": "disk",
+            "name": name,
             "namespace": "tenant",
-            "uid": "uid-disk",
+            "uid": f"uid-{name}",
             "annotations": {
                 "cdi.kubevirt.io/storage.upload.target": "",
                 "cdi.kubevirt.io/storage.pod.ready": "true",
@@ -164,6 +167,13 @@ async def _proxy(pki: Pki, folder: Path, server_port: int) -> tuple[subprocess.P
         },
         "spec": {},
     }
+
+
+async def _proxy(
+    pki: Pki, folder: Path, server_ports: list[int]
+) -> tuple[subprocess.Popen[str], int]:
+    """One proxy process for every upload: PVC ``disk<n>`` lives on server ``n``."""
+    peers = {f"disk{n}": f"https://127.0.0.1:{port}" for n, port in enumerate(server_ports)}
     config = {
         "proxy_cert": pki.proxy.cert_pem.decode(),
         "proxy_key": pki.proxy.key_pem.decode(),
@@ -171,8 +181,9 @@ async def _proxy(pki: Pki, folder: Path, server_port: int) -> tuple[subprocess.P
         "client_cert": pki.client.cert_pem.decode(),
         "client_key": pki.client.key_pem.decode(),
         "public_keys": {k: v.decode() for k, v in pki.ring.public_keys().items()},
-        "pvcs": [pvc],
-        "peer": f"https://127.0.0.1:{server_port}",
+        "pvcs": [_pvc(name) for name in peers],
+        "peer": peers["disk0"],
+        "peers": peers,
     }
     (folder / "proxy.json").write_text(json.dumps(config))
     argv = [
@@ -187,49 +198,70 @@ async def _proxy(pki: Pki, folder: Path, server_port: int) -> tuple[subprocess.P
     return proc, int(line)
 
 
-async def ours(pki: Pki, folder: Path, source: Path, out: Path, proxy: bool) -> dict[str, Any]:
-    server = Server(folder, out)
-    await server.start()
+async def ours(
+    pki: Pki, folders: list[Path], source: Path, outs: list[Path], proxy: bool
+) -> dict[str, Any]:
+    """N servers and N uploads at once (one proxy for all with ``proxy``), timed together."""
+    servers = [Server(folder, out) for folder, out in zip(folders, outs, strict=True)]
     proxy_proc, proxy_peak = None, 0.0
-    url, ctx = f"https://127.0.0.1:{server.port}", pki.upstream()
     try:
+        await asyncio.gather(*(server.start() for server in servers))
+        urls = [f"https://127.0.0.1:{server.port}" for server in servers]
+        ctx = pki.upstream()
         if proxy:
-            proxy_proc, port = await _proxy(pki, folder, server.port)
-            url, ctx = f"https://127.0.0.1:{port}", pki.client_trusting_proxy()
-        token = issue(pki.ring, UploadGrant("tenant", "disk", "uid-disk"), dt.datetime.now(dt.UTC))
-        cpu0 = _cpu_split(server, proxy_proc)
+            proxy_proc, port = await _proxy(pki, folders[0], [s.port for s in servers])
+            urls, ctx = [f"https://127.0.0.1:{port}"] * len(servers), pki.client_trusting_proxy()
+        now = dt.datetime.now(dt.UTC)
+        tokens = [
+            issue(pki.ring, UploadGrant("tenant", f"disk{n}", f"uid-disk{n}"), now)
+            for n in range(len(servers))
+        ]
+        cpu0 = _cpu_split(servers, proxy_proc)
         started = time.perf_counter()
-        await upload_file(str(source), ClientSettings(url, ssl=ctx), token=lambda: token)
-        report = await server.finish()
-        await asyncio.to_thread(_fsync, out)
+        # each server is sampled (peak RSS) from now until it exits, not only once it has
+        finishing = [asyncio.create_task(server.finish()) for server in servers]
+        await asyncio.gather(
+            *(
+                upload_file(str(source), ClientSettings(url, ssl=ctx), token=lambda t=t: t)
+                for url, t in zip(urls, tokens, strict=True)
+            )
+        )
+        reports = await asyncio.gather(*finishing)
+        await asyncio.gather(*(asyncio.to_thread(_fsync, out) for out in outs))
         timed = time.perf_counter() - started
-        cpu = {k: round(v - cpu0[k], 2) for k, v in _cpu_split(server, proxy_proc).items()}
-        if proxy_proc is not None:
+        cpu = {k: round(v - cpu0[k], 2) for k, v in _cpu_split(servers, proxy_proc).items()}
+        if proxy_proc is not None:  # VmHWM: the high-water mark of the whole run
             proxy_peak = _peak_rss_mb(proxy_proc.pid)
     finally:
         if proxy_proc is not None:
             proxy_proc.terminate()
             proxy_proc.wait()
-        server.stop()
+        for server in servers:
+            server.stop()
     return (
-        report
+        reports[0]
         | cpu
         | {
             "timed_seconds": round(timed, 3),
-            "server_rss_mb": round(server.peak, 1),
+            "server_rss_mb": round(max(s.peak for s in servers), 1),
             "proxy_rss_mb": round(proxy_peak, 1),
+            "all_completed": all(r.get("reason") == "Completed" for r in reports),
+            "servers_rss_mb": [round(s.peak, 1) for s in servers],
         }
     )
 
 
-def _cpu_split(server: Server, proxy: subprocess.Popen[str] | None) -> dict[str, float]:
-    """CPU seconds so far of the uploading client (this process), the server and the proxy;
+def _cpu_split(servers: list[Server], proxy: subprocess.Popen[str] | None) -> dict[str, float]:
+    """CPU seconds so far of the uploading client (this process), the servers and the proxy;
     the difference over the timed region leaves out start-up (imports, certificates)."""
     usage = resource.getrusage(resource.RUSAGE_SELF)
-    running = server.proc is not None and server.proc.returncode is None
+    server_cpu = 0.0
+    for server in servers:
+        running = server.proc is not None and server.proc.returncode is None
+        server_cpu += _cpu_seconds(server.proc.pid) if running and server.proc else server.cpu
     return {
         "client_cpu_s": usage.ru_utime + usage.ru_stime,
-        "server_cpu_s": _cpu_seconds(server.proc.pid) if running else server.cpu,
+        "server_cpu_s": server_cpu,
         "proxy_cpu_s": _cpu_seconds(proxy.pid) if proxy is not None else 0.0,
     }
 
@@ -285,26 +317,30 @@ async def cdi_way(pki: Pki, folder: Path, source: Path, out: Path) -> dict[str, 
 
 
 async def main_async(args: argparse.Namespace) -> int:
+    n = args.concurrent
     with tempfile.TemporaryDirectory(prefix="cdi-upload-bench-") as tmp:
         pki = make_pki()
-        jobs = []
-        for n in range(args.concurrent):
-            folder = Path(tmp) / str(n)
+        folders = [Path(tmp) / str(i) for i in range(n)]
+        for folder in folders:
             folder.mkdir()
             _write_pki(pki, folder)
-            out = args.out if args.concurrent == 1 else args.out.with_suffix(f".{n}")
-            if args.cdi_way:
-                jobs.append(cdi_way(pki, folder, args.input, out))
-            else:
-                jobs.append(ours(pki, folder, args.input, out, args.via_proxy))
-        reports = await asyncio.gather(*jobs)
-    if args.concurrent > 1:
-        rss = [r["server_rss_mb"] for r in reports]
-        ok = all(r.get("reason") == "Completed" for r in reports)
-        print(json.dumps({"uploads": len(reports), "all_completed": ok, "server_rss_mb": rss}))
-        return 0 if ok else 1
-    print(json.dumps(reports[0]))
-    return 0 if reports[0].get("reason") == "Completed" else 1
+        outs = [args.out] if n == 1 else [args.out.with_suffix(f".{i}") for i in range(n)]
+        if args.cdi_way:
+            reports = await asyncio.gather(
+                *(cdi_way(pki, f, args.input, o) for f, o in zip(folders, outs, strict=True))
+            )
+            report = reports[0] | {
+                "all_completed": all(r.get("reason") == "Completed" for r in reports)
+            }
+        else:
+            report = await ours(pki, folders, args.input, outs, args.via_proxy)
+    if n > 1:
+        report = {"uploads": n} | {k: v for k, v in report.items() if k != "reason"}
+        print(json.dumps(report))
+        return 0 if report.get("all_completed") else 1
+    report.pop("servers_rss_mb", None)
+    print(json.dumps(report))
+    return 0 if report.get("reason") == "Completed" else 1
 
 
 def main(argv: list[str] | None = None) -> int:

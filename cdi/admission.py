@@ -34,6 +34,7 @@ from cdi.api.cloneauth import AccessCheck, access_review_body
 from cdi.api.constants import CDICONFIG_NAME
 from cdi.api.requester import RequesterSigner
 from cdi.kube.client import (
+    API_CONCURRENCY,
     CDI_CONFIGS,
     DATA_SOURCES,
     JSON_PATCH,
@@ -213,7 +214,9 @@ class TLSFiles:
 
 
 async def serve_webhook(kube: Kube, config: WebhookConfig) -> None:
-    pool = ThreadPoolExecutor(4, thread_name_prefix="admission")
+    # as many cluster lookups in flight as the API client keeps connections (API_CONCURRENCY):
+    # with 4, a burst of DataVolume creates queued here behind each other's PVC GETs
+    pool = ThreadPoolExecutor(API_CONCURRENCY, thread_name_prefix="admission")
     loop = asyncio.get_running_loop()
 
     async def run_blocking(fn: Any, *args: Any) -> Any:

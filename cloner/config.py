@@ -9,7 +9,9 @@ key material as mounted files, never in the environment: ``CLIENT_CERT_FILE``,
 server's certificate is verified for when ``UPLOAD_URL`` names the Service by its ClusterIP.
 ``CLONE_STREAM`` (ours) is ``tar`` (default: a filesystem source as CDI's sparse tar) or
 ``raw`` (its ``disk.img`` alone, for a block target, which the controller knows and the source
-pod does not).
+pod does not). ``CLONER_METRICS_PORT`` and ``CLONER_METRICS_ADDR`` (ours; the controller renders
+8443, CDI's cloner port, and the pod IP) serve the clone's progress as CDI's
+``kubevirt_cdi_clone_progress_total``; unset, no metrics are served.
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ class CloneConfig:
     owner_uid: str = ""
     server_name: str = ""  # verify the server's certificate for this name (else the URL's host)
     termination_path: str | None = TERMINATION_PATH
+    metrics_port: int | None = None  # serve progress here (None: not at all)
+    metrics_addr: str = "0.0.0.0"
 
 
 def _required(env: Mapping[str, str], name: str) -> str:
@@ -67,4 +71,14 @@ def from_env(env: Mapping[str, str]) -> CloneConfig:
         owner_uid=env.get("OWNER_UID", ""),
         server_name=env.get("UPLOAD_SERVER_NAME", "").strip(),
         termination_path=env.get("CLONER_TERMINATION_PATH", TERMINATION_PATH),
+        metrics_port=_port(env.get("CLONER_METRICS_PORT", "").strip()),
+        metrics_addr=env.get("CLONER_METRICS_ADDR", "").strip() or "0.0.0.0",
     )
+
+
+def _port(text: str) -> int | None:
+    if not text:
+        return None
+    if not text.isdigit() or not 0 < int(text) < 65536:
+        raise InvalidConfig(f"CLONER_METRICS_PORT {text!r} is not a port")
+    return int(text)

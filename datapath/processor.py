@@ -65,7 +65,11 @@ _PROGRESS_PHASE = {
     Phase.COMPLETE: "Complete",
 }
 
-_FILE_CONTENT = (ContentType.KUBEVIRT, ContentType.BLOCKDEVICE_CLONE)  # a disk image target
+_FILE_CONTENT = (  # a disk image target
+    ContentType.KUBEVIRT,
+    ContentType.BLOCKDEVICE_CLONE,
+    ContentType.BLOCKDEVICE_CLONE_SPARSE,
+)
 _TREE_CONTENT = (ContentType.ARCHIVE, ContentType.FILESYSTEM_CLONE)  # a folder of files
 
 

@@ -144,6 +144,7 @@ class RunFiles:
         if not target.block and self.plan.content_type in (
             ContentType.KUBEVIRT,
             ContentType.BLOCKDEVICE_CLONE,
+            ContentType.BLOCKDEVICE_CLONE_SPARSE,
         ):
             with contextlib.suppress(OSError):
                 os.unlink(target.path)

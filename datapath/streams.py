@@ -40,6 +40,17 @@ class IterReader(io.RawIOBase):
         self.consumed += n
         return n
 
+    def read_view(self, n: int) -> memoryview:
+        """Up to ``n`` bytes as a view of the current chunk (no copy); empty at the end."""
+        while not self._buf:
+            nxt = next(self._chunks, None)
+            if nxt is None:
+                return memoryview(b"")
+            self._buf = memoryview(nxt)
+        piece, self._buf = self._buf[:n], self._buf[n:]
+        self.consumed += len(piece)
+        return piece
+
 
 def as_file(chunks: Iterator[bytes]) -> IO[bytes]:
     """``chunks`` as the binary file type that library signatures ask for."""

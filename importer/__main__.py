@@ -2,18 +2,32 @@
 
 Whatever goes wrong, the pod ends with a typed termination message (``importer.failure``):
 a bad environment, a typed import failure, or a bug (``InternalError``, no exception text).
+
+``python -m importer install-holder DEST`` is the node-pull pod's init container: it copies the
+static ``cdi-holder`` from this image into the shared emptyDir (``importer.holder``). In a
+node-pull pod the import itself holds the importer lock while it runs and says ``done`` at the
+end, however it ends, so the containerDisk container exits and the pod completes.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import sys
+from collections.abc import Iterator
 
 from cdi.api.termination import TerminationMessage
-from importer.config import TERMINATION_PATH, from_env
+from importer.config import TERMINATION_PATH, from_env, node_pull_dir
 from importer.failure import guarded
+from importer.holder import (
+    HOLDER_BINARY,
+    HOLDER_BINARY_ENV,
+    ImporterLock,
+    install_holder,
+    signal_done,
+)
 from importer.runner import run_import, tune_process_memory
 
 log = logging.getLogger("importer")
@@ -23,12 +37,49 @@ async def _import(env: dict[str, str]) -> TerminationMessage:
     return await run_import(from_env(env))
 
 
-def main() -> int:
+@contextlib.contextmanager
+def holder_session(shared_dir: str | None) -> Iterator[None]:
+    """For a node pull: hold the importer lock while importing, then tell the holder to go."""
+    lock = None
+    if shared_dir:
+        try:
+            lock = ImporterLock(shared_dir)
+        except OSError as exc:
+            log.warning("node pull: cannot take the importer lock: %s", exc.strerror)
+    try:
+        yield
+    finally:
+        if shared_dir:
+            try:
+                signal_done(shared_dir)
+            except OSError as exc:
+                log.warning("node pull: cannot write the done file: %s", exc.strerror)
+        if lock is not None:
+            lock.release()
+
+
+def _install_holder(args: list[str], env: dict[str, str]) -> int:
+    if len(args) != 1:
+        print("usage: python -m importer install-holder DEST", file=sys.stderr)
+        return 2
+    try:
+        install_holder(env.get(HOLDER_BINARY_ENV) or HOLDER_BINARY, args[0])
+    except OSError as exc:
+        print(f"cannot install the containerDisk holder: {exc.strerror}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    env = dict(os.environ)
+    if args[:1] == ["install-holder"]:
+        return _install_holder(args[1:], env)
     tune_process_memory()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    env = dict(os.environ)
     path = env.get("IMPORTER_TERMINATION_PATH", TERMINATION_PATH)
-    message = asyncio.run(guarded(lambda: _import(env), path, log))
+    with holder_session(node_pull_dir(env)):
+        message = asyncio.run(guarded(lambda: _import(env), path, log))
     print(message.to_json())
     if not message.succeeded:
         print(f"{message.reason}: {message.message}", file=sys.stderr)

@@ -42,7 +42,7 @@ from datapath.checkpoint import INTERVAL as CHECKPOINT_INTERVAL
 from datapath.plan import SPILL_MEMORY_LIMIT
 from importer.registry.credentials import registry_credentials
 from importer.sources.http import HttpOptions, ProxyConfig
-from importer.sources.registry_options import RegistryOptions
+from importer.sources.registry_options import NodePullOptions, RegistryOptions
 
 BLOCK_DEVICE_PATH = "/dev/cdi-block-volume"
 DATA_DIR = "/data"
@@ -51,6 +51,8 @@ TERMINATION_PATH = "/dev/termination-log"
 CHECKPOINT_NAME = ".cdi-import-checkpoint"  # beside disk.img; removed when the import ends
 CHECKPOINT_SUFFIX = ".cdi-checkpoint"  # the CLI's: <target>.cdi-checkpoint
 REGISTRY_POLL_ENV = "IMPORTER_REGISTRY_POLL"  # not CDI: "true" in DataImportCron poller pods
+READY_TIMEOUT_ENV = "IMPORTER_READY_TIMEOUT"  # not CDI: node pull, seconds to wait for the holder
+SHARED_DIR = "/shared"  # node pull: the emptyDir shared with the containerDisk's holder
 _HEX = frozenset("0123456789abcdef")
 
 
@@ -66,7 +68,7 @@ class BlankOptions:
     """No source: an empty disk of the requested size."""
 
 
-SourceOptions = HttpOptions | RegistryOptions | FileOptions | BlankOptions
+SourceOptions = HttpOptions | RegistryOptions | NodePullOptions | FileOptions | BlankOptions
 
 
 @dataclass(frozen=True)
@@ -107,7 +109,7 @@ def attested_checkpoint(text: str | None) -> tuple[int, str] | None:
 
 def source_id(source: SourceOptions) -> str:
     """The identity a checkpoint records for this source (a changed source restarts)."""
-    if isinstance(source, HttpOptions | RegistryOptions):
+    if isinstance(source, HttpOptions | RegistryOptions | NodePullOptions):
         return source.url
     if isinstance(source, FileOptions):
         return source.path
@@ -310,10 +312,31 @@ def _http_from_env(env: Mapping[str, str]) -> HttpOptions:
     )
 
 
-def _registry_from_env(env: Mapping[str, str]) -> RegistryOptions:
-    """``source.registry`` (pod pull): the HTTP settings carry trust, proxy and policy; the
-    credentials are the Secret's ``accessKeyId``/``secretKey`` or its ``.dockerconfigjson``."""
+def node_pull_dir(env: Mapping[str, str]) -> str | None:
+    """The folder shared with the containerDisk's holder, for a node pull (else None)."""
+    if env.get(ImporterEnv.PULL_METHOD) != "node" or env.get(ImporterEnv.SOURCE) != "registry":
+        return None
+    return os.path.dirname(env.get(ImporterEnv.DONE_FILE) or f"{SHARED_DIR}/done") or SHARED_DIR
+
+
+def _node_pull_from_env(env: Mapping[str, str]) -> NodePullOptions:
+    shared = node_pull_dir(env)
+    assert shared is not None
+    timeout = env.get(READY_TIMEOUT_ENV) or "600"
+    try:
+        seconds = float(timeout)
+    except ValueError as exc:
+        raise InvalidConfig(f"{READY_TIMEOUT_ENV} is not a number of seconds") from exc
+    return NodePullOptions(env.get(ImporterEnv.ENDPOINT, ""), shared, seconds)
+
+
+def _registry_from_env(env: Mapping[str, str]) -> RegistryOptions | NodePullOptions:
+    """``source.registry``. Pod pull: the HTTP settings carry trust, proxy and policy; the
+    credentials are the Secret's ``accessKeyId``/``secretKey`` or its ``.dockerconfigjson``.
+    Node pull: the kubelet pulled with the node's settings; only the shared folder matters."""
     method = env.get(ImporterEnv.PULL_METHOD) or "pod"
+    if method == "node":
+        return _node_pull_from_env(env)
     if method != "pod":
         raise InvalidConfig(f"registry pull method {method!r} is not supported by this importer")
     plain = {k: v for k, v in env.items() if "ACCESS_KEY" not in k and "SECRET_KEY" not in k}

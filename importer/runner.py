@@ -17,9 +17,10 @@ from cdi.api.termination import REASON_COMPLETED, TerminationMessage
 from datapath import FileSource, Processor, Progress, Source
 from importer.config import BlankOptions, FileOptions, ImportConfig, SourceOptions
 from importer.sources.http import HttpOptions, HttpSource
-from importer.sources.registry_options import RegistryOptions
+from importer.sources.registry_options import NodePullOptions, RegistryOptions
 
 if TYPE_CHECKING:
+    from importer.sources.containerdisk import NodePullSource
     from importer.sources.registry import RegistrySource
 
 _M_ARENA_MAX = -8  # glibc mallopt parameter
@@ -49,6 +50,10 @@ def make_source(options: SourceOptions) -> Source | None:
             from importer.sources.registry import RegistrySource  # ~30 ms: only when used
 
             return RegistrySource(options)
+        case NodePullOptions():
+            from importer.sources.containerdisk import NodePullSource
+
+            return NodePullSource(options)
         case FileOptions(path=path):
             return FileSource(path)
         case BlankOptions():
@@ -73,6 +78,9 @@ async def run_import(config: ImportConfig, progress: Progress | None = None) -> 
 
         serve_metrics(progress, edges.owner_uid, edges.metrics_port, edges.metrics_addr)
     message = await Processor(config.plan, source, progress).run()
+    if isinstance(config.source, NodePullOptions):  # the image's labels; the kubelet's digest
+        labels = {**cast("NodePullSource", source).labels, **message.labels}
+        message = replace(message, labels=labels)
     if registry is not None and registry.digest:
         # What the image said about itself, and which digest a tag resolved to: CDI copies
         # the image's KUBEVIRT_IO_ labels to the PVC; the digest makes the import reproducible.

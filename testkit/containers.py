@@ -257,6 +257,7 @@ class ContainerRuntime:
     probe: Probe | None = None
     liveness: Probe | None = None
     last_container_id: str = ""
+    image_id: str = ""  # <repo>@sha256:... once the node pulled the image (testkit.runtime)
 
     @property
     def name(self) -> str:
@@ -294,7 +295,7 @@ class ContainerRuntime:
         st: JSON = {
             "name": self.name,
             "image": self.spec.get("image", ""),
-            "imageID": self.spec.get("image", ""),
+            "imageID": self.image_id or self.spec.get("image", ""),
             "ready": self.ready,
             "restartCount": self.restart_count,
             "started": self.running,

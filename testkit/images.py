@@ -3,7 +3,8 @@
 The node has no container runtime: a pod's image only selects an entrypoint, a default
 command, environment and working directory from a small YAML map (``images.yaml`` beside this
 module, or one passed with ``--images``). Resolution follows Kubernetes' rules for ``command``
-and ``args`` against an image's ENTRYPOINT and CMD.
+and ``args`` against an image's ENTRYPOINT and CMD. An image the map does not know is pulled
+for real (``testkit.runtime``).
 """
 
 from __future__ import annotations
@@ -68,7 +69,12 @@ class ImageMap:
 
 
 def _subst(text: str) -> str:
-    return text.replace("{python}", sys.executable).replace("{repo}", str(REPO_ROOT))
+    text = text.replace("{python}", sys.executable).replace("{repo}", str(REPO_ROOT))
+    if "{holder}" in text:  # compiled on first use, then cached
+        from testkit.runtime import holder_binary
+
+        text = text.replace("{holder}", str(holder_binary()))
+    return text
 
 
 def _image(item: dict) -> Image:

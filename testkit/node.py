@@ -41,10 +41,11 @@ from testkit.containers import (
     Probe,
     now_rfc3339,
 )
-from testkit.images import DEFAULT_MAP, ImageMap, UnknownImage
+from testkit.images import DEFAULT_MAP, Image, ImageMap, UnknownImage
 from testkit.kubeclient import JSON, STRATEGIC_PATCH, ApiError, Kube, ns_path
 from testkit.podenv import NotReady, PodFacts, base_env, container_env, expand, pod_hostname
 from testkit.podvolumes import KubeLookup, Volume, VolumeBuilder, container_binds
+from testkit.runtime import ImageRuntime, PulledImage
 from testkit.serviceproxy import ServiceProxy
 
 log = logging.getLogger("testkit.node")
@@ -63,6 +64,7 @@ class NodeConfig:
     pod_cidr: str = DEFAULT_POD_CIDR
     mount_point_record: Path | None = None  # default: <state>/created-mount-points
     poll_interval: float = 0.2
+    insecure_registries: tuple[str, ...] = ()  # besides loopback ones (testkit.runtime)
 
 
 @dataclass
@@ -164,6 +166,8 @@ class NodeAgent:
         self._last_heartbeat = 0.0
         self.proxy = ServiceProxy(kube)  # also writes the served Services' EndpointSlices
         self.version = "v0.0.0"
+        # Images the map does not know are pulled for real (testkit.runtime).
+        self.runtime = ImageRuntime(config.state_dir / "images", config.insecure_registries)
 
     # -- node object ------------------------------------------------------------------------
     def register(self) -> None:
@@ -339,6 +343,8 @@ class NodeAgent:
             return  # init containers run one at a time, in order
         for c in rt.containers:
             self._step(rt, c)
+            if self.runtime.pulling(str(c.spec.get("image", ""))):
+                return  # as a kubelet: the next container starts once this image is pulled
 
     def _step(self, rt: PodRuntime, c: ContainerRuntime) -> None:
         if c.proc is not None:
@@ -373,8 +379,17 @@ class NodeAgent:
         c.liveness = Probe(liveness) if liveness else None
         log.info("pod %s container %s started pid %d", rt.key, c.name, c.proc.pid)
 
+    def _image(self, c: ContainerRuntime) -> tuple[Image, PulledImage | None]:
+        """The map's stand-in for the image, else the image pulled for real."""
+        ref = str(c.spec.get("image", ""))
+        try:
+            return self.config.images.resolve(ref), None
+        except UnknownImage:
+            pulled = self.runtime.get(ref)
+            return pulled.image, pulled
+
     def _launch_spec(self, rt: PodRuntime, c: ContainerRuntime) -> LaunchSpec:
-        image = self.config.images.resolve(str(c.spec.get("image", "")))
+        image, pulled = self._image(c)
         facts = PodFacts(rt.pod, rt.ip)
         base = base_env(rt.pod, image.env, self.config.api_port)
         base[MARKER_ENV] = str(self.config.state_dir)
@@ -384,7 +399,7 @@ class NodeAgent:
         if not argv:
             raise NotReady("CreateContainerError", "no command to run")
         assert rt.volumes is not None
-        return LaunchSpec(
+        launch = LaunchSpec(
             argv=argv,
             env=env,
             workdir=c.spec.get("workingDir") or image.workdir,
@@ -397,6 +412,10 @@ class NodeAgent:
             or self.config.state_dir / "created-mount-points",
             hostname=pod_hostname(rt.pod),
         )
+        if pulled is None:
+            return launch
+        c.image_id = pulled.image_id
+        return self.runtime.contain(launch, pulled)
 
     def _write_status(self, rt: PodRuntime) -> None:
         status = render_status(rt)
@@ -476,6 +495,7 @@ class NodeAgent:
                 c.proc.proc.wait(timeout=5)
         self.probes.shutdown(wait=False, cancel_futures=True)
         self.proxy.close()
+        self.runtime.close()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -489,6 +509,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--pod-cidr", default=DEFAULT_POD_CIDR)
     parser.add_argument(
         "--mount-point-record", type=Path, help="file listing mount points created on the host"
+    )
+    parser.add_argument(
+        "--insecure-registry",
+        action="append",
+        default=[],
+        help="host[:port] pulled without TLS checks (loopback ones always are)",
     )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
@@ -507,6 +533,7 @@ def main(argv: list[str] | None = None) -> None:
         ImageMap.load(args.images),
         pod_cidr=args.pod_cidr,
         mount_point_record=args.mount_point_record,
+        insecure_registries=tuple(args.insecure_registry),
     )
     NodeAgent(Kube.from_kubeconfig(args.kubeconfig), config).run(stop)
 

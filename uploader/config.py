@@ -70,7 +70,9 @@ class UploadConfig:
             preallocate=self.preallocate,
         )
         checkpoint = None
-        if self.checkpoint_path and not tree:
+        # A sparse clone's wire offsets are not the image's: it cannot resume from one.
+        framed = content_type == ContentType.BLOCKDEVICE_CLONE_SPARSE
+        if self.checkpoint_path and not tree and not framed:
             source = f"upload:{self.owner_uid}"
             checkpoint = CheckpointPlan(self.checkpoint_path, source, self.checkpoint_interval)
         labels = {"ownerUID": self.owner_uid} if self.owner_uid else {}

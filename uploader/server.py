@@ -42,6 +42,7 @@ UPLOAD_PATHS = tuple(f"/{v}/{k}" for v in ("v1beta1", "v1alpha1") for k in _KIND
 _CLONE_TYPES = {
     "filesystem-clone": ContentType.FILESYSTEM_CLONE,
     "blockdevice-clone": ContentType.BLOCKDEVICE_CLONE,
+    "blockdevice-clone-sparse": ContentType.BLOCKDEVICE_CLONE_SPARSE,
 }
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 

@@ -108,13 +108,16 @@ class ContentType(StrEnum):
     The one definition for the control plane and the workers. A DataVolume may ask only for
     ``kubevirt`` or ``archive`` (``DATAVOLUME_CONTENT_TYPES``); the clone envelopes are what a
     clone source pod sends its target: ``blockdevice-clone`` is a block volume's bytes as they
-    are (never sniffed or decoded), ``filesystem-clone`` a tar of a filesystem volume.
+    are (never sniffed or decoded), ``filesystem-clone`` a tar of a filesystem volume, and
+    ``blockdevice-clone-sparse`` (ours) the same bytes as data extents only
+    (``datapath.decode.sparseraw``), what our cloner sends so zero runs never travel.
     """
 
     KUBEVIRT = "kubevirt"
     ARCHIVE = "archive"
     BLOCKDEVICE_CLONE = "blockdevice-clone"
     FILESYSTEM_CLONE = "filesystem-clone"
+    BLOCKDEVICE_CLONE_SPARSE = "blockdevice-clone-sparse"
 
 
 # The content types a DataVolume's spec.contentType accepts (CDI's API); the others are the
@@ -277,6 +280,11 @@ TERMINATION_LOG_PATH: Final = "/dev/termination-log"
 METRICS_PORT: Final = 8443
 METRICS_PORT_NAME: Final = "metrics"
 IMPORTER_CONTAINER_NAME: Final = "importer"
+# Node pull (registry pullMethod: node): the containerDisk runs as the pod's "server" container
+# (CDI's name) with the static holder an init container copies into the shared emptyDir.
+NODE_PULL_CONTAINER_NAME: Final = "server"
+NODE_PULL_SHARED_DIR: Final = "/shared"
+NODE_PULL_HOLDER: Final = "/shared/cdi-holder"
 QEMU_UID: Final = 107  # qemu user/group in KubeVirt images; disk.img is 0660 group 107
 SECRET_KEY_ACCESS_KEY_ID: Final = "accessKeyId"
 SECRET_KEY_SECRET_KEY: Final = "secretKey"

@@ -1,12 +1,18 @@
 """The DataVolume reconciler: what every DataVolume shares, whichever flavour fills it.
 
-``reconcile(key) -> Result`` is level-triggered: it reads the DataVolume and its PVC from the
-API server (fresh, so a decision is never made on a stale cache), the worker pods, storage
-classes and config from informer caches, picks the flavour from the spec's source
+``reconcile(key) -> Result`` is level-triggered: it reads the DataVolume from the informer
+cache (seen through its own last status write, ``cdi.kube.own_writes``, so it does not fight
+the cache's lag with 409s; a stale read still only costs a 409 and a retry, since the status
+patch carries the resourceVersion read), the PVC from the API server (fresh: the flavours'
+decisions rest on its record) unless the claim cache has never seen it, in which case it is
+created straight away (a 409 says it exists after all, and it is read then), the worker pods,
+storage classes and config from informer caches, picks the flavour from the spec's source
 (``cdi.controller.flavours``: import now; upload and clone map to "not supported yet" and are
 left alone), then takes at most one step toward the goal and writes the status once:
 
-1. no PVC: render it (``cdi.render.pvc``) and create it, owned by the DataVolume; a PVC that
+1. no PVC: render it (``cdi.render.pvc``) and create it, owned by the DataVolume, with the
+   flavour's first record on it (the import flavour's first pod name), so the worker pod can
+   follow in the same pass without another write first; a PVC that
    exists and is not ours is adopted only when the DataVolume allows it
    (``allowClaimAdoption``; an adopted PVC gets no owner reference, so it outlives the DV);
 2. PVC not bound on a WaitForFirstConsumer class: wait (WaitForFirstConsumer) unless the DV
@@ -71,9 +77,10 @@ from cdi.controller.populators.datavolume import (
 from cdi.controller.progress import Scraper
 from cdi.controller.record import OUTCOME_SUCCEEDED, ImportRecord
 from cdi.controller.status import ClaimProblem, View, compute_status
-from cdi.kube.client import DATAVOLUMES, PVCS, AsyncKube, split_key
-from cdi.kube.errors import Conflict, NotFound
+from cdi.kube.client import DATAVOLUMES, JSON, PVCS, AsyncKube, split_key
+from cdi.kube.errors import Conflict
 from cdi.kube.events import NORMAL, WARNING, EventRecorder
+from cdi.kube.own_writes import OwnWrites
 from cdi.kube.workqueue import Result
 from cdi.render import RenderError
 from cdi.render.prime import populator_kind
@@ -105,6 +112,9 @@ class Caches:
     storage_classes: Store
     storage_profiles: Store
     cdi_configs: Store
+    # None: read DataVolumes, and look for claims, with GETs (a reconciler without informers)
+    datavolumes: Store | None = None
+    claims: Store | None = None
 
 
 @dataclass(frozen=True)
@@ -153,14 +163,17 @@ class DataVolumeReconciler:
                 deps, import_settings(config), config.upload, config.requester_key
             )
         self.flavours = flavours
+        self.own_dvs = OwnWrites()  # status writes the DataVolume cache may not show yet
+        self.own_claims = OwnWrites()  # claims created that the claim cache may not show yet
 
     async def reconcile(self, key: str) -> Result:
         namespace, name = split_key(key)
-        try:
-            obj = await self.kube.get(DATAVOLUMES, name, namespace)
-        except NotFound:
+        obj = await self._read(key)
+        if obj is None:
             # deleted: owner references let the garbage collector clean up, and flavours
             # that made objects in other namespaces undo them
+            self.own_dvs.forget(key)
+            self.own_claims.forget(key)
             for flavour in {id(f): f for f in self.flavours.values()}.values():
                 if isinstance(flavour, Forgets):
                     await flavour.forget(namespace or "", name)
@@ -177,6 +190,13 @@ class DataVolumeReconciler:
             log.info("%s: left alone: %s: %s", key, flavour.source, flavour.message)
             return Result()
         return await Step(self, flavour, dv, obj).run()
+
+    async def _read(self, key: str) -> JSON | None:
+        store = self.caches.datavolumes
+        if store is not None:
+            return self.own_dvs.freshest(key, store.get(key))
+        namespace, name = split_key(key)
+        return await self.kube.get_or_none(DATAVOLUMES, name, namespace)
 
     # -- cluster lookups -------------------------------------------------------------------
     def cdi_config(self) -> CDIConfig:
@@ -234,7 +254,11 @@ class Step:
 
     async def run(self) -> Result:
         result = await self._advance()
-        await self._write_status()
+        try:
+            await self._write_status()
+        except Conflict:  # read from a cache behind the server: again, once it caught up
+            log.debug("%s/%s: status conflict; requeued", self.dv.namespace, self.dv.name)
+            return Result(requeue_after=0.5)
         return result
 
     def _see(self, **changes: Any) -> None:
@@ -243,13 +267,19 @@ class Step:
     # -- the steps -------------------------------------------------------------------------
     async def _advance(self) -> Result:
         dv, r = self.dv, self.r
-        pvc = await r.kube.get_or_none(PVCS, dv.name, dv.namespace)
+        pvc, created = await self._read_claim(), False
         if pvc is None:
-            pvc, result = await self._create_pvc()
-            if pvc is None or not self._starts_unbound(pvc):
-                return result
-            # go on with the claim the create returned: no wait for its watch event
-        elif not self._ours(pvc):
+            try:
+                pvc, result = await self._create_pvc()
+            except Conflict:  # it exists: the claim cache had not seen it yet
+                pvc = await r.kube.get_or_none(PVCS, dv.name, dv.namespace)
+                if pvc is None:
+                    return Result(requeue_after=1.0)
+            else:
+                if pvc is None or not self._starts_unbound(pvc):
+                    return result
+                created = True  # go on with the claim the create returned
+        if not created and not self._ours(pvc):
             adopted = await self._adopt(pvc)
             if adopted is None:
                 return Result(requeue_after=30.0)
@@ -280,6 +310,16 @@ class Step:
             return Result()
         self.view, result = await self.flavour.sync(claim, self.view)
         return result
+
+    async def _read_claim(self) -> JSON | None:
+        """The claim, read fresh; None without a request when the claim cache (and this
+        process's own creates) have never seen it: then the create that follows says 409 if
+        it exists after all."""
+        dv, r = self.dv, self.r
+        cache, key = r.caches.claims, f"{dv.namespace}/{dv.name}"
+        if cache is not None and r.own_claims.freshest(key, cache.get(key)) is None:
+            return None
+        return await r.kube.get_or_none(PVCS, dv.name, dv.namespace)
 
     def _ours(self, pvc: Mapping[str, Any]) -> bool:
         meta = pvc.get("metadata") or {}
@@ -322,10 +362,12 @@ class Step:
         desired = await populated_claim(
             self.r.kube, self.dv, desired, self.r.caches.storage_classes
         )
-        try:
-            created = await self.r.kube.create(PVCS, desired, self.dv.namespace)
-        except Conflict:  # someone (we, before a restart) made it already
-            return None, Result(requeue_after=1.0)
+        if isinstance(self.flavour, ImportFlavour) and populator_kind(desired) is None:
+            annotations = desired["metadata"].setdefault("annotations", {})
+            annotations.update(self.flavour.first_record(self.dv.name))
+        # a 409 (someone, or we before a restart, made it already) goes to the caller
+        created = await self.r.kube.create(PVCS, desired, self.dv.namespace)
+        self.r.own_claims.wrote(created)
         return created, Result(requeue_after=1.0)
 
     async def _adopt(self, pvc: dict[str, Any]) -> dict[str, Any] | None:
@@ -358,7 +400,10 @@ class Step:
             return
         meta = self.obj["metadata"]
         patch = {"metadata": {"resourceVersion": meta.get("resourceVersion")}, "status": new}
-        await self.r.kube.patch(DATAVOLUMES, self.dv.name, patch, self.dv.namespace, sub="status")
+        written = await self.r.kube.patch(
+            DATAVOLUMES, self.dv.name, patch, self.dv.namespace, sub="status"
+        )
+        self.r.own_dvs.wrote(written)
         if new.get("phase") != old.get("phase"):
             await self._phase_event(str(new["phase"]))
 

@@ -5,9 +5,10 @@ Start-up: become leader (a Lease; a standby replica waits here), start informers
 their caches, then run each reconciler's workers off its own queue (a key is only ever
 "namespace/name" of that reconciler's kind). Watches only enqueue keys:
 
-- DataVolumes: a DataVolume maps to itself, a PVC or importer Pod to the DataVolume that
-  controls it (or that it was created for), and a StorageClass/StorageProfile/CDIConfig change
-  to every DataVolume still waiting for its claim;
+- DataVolumes: a DataVolume maps to itself (ahead of the queue while it has no status: its
+  first reconcile creates the claim and the worker pod), a PVC or importer Pod to the
+  DataVolume that controls it (or that it was created for), and a StorageClass/StorageProfile/
+  CDIConfig change to every DataVolume still waiting for its claim;
 - StorageProfiles: a StorageClass or a StorageProfile maps to the profile of that name;
 - CDIConfig: any StorageClass or CDIConfig change maps to the singleton ``config``;
 - populators (one loop per source kind: import, upload, clone): a claim whose ``dataSourceRef``
@@ -20,8 +21,12 @@ their caches, then run each reconciler's workers off its own queue (a key is onl
   DataVolume a temporary one was made for, and to the DataVolumes and DataSources naming it;
   a class to every StorageProfile and to the DataVolumes still waiting for a claim.
 
+Events of every reconciler go through one ``EventQueue`` (``cdi.kube.events``), written by a
+background task, so no reconcile waits for an event's round trip.
+
 Shutdown (SIGTERM or lost leadership): stop the queues, let in-flight reconciles finish
-(bounded by ``shutdown_grace``), release the Lease, stop informers and the metrics server.
+(bounded by ``shutdown_grace``), write the queued events (a few seconds at most), release the
+Lease, stop informers and the metrics server.
 """
 
 from __future__ import annotations
@@ -78,7 +83,7 @@ from cdi.kube.client import (
     Kube,
     object_key,
 )
-from cdi.kube.events import EventRecorder
+from cdi.kube.events import EventQueue, EventRecorder
 from cdi.kube.informer import Informer, wait_all_synced
 from cdi.kube.leader import LeaderConfig, LeaderElector, LeadershipLost
 from cdi.kube.workqueue import Backoff, Reconcile, WorkQueue, run_workers
@@ -122,9 +127,9 @@ class Loop:
     reconcile: Reconcile
     workers: int
 
-    def enqueue(self, key: str | None) -> None:
+    def enqueue(self, key: str | None, *, first: bool = False) -> None:
         if key:
-            self.queue.add(key)
+            self.queue.add(key, first=first)
 
 
 def new_queue() -> WorkQueue:
@@ -142,6 +147,11 @@ def owner_key(obj: dict[str, Any]) -> str | None:
     if (meta.get("annotations") or {}).get(ANN_CREATED_FOR_DATAVOLUME):
         return f"{ns}/{meta.get('name')}"  # an adopted claim has its DataVolume's name
     return None
+
+
+def is_new(dv: dict[str, Any]) -> bool:
+    """A DataVolume the controller has not written a status to yet."""
+    return not (dv.get("status") or {}).get("phase")
 
 
 def cron_key(obj: dict[str, Any]) -> str | None:
@@ -168,6 +178,7 @@ class Manager:
         }
         self.snapshots = SnapshotWatch(kube, self.kube, r, config.config_recheck)
         self.scraper = HttpScraper()
+        self.events = EventQueue(self.kube)  # every recorder's events, written off the reconciles
         self.metrics = ControllerMetrics(
             Sources(self.informers["dv"], self.informers["sc"], self.informers["profile"])
         )
@@ -175,6 +186,9 @@ class Manager:
         self.elector = LeaderElector(self.kube, config.leader) if config.leader else None
         self._metrics_runner: web.AppRunner | None = None
         self._stop = asyncio.Event()
+
+    def _recorder(self, component: str, identity: str) -> EventRecorder:
+        return EventRecorder(self.kube, component, identity, self.events)
 
     def _loops(self, identity: str) -> dict[str, Loop]:
         i, cfg = self.informers, self.config
@@ -185,12 +199,15 @@ class Manager:
                 storage_classes=i["sc"],
                 storage_profiles=i["profile"],
                 cdi_configs=i["config"],
+                datavolumes=i["dv"],
+                claims=i["pvc"],
             ),
-            EventRecorder(self.kube, "datavolume-controller", identity),
+            self._recorder("datavolume-controller", identity),
             self.scraper,
             # the clone flavour checks the webhook's signed requester record with this key
             dataclasses.replace(cfg.controller, requester_key=cfg.requester_key),
         )
+        self.datavolumes = datavolumes
         profiles = StorageProfileReconciler(self.kube, utc_now)
         cdi_config = CDIConfigReconciler(self.kube, i["sc"], cfg.namespace, cfg.config_recheck)
         crons = DataImportCronReconciler(
@@ -206,7 +223,7 @@ class Manager:
         uploads = UploadPVCReconciler(
             self.kube,
             UploadWorker(deps, cfg.controller.upload),
-            EventRecorder(self.kube, "upload-controller", identity),
+            self._recorder("upload-controller", identity),
             i["sc"],
             datavolumes.cdi_config,
         )
@@ -215,21 +232,21 @@ class Manager:
             i["pod"],
             i["sc"],
             datavolumes.cdi_config,
-            EventRecorder(self.kube, "import-populator", identity),
+            self._recorder("import-populator", identity),
             ImportFlavour(deps, import_settings(cfg.controller)),
         )
         upload_populator = UploadPopulator(
             self.kube,
             i["sc"],
             datavolumes.cdi_config,
-            EventRecorder(self.kube, "upload-populator", identity),
+            self._recorder("upload-populator", identity),
             UploadWorker(deps, cfg.controller.upload),
         )
         clone_populator = ClonePopulator(
             self.kube,
             i["sc"],
             datavolumes.cdi_config,
-            EventRecorder(self.kube, "clone-populator", identity),
+            self._recorder("clone-populator", identity),
         )
         self.populators: dict[str, PrimePopulator] = {
             "populator": populator,
@@ -257,9 +274,17 @@ class Manager:
         dvs, profiles, config = (
             self.loops[n] for n in ("datavolume", "storageprofile", "cdiconfig")
         )
-        self.informers["dv"].add_handler(lambda o: dvs.enqueue(object_key(o)))
-        for name in ("pvc", "pod"):
-            self.informers[name].add_handler(lambda o: dvs.enqueue(owner_key(o)))
+        own_dvs, own_claims = self.datavolumes.own_dvs, self.datavolumes.own_claims
+        # a DataVolume with no status yet has never been reconciled: its claim and worker pod
+        # come first (WorkQueue: ahead of the status follow-ups of DataVolumes under way); the
+        # echo of the reconciler's own status write or claim create triggers nothing
+        self.informers["dv"].add_handler(
+            lambda o: None if own_dvs.echoes(o) else dvs.enqueue(object_key(o), first=is_new(o))
+        )
+        self.informers["pvc"].add_handler(
+            lambda o: None if own_claims.echoes(o) else dvs.enqueue(owner_key(o))
+        )
+        self.informers["pod"].add_handler(lambda o: dvs.enqueue(owner_key(o)))
         uploads = self.loops["uploadpvc"]
         self.informers["pvc"].add_handler(lambda o: uploads.enqueue(self._upload_key(o)))
         self.informers["pod"].add_handler(
@@ -373,6 +398,7 @@ class Manager:
                 return
             stopping.cancel()
         self._wire()
+        self.events.start()
         for informer in self.informers.values():
             informer.start()
         try:
@@ -415,6 +441,7 @@ class Manager:
         for informer in self.informers.values():
             informer.stop()
         self.snapshots.stop()
+        await self.events.close()
         if self.elector is not None:
             await self.elector.release()
         await self.scraper.close()

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from cdi.api.constants import IMPORTER_CONTAINER_NAME
+from cdi.api.constants import IMPORTER_CONTAINER_NAME, ConditionReason
 from cdi.api.termination import REASON_COMPLETED, TerminationMessage
 
 REASON_NO_MESSAGE = "Error"
@@ -96,3 +96,30 @@ def _terminated(status: dict[str, Any], container: str) -> dict[str, Any]:
             state = cs.get("state") or {}
             return dict(state.get("terminated") or {})
     return {}
+
+
+# The kubelet's waiting reasons for an image it cannot pull (any container of the pod: with a
+# registry node pull, the containerDisk is the pod's "server" container).
+IMAGE_PULL_WAITING = frozenset({"ErrImagePull", "ImagePullBackOff", "InvalidImageName"})
+PULL_FAILED_MESSAGE = "failed to pull image"
+UNSCHEDULABLE_MESSAGE = "Importer pod cannot be scheduled"
+
+
+def pod_problem(pod: dict[str, Any]) -> tuple[str, str] | None:
+    """Why a worker pod that has not finished is stuck, as CDI reports it on the Running
+    condition: ``ImagePullFailed`` "failed to pull image" (the kubelet's reason for it
+    follows), ``Unschedulable``; None when nothing is wrong."""
+    status = pod.get("status") or {}
+    for cs in [
+        *(status.get("initContainerStatuses") or []),
+        *(status.get("containerStatuses") or []),
+    ]:
+        waiting = (cs.get("state") or {}).get("waiting") or {}
+        if waiting.get("reason") in IMAGE_PULL_WAITING:
+            detail = str(waiting.get("message") or waiting["reason"])[:512]
+            return ConditionReason.IMAGE_PULL_FAILED, f"{PULL_FAILED_MESSAGE}: {detail}"
+    for cond in status.get("conditions") or []:
+        unschedulable = cond.get("reason") == ConditionReason.UNSCHEDULABLE
+        if cond.get("type") == "PodScheduled" and cond.get("status") == "False" and unschedulable:
+            return ConditionReason.UNSCHEDULABLE, UNSCHEDULABLE_MESSAGE
+    return None

@@ -63,8 +63,12 @@ def human_bytes(n: int) -> str:
     return f"{n} B"
 
 
-def parse_metrics(text: str, owner_uid: str) -> Progress | None:
-    """The progress series for ``owner_uid``, or None when the percentage is absent."""
+def parse_metrics(text: str, owner_uid: str, kind: str = "import") -> Progress | None:
+    """The progress series for ``owner_uid``, or None when the percentage is absent. ``kind``
+    names the worker's series: ``import`` (the importer), ``clone`` (the clone source pod,
+    ``kubevirt_cdi_clone_progress_total`` as CDI's cloner)."""
+    progress_metric = f"kubevirt_cdi_{kind}_progress_total"
+    checkpoint_metric = f"cdi_{kind}_checkpoint_bytes"
     values: dict[str, float] = {}
     digest = ""
     for line in text.splitlines():
@@ -78,16 +82,16 @@ def parse_metrics(text: str, owner_uid: str) -> Progress | None:
             values[m.group("name")] = float(m.group("value"))
         except ValueError:
             continue
-        if m.group("name") == CHECKPOINT_METRIC:
+        if m.group("name") == checkpoint_metric:
             digest = labels.get("digest", "")
-    if PROGRESS_METRIC not in values:
+    if progress_metric not in values:
         return None
     return Progress(
-        percent=values[PROGRESS_METRIC],
-        bytes_done=int(values.get("cdi_import_bytes_done", 0)),
-        bytes_total=int(values.get("cdi_import_bytes_total", 0)),
-        rate=values.get("cdi_import_rate_bytes_per_second", 0.0),
-        checkpoint=_checkpoint(values.get(CHECKPOINT_METRIC), digest),
+        percent=values[progress_metric],
+        bytes_done=int(values.get(f"cdi_{kind}_bytes_done", 0)),
+        bytes_total=int(values.get(f"cdi_{kind}_bytes_total", 0)),
+        rate=values.get(f"cdi_{kind}_rate_bytes_per_second", 0.0),
+        checkpoint=_checkpoint(values.get(checkpoint_metric), digest),
     )
 
 

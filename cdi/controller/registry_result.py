@@ -6,14 +6,18 @@ reports them in its termination message. The message comes from a pod that ran t
 bytes, so only label keys of the ``<prefix>.kubevirt.io/<name>`` shape are taken, never
 ``cdi.kubevirt.io/*`` (the controller's own), and at most ``MAX_LABELS``. The manifest digest a
 tag resolved to is recorded as ``cdi.kubevirt.io/storage.import.sourceDigest``, so the import
-is reproducible (``docker://repo@<digest>``).
+is reproducible (``docker://repo@<digest>``). For a node pull the kubelet pulled the image, so
+the digest is the ``imageID`` the node reports for the pod's ``server`` container
+(``<repo>@sha256:...``), never anything the pod wrote.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from typing import Any
 
+from cdi.api.constants import NODE_PULL_CONTAINER_NAME
 from cdi.api.termination import TerminationMessage
 
 ANN_SOURCE_DIGEST = "cdi.kubevirt.io/storage.import.sourceDigest"
@@ -41,3 +45,21 @@ def result_patch(message: TerminationMessage | None) -> dict[str, Any] | None:
     if message.source_digest and _DIGEST.fullmatch(message.source_digest):
         meta["annotations"] = {ANN_SOURCE_DIGEST: message.source_digest}
     return {"metadata": meta} if meta else None
+
+
+def node_pull_digest(pod: dict[str, Any]) -> str | None:
+    """The manifest digest the kubelet reports for the node-pull ``server`` container."""
+    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+        if cs.get("name") == NODE_PULL_CONTAINER_NAME:
+            digest = str(cs.get("imageID") or "").rpartition("@")[2]
+            return digest if _DIGEST.fullmatch(digest) else None
+    return None
+
+
+def with_node_digest(message: TerminationMessage, pod: dict[str, Any]) -> TerminationMessage:
+    """``message`` with the node-pull digest, for a node-pull pod (the pod has a ``server``
+    container only then); any digest the worker itself claimed is replaced."""
+    containers = (pod.get("spec") or {}).get("containers") or []
+    if not any(c.get("name") == NODE_PULL_CONTAINER_NAME for c in containers):
+        return message
+    return dataclasses.replace(message, source_digest=node_pull_digest(pod))

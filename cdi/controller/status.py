@@ -90,6 +90,7 @@ class View:
     pod_phase: str | None = None  # of the current attempt's worker pod
     progress: Progress | None = None  # fresh reading, when the pod is running
     retry_in: float | None = None  # seconds until the next attempt's pod is created
+    pod_problem: tuple[str, str] | None = None  # (reason, message): why the pod is stuck
     max_attempts: int = 1
 
 
@@ -129,6 +130,8 @@ def _bound(v: View) -> Condition:
 def _running(v: View, phase: Phase) -> Condition:
     rec = v.record
     words = v.phases
+    if v.pod_problem is not None and phase in (words.scheduled, words.in_progress):
+        return _cond(ConditionType.RUNNING, False, *v.pod_problem)
     if phase == words.in_progress and v.pod_phase == "Running":
         activity = words.activity
         message = v.progress.describe(activity) if v.progress else f"{activity} in progress"

@@ -8,7 +8,11 @@ The semantics are client-go's ``workqueue`` (the shape controller-runtime builds
 - ``add_after`` delays a key (the earliest pending deadline wins);
 - ``add_rate_limited`` delays it by a per-key exponential backoff (``base * 2^failures``,
   capped) until ``forget`` resets the count, so a failing object does not spin;
-- ``shutdown`` wakes every waiting ``get``, which then returns None.
+- ``shutdown`` wakes every waiting ``get``, which then returns None;
+- ``add(key, first=True)`` puts a key ahead of every ordinary one (still in arrival order among
+  such keys): the controller uses it for an object it has never acted on (a new DataVolume),
+  whose first reconcile is the one someone waits for, while keys requeued by the object's own
+  children (status follow-ups) can wait a little longer under a burst.
 
 ``run_workers`` is the loop each worker runs: get a key, call the reconciler, requeue as its
 ``Result`` (or its exception) says, mark done. Pure asyncio; no Kubernetes here.
@@ -46,6 +50,7 @@ class WorkQueue:
     def __init__(self, backoff: Backoff | None = None) -> None:
         self.backoff = backoff or Backoff()
         self._queue: deque[str] = deque()
+        self._first: deque[str] = deque()  # ahead of _queue
         self._dirty: set[str] = set()
         self._processing: set[str] = set()
         self._failures: dict[str, int] = {}
@@ -54,19 +59,24 @@ class WorkQueue:
         self._shutting_down = False
 
     def __len__(self) -> int:
-        return len(self._queue)
+        return len(self._first) + len(self._queue)
 
     @property
     def processing(self) -> frozenset[str]:
         return frozenset(self._processing)
 
-    def add(self, key: str) -> None:
-        if self._shutting_down or key in self._dirty:
+    def add(self, key: str, *, first: bool = False) -> None:
+        if self._shutting_down:
+            return
+        if key in self._dirty:
+            if first and key in self._queue:  # waiting as an ordinary key: move it ahead
+                self._queue.remove(key)
+                self._first.append(key)
             return
         self._dirty.add(key)
         if key in self._processing:
             return  # queued again by done()
-        self._queue.append(key)
+        (self._first if first else self._queue).append(key)
         self._wake()
 
     def add_after(self, key: str, delay: float) -> None:
@@ -102,12 +112,12 @@ class WorkQueue:
         self._failures.pop(key, None)
 
     async def get(self) -> str | None:
-        while not self._queue and not self._shutting_down:
+        while not len(self) and not self._shutting_down:
             self._ready.clear()
             await self._ready.wait()
-        if not self._queue:
+        if not len(self):
             return None
-        key = self._queue.popleft()
+        key = (self._first or self._queue).popleft()
         self._processing.add(key)
         self._dirty.discard(key)
         return key
@@ -124,6 +134,7 @@ class WorkQueue:
             handle.cancel()
         self._timers.clear()
         self._queue.clear()
+        self._first.clear()
         self._wake()
 
     def _wake(self) -> None:

@@ -29,6 +29,7 @@ from cdi.render.worker_pod import (
     WorkerPod,
     container_security_context,
     image_fields,
+    metrics_ports,
     pod_security_context,
 )
 
@@ -104,7 +105,13 @@ def _env(
         "CLIENT_KEY_FILE": f"{CERT_DIR}/tls.key",
         "SERVER_CA_CERT_FILE": f"{CERT_DIR}/ca.crt",
     }
-    return [{"name": k, "value": v} for k, v in values.items()]
+    env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in values.items()]
+    # The clone's progress (CDI's cloner serves it on 8443), on the pod IP when asked.
+    env.append({"name": "CLONER_METRICS_PORT", "value": str(config.settings.metrics.port)})
+    if config.settings.metrics.on_pod_ip:
+        pod_ip = {"fieldRef": {"fieldPath": "status.podIP"}}
+        env.append({"name": "CLONER_METRICS_ADDR", "valueFrom": pod_ip})
+    return env
 
 
 def _source_metadata(
@@ -161,6 +168,7 @@ def render_clone_source_pod(
         "name": "cdi-clone-source",
         **image_fields(config.settings),
         "env": _env(source, target, config),
+        "ports": metrics_ports(config.settings),
         "securityContext": container_security_context(),
         "volumeMounts": [{"name": "client-cert", "mountPath": CERT_DIR, "readOnly": True}],
     }

@@ -19,6 +19,7 @@ from cdi.api.constants import (
     IMPORT_SOURCE_REGISTRY,
     IMPORT_SOURCE_S3,
     IMPORT_SOURCE_VDDK,
+    NODE_PULL_SHARED_DIR,
     ImporterEnv,
     RegistryPullMethod,
 )
@@ -38,6 +39,8 @@ class SourceSettings:
     headers: tuple[str, ...] = ()
     secret_headers: tuple[str, ...] = ()
     extra_env: EnvPairs = ()
+    node_pull_image: str | None = None  # pullMethod node: the image the kubelet runs beside
+    node_arch: str | None = None  # pullMethod node: platform.architecture, a nodeSelector
 
 
 def source_settings(dv: DataVolume, cdi_config: CDIConfig) -> SourceSettings:
@@ -93,6 +96,8 @@ def _registry(source: DataVolumeSource, cdi_config: CDIConfig) -> SourceSettings
     reg = source.registry
     assert reg is not None
     arch = reg.platform.architecture if reg.platform else None
+    if reg.pull_method == RegistryPullMethod.NODE:
+        return _node_pull(reg, arch)
     return SourceSettings(
         IMPORT_SOURCE_REGISTRY,
         reg.url or reg.image_stream,
@@ -103,6 +108,25 @@ def _registry(source: DataVolumeSource, cdi_config: CDIConfig) -> SourceSettings
             (ImporterEnv.PULL_METHOD, reg.pull_method or RegistryPullMethod.POD),
             (ImporterEnv.REGISTRY_IMAGE_ARCHITECTURE, arch),
         ),
+    )
+
+
+def _node_pull(reg: RegistrySource, arch: str | None) -> SourceSettings:
+    """The kubelet pulls with the node's registry settings: no Secret, CA or insecure flag
+    reaches the pod (admission warns); the platform is the node's, chosen by a nodeSelector."""
+    url = reg.url or ""
+    if not url.startswith("docker://"):
+        raise RenderError("pullMethod node needs a docker:// registry URL")
+    return SourceSettings(
+        IMPORT_SOURCE_REGISTRY,
+        url,
+        extra_env=(
+            (ImporterEnv.PULL_METHOD, str(RegistryPullMethod.NODE)),
+            (ImporterEnv.READY_FILE, f"{NODE_PULL_SHARED_DIR}/ready"),
+            (ImporterEnv.DONE_FILE, f"{NODE_PULL_SHARED_DIR}/done"),
+        ),
+        node_pull_image=url.removeprefix("docker://"),
+        node_arch=arch,
     )
 
 

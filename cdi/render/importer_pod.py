@@ -18,6 +18,14 @@ Shape, and why:
   controller asks for one.
 - The termination message at ``/dev/termination-log`` (policy FallbackToLogsOnError); metrics on
   port 8443 named ``metrics``; resources from CDIConfig (CDI's defaults otherwise).
+- Registry ``pullMethod: node`` (CDI's shape, with a holder instead of CDI's HTTP server): the
+  kubelet pulls the containerDisk and runs it as the container ``server``, listed first so the
+  kubelet pulls and starts it before the importer; its command is the static ``cdi-holder``,
+  which the init container ``holder-init`` (the importer image, ``install-holder``) copied into
+  the emptyDir ``/shared``. ``shareProcessNamespace`` lets the importer read the holder's root,
+  ``/proc/<pid>/root/disk/`` (``importer.sources.containerdisk``). ``platform.architecture``
+  becomes the nodeSelector ``kubernetes.io/arch``. ``deploy/15-admission-policy.yaml`` admits
+  the arbitrary image only in that exact container.
 
 The importer runs as ``python -m importer`` and reads its configuration once, at start, from
 these environment variables (CDI's names, ``cdi.api.constants.ImporterEnv``):
@@ -38,6 +46,8 @@ these environment variables (CDI's names, ``cdi.api.constants.ImporterEnv``):
 ``no_proxy``
 ``IMPORTER_PROXY_AUTH_DIR``        the proxies' credentials, a mounted Secret (not CDI)
 ``IMPORTER_PULL_METHOD``           registry: pod | node
+``IMPORTER_READY_FILE``            node pull: ``/shared/ready``, the holder's pid
+``IMPORTER_DONE_FILE``             node pull: ``/shared/done``, created when the import ends
 ``IMPORTER_REGISTRY_IMAGE_ARCHITECTURE``  registry platform architecture
 ``IMPORTER_EXTRA_HEADER_<i>``      "Name: value", from http.extraHeaders
 ``IMPORTER_DISK_ID``               imageio disk id
@@ -74,6 +84,9 @@ from cdi.api.constants import (
     EXTRA_HEADERS_DIR,
     IMPORTER_CONTAINER_NAME,
     IMPORTER_EXTRA_HEADER_PREFIX,
+    NODE_PULL_CONTAINER_NAME,
+    NODE_PULL_HOLDER,
+    NODE_PULL_SHARED_DIR,
     PROXY_AUTH_DIR,
     PROXY_CERT_DIR,
     SCRATCH_MOUNT_PATH,
@@ -105,6 +118,14 @@ PROXY_CERT_VOLUME = "cdi-proxy-cert-vol"
 AUTH_VOLUME = "cdi-auth-secret-vol"
 PROXY_AUTH_VOLUME = "cdi-proxy-auth-vol"
 TMP_VOLUME = "tmp"
+SHARED_VOLUME = "cdi-shared-vol"  # node pull: the holder binary and the handshake files
+HOLDER_INIT_NAME = "holder-init"
+ARCH_LABEL = "kubernetes.io/arch"
+# The holder needs nothing (a static loop of sleeps); keep the pod's footprint as CDI's.
+HOLDER_RESOURCES = {
+    "requests": {"cpu": "10m", "memory": "8Mi"},
+    "limits": {"cpu": "100m", "memory": "32Mi"},
+}
 IMPORTER_COMPONENT = "importer"  # the pods' cdi.kubevirt.io label and name prefix
 
 
@@ -168,7 +189,43 @@ def _pod_spec(
         "affinity": dict(config.affinity) if config.affinity else None,
     }
     spec.update({k: v for k, v in optional.items() if v})
+    if settings.node_pull_image:
+        _add_node_pull(spec, settings, config)
     return spec
+
+
+def _add_node_pull(
+    spec: dict[str, Any], settings: SourceSettings, config: ImporterPodConfig
+) -> None:
+    """The containerDisk beside the importer (see the module docstring)."""
+    mount = {"name": SHARED_VOLUME, "mountPath": NODE_PULL_SHARED_DIR}
+    spec["shareProcessNamespace"] = True
+    spec["initContainers"] = [
+        {
+            "name": HOLDER_INIT_NAME,
+            **image_fields(config),
+            "args": ["install-holder", NODE_PULL_HOLDER],
+            "resources": config.cdi_config.pod_resources.to_dict(),  # a Python process
+            "terminationMessagePolicy": "FallbackToLogsOnError",
+            "securityContext": container_security_context(),
+            "volumeMounts": [mount],
+        }
+    ]
+    server = {
+        "name": NODE_PULL_CONTAINER_NAME,
+        "image": settings.node_pull_image,
+        "imagePullPolicy": "IfNotPresent",
+        "command": [NODE_PULL_HOLDER],
+        "resources": HOLDER_RESOURCES,
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "securityContext": container_security_context(),
+        "volumeMounts": [mount],
+    }
+    spec["containers"] = [server, *spec["containers"]]
+    spec["containers"][1]["volumeMounts"].append(dict(mount))
+    spec["volumes"].append({"name": SHARED_VOLUME, "emptyDir": {}})
+    if settings.node_arch:
+        spec["nodeSelector"] = {**spec.get("nodeSelector", {}), ARCH_LABEL: settings.node_arch}
 
 
 def _container(

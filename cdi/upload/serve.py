@@ -1,7 +1,9 @@
 """The ``cdi uploadproxy`` and ``cdi upload-apiserver`` processes: the pure apps wired to the
 cluster, TLS from certificates our code generates, periodic rotation, graceful SIGTERM.
 
-Both serve HTTPS with a serving certificate kept (and rotated) in a Secret by the webhook's
+Both serve HTTPS (the token API with aiohttp; the proxy with ``proxyserver.UploadProxy``, a
+thread per connection on blocking TLS sockets, so upload bytes never cross the event loop)
+with a serving certificate kept (and rotated) in a Secret by the webhook's
 ``CertStore``; the token API publishes its CA bundle into its APIService, the proxy nowhere.
 Every ``check_interval`` seconds each process re-runs its rotations and reloads changed key
 pairs into the live ``SSLContext`` objects (new handshakes use them):
@@ -41,7 +43,8 @@ from cdi.upload.kubestore import (
     read_public_keys,
     requestheader_settings,
 )
-from cdi.upload.proxy import ProxyConfig, make_proxy_app
+from cdi.upload.proxy import ProxyConfig
+from cdi.upload.proxyserver import UploadProxy
 from cdi.upload.tls import UPLOAD_CLIENT_NAME, load_pair, serving_context, upstream_context
 from cdi.upload.token import Verifier
 from cdi.upload.tokenapi import RequestHeaderConfig, TokenApi
@@ -216,15 +219,25 @@ async def serve_upload_proxy(kube: Kube, config: UploadProxyConfig) -> None:
             raise UploadNotReady(f"the token keys cannot be read: {exc}") from exc
 
     targets = KubeUploadTargets(async_kube, config.upload_server_port)
-    app = make_proxy_app(targets, Verifier(keys), upstream, config.proxy)
+    proxy = UploadProxy(targets, Verifier(keys), upstream, config.proxy)
 
     async def periodic() -> None:
-        await serving.refresh(ctx)
+        # New contexts instead of reloading the live ones: connection threads wrap sockets
+        # with them concurrently, and OpenSSL does not promise that is safe while they change.
+        before = serving.bundle
+        pair = await serving.refresh()
+        if before is None or pair != before.serving:
+            proxy.use(serving=serving_context(pair))
         fresh, renewed = await asyncio.to_thread(client.ensure)
         if renewed:
-            load_pair(upstream, fresh)
+            proxy.use(upstream=upstream_context(server_ca.cert_pem, fresh))
 
     try:
-        await _serve(app, plane, ctx, periodic)
+        port = await proxy.start(plane.host, plane.port, ctx)
+        log.info("serving on %s:%d", plane.host, port)
+        try:
+            await run_until_stopped(plane.check_interval, periodic)
+        finally:
+            await proxy.stop()
     finally:
         async_kube.close()

@@ -117,17 +117,30 @@ def _registry_causes(registry: RegistrySource, content_type: str | None) -> Caus
             )
         ]
     if method == RegistryPullMethod.NODE:
-        return [Cause(NODE_PULL_UNSUPPORTED, f"{field}.pullMethod")]
+        return _node_pull_causes(registry, f"{field}.pullMethod")
     return []
 
 
-# Not CDI: node pull needs the kubelet to pull the containerDisk as a side container; this
-# product's importer pulls and streams the image itself (pod pull), with the same credentials,
-# CA and insecure-registry settings, and no scratch space, so node pull is refused up front.
-NODE_PULL_UNSUPPORTED = (
-    "pullMethod node is not supported: the importer pulls the image itself; "
-    "use pullMethod pod (the default)"
+# Not CDI: an OpenShift ImageStream is resolved to an image by OpenShift's image lookup
+# (CDI annotates the pod for it); plain Kubernetes has none, so the kubelet could not pull it.
+IMAGE_STREAM_UNSUPPORTED = (
+    "Source registry ImageStream is not supported: it needs OpenShift's image lookup; "
+    "use a docker:// URL"
 )
+NODE_PULL_NEEDS_DOCKER = "pullMethod node needs a docker:// registry URL: the kubelet pulls it"
+NODE_PULL_IGNORES = (
+    "spec.source.registry: with pullMethod node the kubelet pulls the image with the node's "
+    "registry configuration; secretRef and certConfigMap are not used"
+)
+
+
+def _node_pull_causes(registry: RegistrySource, field: str) -> Causes:
+    """Node pull: the kubelet pulls ``url`` as a container image, so only docker:// works."""
+    if registry.image_stream is not None:
+        return [Cause(IMAGE_STREAM_UNSUPPORTED, field)]
+    if not (registry.url or "").startswith("docker://"):
+        return [Cause(NODE_PULL_NEEDS_DOCKER, field)]
+    return []
 
 
 def _imageio_causes(imageio: ImageIOSource) -> Causes:
@@ -276,9 +289,17 @@ def volume_mode_causes(spec: DataVolumeSpec) -> Causes:
 
 
 def warnings(spec: DataVolumeSpec) -> list[str]:
-    """Admitted but worth saying: credentials written into a URL end up in the object."""
+    """Admitted but worth saying: credentials written into a URL end up in the object; a node
+    pull does not use the registry Secret and CA the DataVolume names."""
     out: list[str] = []
     source = spec.source
+    reg = source.registry if source else None
+    if (
+        reg
+        and reg.pull_method == RegistryPullMethod.NODE
+        and (reg.secret_ref or reg.cert_config_map)
+    ):
+        out.append(NODE_PULL_IGNORES)
     for kind in source.kinds if source else ():
         url = getattr(getattr(source, kind.value), "url", None)
         if not url:

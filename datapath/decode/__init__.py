@@ -6,7 +6,8 @@ every path bytes can take:
 
 - ``_ENVELOPES``: what wraps the image, chosen by the plan (never sniffed): ``sniffed``
   (kubevirt: peel compression layers by their first bytes, then decode by format),
-  ``passthrough`` (blockdevice-clone: verbatim and sparse, no sniffing), ``archive`` (archive
+  ``passthrough`` (blockdevice-clone: verbatim and sparse, no sniffing), ``sparse`` (our
+  cloner's blockdevice-clone-sparse: data extents in frames), ``archive`` (archive
   and filesystem-clone: a tar extracted with the archive rules) and ``tar_member`` (a registry
   layer: the one file under ``disk/``, then sniffed again).
 - ``_FORMATS``: what the innermost sniffed format becomes: raw bytes go to the sparse
@@ -135,6 +136,17 @@ def _passthrough(chunks: Iterator[bytes], plan: DecodePlan, result: DecodeResult
     (or are zeroed on a device not known to read zeros)."""
     result.format_chain.append(ImageFormat.RAW.value)
     return _raw(chunks, plan, result)
+
+
+def _sparse(chunks: Iterator[bytes], plan: DecodePlan, result: DecodeResult) -> DecodeResult:
+    """blockdevice-clone-sparse: our cloner's data extents (``datapath.decode.sparseraw``)."""
+    from datapath.decode.sparseraw import write_sparse
+
+    assert plan.writer is not None
+    result.format_chain.append(ImageFormat.RAW.value)
+    result.virtual_size = write_sparse(chunks, plan.writer)
+    result.bytes_written = plan.writer.bytes_written
+    return result
 
 
 def _archive(chunks: Iterator[bytes], plan: DecodePlan, result: DecodeResult) -> DecodeResult:
@@ -355,6 +367,7 @@ def _to_scratch(stream: Iterator[bytes], plan: DecodePlan, result: DecodeResult)
 _ENVELOPES: dict[str, Handler] = {
     "sniffed": _sniffed,
     "passthrough": _passthrough,
+    "sparse": _sparse,
     "archive": _archive,
     "tar_member": _tar_member,
 }
@@ -362,6 +375,7 @@ _ENVELOPE_OF: dict[ContentType, str] = {
     ContentType.KUBEVIRT: "sniffed",
     ContentType.ARCHIVE: "archive",
     ContentType.BLOCKDEVICE_CLONE: "passthrough",
+    ContentType.BLOCKDEVICE_CLONE_SPARSE: "sparse",
     ContentType.FILESYSTEM_CLONE: "archive",
 }
 _FORMATS: dict[ImageFormat, Handler] = {  # anything else (raw, tar in kubevirt mode): _raw

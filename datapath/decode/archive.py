@@ -10,7 +10,8 @@ Checks made member by member cannot see the future: ``a -> b/..`` is inside the 
 extraction ends, successfully or not, every symlink in the tree is resolved and any that leads
 outside is removed; on success that fails the import (``UnsafeImage``). Members are also
 bounded in number, and pax / GNU long-name headers in size (tarfile reads those whole into
-memory, so an attacker-declared 8 GB header would be an 8 GB allocation). Every failure is a
+memory, so an attacker-declared 8 GB header would be an 8 GB allocation). File data is copied
+in large pieces straight from the stream's chunks (``decode.tarcopy``). Every failure is a
 typed error: a hard link to a missing member or an ``OSError`` while writing is ``InvalidImage``.
 """
 
@@ -23,6 +24,7 @@ import tarfile
 from collections.abc import Iterator
 
 from cdi.api.errors import InsufficientSpace, InvalidImage, UnsafeImage
+from datapath.decode.tarcopy import StreamingTar
 from datapath.streams import IterReader
 
 # tarfile keeps every member's TarInfo (~350 bytes plus its names) until the end, for hard
@@ -94,7 +96,8 @@ def _extract_members(
 ) -> int:
     total = count = names = 0
     try:
-        with tarfile.open(fileobj=IterReader(chunks), mode="r|", tarinfo=_BoundedTarInfo) as tar:
+        reader = IterReader(chunks)
+        with StreamingTar.open(fileobj=reader, mode="r|", tarinfo=_BoundedTarInfo) as tar:
             for member in tar:
                 count += 1
                 if count > max_members:

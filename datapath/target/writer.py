@@ -87,6 +87,13 @@ class RawWriter:
         self.write_at(self.position, data)
         self.position += len(data)
 
+    def skip_to(self, offset: int) -> None:
+        """Move the sequential stream to ``offset`` over bytes known to be zeros: a hole, or
+        zeroed on a device not known to read zeros (``zero_fill``), as zero pages written."""
+        self._claim(offset)
+        self._zero(self.position, offset - self.position)
+        self.position = offset
+
     def write_at(self, offset: int, data: bytes) -> None:
         self._claim(offset + len(data))
         for start, stop, zero in page_segments(data, offset):  # maximal runs, alternating

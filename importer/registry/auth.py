@@ -49,9 +49,14 @@ def challenge(header: str) -> Challenge | None:
 def token_url(found: Challenge, repository: str, registry_scheme: str) -> str:
     """Where to ask for a pull token for ``repository``."""
     realm = found.params.get("realm", "")
-    parts = urlsplit(realm)
+    unusable = ImagePullFailed(f"the registry names an unusable token realm {realm[:100]!r}")
+    try:
+        parts = urlsplit(realm)
+        _ = parts.port  # out of range or not a number: refused here, not deep in the client
+    except ValueError as exc:  # "https://[::1": an unclosed IPv6 literal (found by fuzzing)
+        raise unusable from exc
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ImagePullFailed(f"the registry names an unusable token realm {realm[:100]!r}")
+        raise unusable
     if registry_scheme == "https" and parts.scheme == "http":
         raise ImagePullFailed("the registry names an http token realm for an https registry")
     query = {"scope": f"repository:{repository}:pull"}
@@ -65,7 +70,7 @@ def token_from(body: bytes) -> str:
     """The token of a token server's JSON answer (``token``, or OAuth2's ``access_token``)."""
     try:
         data = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:  # RecursionError: nesting
         raise ImagePullFailed("the token server's answer is not JSON") from exc
     token = data.get("token") or data.get("access_token") if isinstance(data, dict) else None
     if not isinstance(token, str) or not token or any(c in token for c in "\r\n\0 "):

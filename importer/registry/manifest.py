@@ -51,7 +51,7 @@ class Manifest:
 def parse_json(body: bytes, what: str) -> dict[str, Any]:
     try:
         data = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:  # "[[[[...": nesting
         raise UnsupportedManifest(f"the {what} is not JSON") from exc
     if not isinstance(data, dict):
         raise UnsupportedManifest(f"the {what} is not a JSON object")
@@ -61,6 +61,8 @@ def parse_json(body: bytes, what: str) -> dict[str, Any]:
 def media_type(data: dict[str, Any], header: str) -> str:
     """The manifest's type: its own ``mediaType`` field, else the Content-Type, else its shape."""
     found = data.get("mediaType") or header.split(";")[0].strip()
+    if not isinstance(found, str):  # a list or object would not even hash
+        raise UnsupportedManifest("the manifest's mediaType is not a string")
     if found in INDEXES or found in MANIFESTS:
         return str(found)
     if data.get("schemaVersion") == 2 and isinstance(data.get("manifests"), list):
@@ -82,6 +84,8 @@ def descriptor(raw: Any, what: str) -> Descriptor:
     if not isinstance(size, int) or size < 0:
         raise UnsupportedManifest(f"{what} has no valid size")
     platform = raw.get("platform")
+    if platform is not None and not isinstance(platform, dict):
+        raise UnsupportedManifest(f"{what} has a platform that is not an object")
     plat = {k: str(v) for k, v in platform.items() if isinstance(v, str)} if platform else None
     return Descriptor(str(raw.get("mediaType", "")), digest, size, plat)
 
@@ -124,8 +128,9 @@ def config_labels(data: dict[str, Any]) -> dict[str, str]:
     if not isinstance(conf, dict):
         return {}
     refuse_bootable(conf.get("Labels"))
+    env = conf.get("Env") or []
     labels: dict[str, str] = {}
-    for item in conf.get("Env") or []:
+    for item in env if isinstance(env, list) else []:
         if not isinstance(item, str) or "=" not in item:
             continue
         name, value = item.split("=", 1)

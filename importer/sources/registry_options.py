@@ -1,4 +1,5 @@
-"""What a registry import is configured with, apart from the registry client itself.
+"""What a registry import is configured with, apart from the registry client itself (pod
+pull), and what a node pull is configured with.
 
 Its own module so that ``importer.config`` (and so every ``cdi import``, registry or not) does
 not import the registry client, manifest and layer code at start-up: ~30 ms of a one-second
@@ -20,3 +21,14 @@ class RegistryOptions:
     password: str | None = None
     insecure_registry: bool = False  # CDIConfig insecureRegistries: no TLS check, http fallback
     architecture: str = ""  # "" -> this node's
+
+
+@dataclass(frozen=True)
+class NodePullOptions:
+    """``pullMethod: node``: the kubelet pulled the image; its ``server`` container holds it
+    (``importer.holder``, ``importer.sources.containerdisk``)."""
+
+    url: str  # the DataVolume's docker:// URL: what the node pulled (the checkpoint's identity)
+    shared_dir: str = "/shared"  # the emptyDir shared with the holder
+    ready_timeout: float = 600.0  # seconds to wait for the holder's pid
+    proc: str = "/proc"

@@ -1,6 +1,7 @@
 """The clone source (``python -m cloner``) against a real loopback mutual-TLS receiver that
 writes through the data path, as the upload server does: a sparse ``disk.img`` and a loop block
-device arrive byte-identical and as sparse as they were (filesystem -> block and back), an
+device arrive byte-identical and as sparse as they were (filesystem -> block and back, the
+device's zero pages left out of the stream), an
 archive volume arrives as its files, a client certificate with the wrong CN is refused, and a
 bad environment or an unreachable target end in typed termination messages."""
 
@@ -125,6 +126,10 @@ def receiver(target: str, block: bool, ca: KeyPair, tmp: Path) -> Iterator[Recei
 def test_a_sparse_disk_image_arrives_identical_and_as_sparse(
     tmp_path: Path, ca: KeyPair, source_fs: Path
 ) -> None:
+    with open(source_fs / "disk.img", "r+b") as fh:  # zeros written out: allocated, not data
+        fh.seek(20 * MiB)
+        fh.write(bytes(MiB))
+        os.fsync(fh.fileno())
     target = tmp_path / "target" / "disk.img"
     target.parent.mkdir()
     for r in receiver(str(target), False, ca, tmp_path):
@@ -135,9 +140,10 @@ def test_a_sparse_disk_image_arrives_identical_and_as_sparse(
         assert message.succeeded and message.message == "Clone Complete", message
         assert r.seen == ["filesystem-clone"]
     assert target.read_bytes() == (source_fs / "disk.img").read_bytes()
-    assert allocated(target) <= 1.01 * allocated(source_fs / "disk.img")
-    # a sparse tar member: only the data extents (and headers) travelled, not the holes
-    assert message.bytes_read < allocated(source_fs / "disk.img") + 64 * 1024
+    # a sparse tar member: only the data extents less their zero pages (and headers)
+    # travelled, not the holes nor the written zeros, which are holes on the target
+    assert message.bytes_read < allocated(source_fs / "disk.img") - MiB + 64 * 1024
+    assert allocated(target) <= allocated(source_fs / "disk.img") - MiB + 64 * 1024
 
 
 def test_filesystem_to_block_and_block_to_filesystem(
@@ -150,7 +156,7 @@ def test_filesystem_to_block_and_block_to_filesystem(
             env = {"UPLOAD_URL": url, "MOUNT_POINT": str(source_fs), "CLONE_STREAM": "raw",
                    **files}  # fmt: skip
             assert run_cloner(env, tmp_path).succeeded
-            assert r.seen == ["blockdevice-clone"]
+            assert r.seen == ["blockdevice-clone-sparse"]
         with open(dev, "rb") as fh:
             assert fh.read() == (source_fs / "disk.img").read_bytes()
         back = tmp_path / "back" / "disk.img"
@@ -159,7 +165,10 @@ def test_filesystem_to_block_and_block_to_filesystem(
             env = {"UPLOAD_URL": f"https://127.0.0.1:{r.port}/v1beta1/upload",
                    "VOLUME_MODE": "block", "MOUNT_POINT": dev,
                    **client_files(tmp_path, ca, CLIENT_NAME)}  # fmt: skip
-            assert run_cloner(env, tmp_path).succeeded
+            message = run_cloner(env, tmp_path)
+            assert message.succeeded, message
+    # the device's zero pages did not travel: its ~3 MB of data and the frames' headers did
+    assert message.bytes_read < 8 * MiB
     assert back.read_bytes() == (source_fs / "disk.img").read_bytes()
     assert allocated(back) <= 1.01 * allocated(source_fs / "disk.img")
 

@@ -1,6 +1,8 @@
 """CI's one-minute slice of the fuzzing run (``scripts/fuzz.sh`` is the 30-minute one): each
-parser that reads untrusted bytes is fuzzed by atheris for a quarter of a minute from the seed
-corpus and must end with no crash, no hang and no memory blow-up (typed errors only)."""
+parser that reads untrusted bytes is fuzzed by atheris from the seed corpus and must end with
+no crash, no hang and no memory blow-up (typed errors only). The image decoders get 10 s each,
+the registry client's small JSON and header parsers 3 s each (they run far more inputs per
+second), so the slice stays at about a minute."""
 
 from __future__ import annotations
 
@@ -12,9 +14,13 @@ from tests.fuzz.__main__ import run_target
 from tests.fuzz.targets import TARGETS
 
 
+def slice_seconds(target: str) -> int:
+    return 3 if target.startswith("registry-") else 10
+
+
 @pytest.mark.parametrize("target", sorted(TARGETS))
 def test_parser_survives_a_fuzzing_slice(target: str, tmp_path: Path) -> None:
-    clean, summary = run_target(target, 14, str(tmp_path))
+    clean, summary = run_target(target, slice_seconds(target), str(tmp_path))
     print(summary)
     assert clean, summary
     assert " inputs" in summary and "? inputs" not in summary  # it really ran

@@ -22,7 +22,8 @@ from cdi.api.constants import (
     ANN_PVC_PRIME_NAME,
     ANN_UPLOAD_REQUEST,
 )
-from cdi.upload.proxy import UPLOAD_PATHS, ProxyConfig, make_proxy_app
+from cdi.upload.proxy import UPLOAD_PATHS, ProxyConfig
+from cdi.upload.proxyserver import UploadProxy
 from cdi.upload.readiness import UploadServer
 from cdi.upload.token import UploadGrant, Verifier, issue
 from tests.component.upload_peers import NOW, Pki, UploadPeer, make_pki
@@ -110,12 +111,12 @@ async def env(pki: Pki) -> AsyncIterator[Env]:
 
     verifier = Verifier(keys, clock=lambda: clock[0])
     config = ProxyConfig(ready_timeout=0.6, ready_interval=0.2, idle_timeout=1.0)
-    app = make_proxy_app(targets, verifier, pki.upstream(), config)
-    runner, (port,) = await _start(app, pki.proxy_serving())
+    proxy = UploadProxy(targets, verifier, pki.upstream(), config)
+    port = await proxy.start("127.0.0.1", 0, pki.proxy_serving())
     try:
         yield Env(f"https://127.0.0.1:{port}", peer, targets, pki, tuple(peer_ports), clock)
     finally:
-        await runner.cleanup()
+        await proxy.stop()
         await peer_runner.cleanup()
 
 

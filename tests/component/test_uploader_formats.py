@@ -13,6 +13,7 @@ import aiohttp
 import pytest
 
 from cdi.upload.client import upload_file
+from datapath.decode.sparseraw import end_frame, frames_of
 from tests.component.conftest import (
     VIRTUAL,
     ImageFactory,
@@ -155,6 +156,40 @@ async def test_clone_header_selects_the_clone_content_types(
             assert resp.status == 200, await resp.text()
         assert (await asyncio.wait_for(srv.task, 60)).succeeded
     assert same_content(tree / "disk.img", disk)
+
+
+async def test_a_sparse_block_clone_stream_lands_verbatim_and_a_cut_one_fails(
+    pki: Pki, tmp_path: Path, images: ImageFactory
+) -> None:
+    """``blockdevice-clone-sparse`` (our cloner's): the volume's non-zero pages in frames, the
+    rest holes; the bytes kept as they are (a qcow2 inside stays a qcow2). Cut before its end
+    frame, it is a typed failure, not a shorter disk."""
+    volume = images.make("qcow2").path.read_bytes()
+    chunk = 1 << 20
+    frames = b"".join(
+        bytes(p)
+        for at in range(0, len(volume), chunk)
+        for p in frames_of(volume[at : at + chunk], at)
+    )
+    target = data_target(tmp_path)
+    for body, status in ((frames, 500), (frames + end_frame(len(volume)), 200)):
+        async with running_server(server_env(pki, target, "32Mi", free_port())) as srv:
+            async with (
+                aiohttp.ClientSession() as session,
+                session.post(
+                    srv.url + "/v1beta1/upload",
+                    data=body,
+                    headers={"x-cdi-content-type": "blockdevice-clone-sparse"},
+                    ssl=pki.client_context(),
+                ) as resp,
+            ):
+                assert resp.status == status, await resp.text()
+                if status == 500:
+                    assert "cut before its end frame" in await resp.text()
+                    continue
+            assert (await asyncio.wait_for(srv.task, 60)).succeeded
+    assert target.read_bytes()[: len(volume)] == volume
+    assert len(frames) < len(volume)  # qcow2's zero padding did not travel
 
 
 async def test_preallocation_allocates_the_whole_disk(

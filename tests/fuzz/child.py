@@ -1,7 +1,8 @@
 """The libFuzzer process for one target: ``python -m tests.fuzz.child TARGET [libFuzzer args]``.
 
-The data path's modules are imported under atheris' instrumentation so coverage guides the
-mutations into the decoders' branches; everything else (cdi.api, tests) is not instrumented.
+The data path's and the registry client's modules (``targets.INSTRUMENTED``) are imported under
+atheris' instrumentation so coverage guides the mutations into the parsers' branches;
+everything else (cdi.api, tests) is not instrumented.
 """
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ import atheris
 
 def main() -> None:
     target = sys.argv[1]
-    with atheris.instrument_imports(include=["datapath"]):
+    from tests.fuzz.targets import INSTRUMENTED
+
+    with atheris.instrument_imports(include=list(INSTRUMENTED)):
         from tests.fuzz.targets import TARGETS
 
         fuzz = TARGETS[target]

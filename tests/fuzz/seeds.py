@@ -1,6 +1,7 @@
 """A small valid corpus per target, built by the same builders the unit tests use.
 
-Each seed starts with the chunk-size selector byte (``targets._chunks``). Seeds cover the
+Each seed starts with the chunk-size selector byte (``targets._chunks``; for the registry
+targets it picks the manifest's Content-Type or is ignored). Seeds cover the
 layouts the decoders branch on (ordered, tables after data, compressed, zero entries,
 extended L2, version 2, zstd) so the fuzzer starts from inputs that reach deep code.
 """
@@ -8,6 +9,7 @@ extended L2, version 2, zstd) so the fuzzer starts from inputs that reach deep c
 from __future__ import annotations
 
 import io
+import json
 import os
 import tarfile
 
@@ -75,15 +77,87 @@ def _add(
     archive.addfile(info, io.BytesIO(data) if data else None)
 
 
-SEEDS = {"qcow2": _qcow2, "vmdk": _vmdk, "vdi": _vdi, "tar": _tar}
+_SHA = "sha256:" + "ab" * 32
+
+
+def _blob(media: str, size: int = 1234, **extra: object) -> dict[str, object]:
+    return {"mediaType": media, "digest": _SHA, "size": size, **extra}
+
+
+def _registry_manifest() -> list[bytes]:
+    layer = "application/vnd.oci.image.layer.v1.tar+gzip"
+    manifest = {
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": _blob("application/vnd.oci.image.config.v1+json"),
+        "layers": [_blob(layer), _blob(layer, 99)],
+    }
+    docker = {**manifest, "mediaType": "application/vnd.docker.distribution.manifest.v2+json"}
+    index = {
+        "schemaVersion": 2,
+        "manifests": [
+            _blob("", platform={"os": "linux", "architecture": "arm64", "variant": "v8"}),
+            _blob("application/vnd.oci.image.manifest.v1+json", platform={"architecture": "amd64"}),
+        ],
+    }
+    config = {
+        "architecture": "amd64",
+        "config": {
+            "Env": ["PATH=/bin", "INSTANCETYPE_KUBEVIRT_IO_DEFAULT_PREFERENCE=fedora"],
+            "Labels": {"org.opencontainers.image.title": "disk"},
+        },
+    }
+    bodies = [manifest, docker, index, {k: v for k, v in manifest.items() if k != "mediaType"}]
+    return [json.dumps(b).encode() for b in [*bodies, config]]
+
+
+def _registry_auth() -> list[bytes]:
+    return [
+        b'Bearer realm="https://auth.example/token",service="registry.example",'
+        b'scope="repository:library/busybox:pull"\n{"token":"abc","expires_in":300}',
+        b'Bearer realm="https://auth.example/token?a=1", error="invalid_token"\n'
+        b'{"access_token":"t.u.v"}',
+        b'Basic realm="registry"\n{}',
+    ]
+
+
+def _registry_reference() -> list[bytes]:
+    return [
+        b"docker://quay.io/containerdisks/fedora:39",
+        b"docker://busybox",
+        b"docker://localhost:5000/a/b@" + _SHA.encode(),
+        b"docker://[::1]:5000/x/y:v1.2_3",
+    ]
+
+
+def _registry_manifest_tree() -> list[bytes]:
+    """Bytes that ``targets._Bytes`` reads as small manifests and indexes."""
+    return [bytes(range(0, 256, 7)), bytes(range(255, 0, -5)), b"\x04\x03\x07\x02\x08" * 20]
+
+
+SEEDS = {
+    "qcow2": _qcow2,
+    "vmdk": _vmdk,
+    "vdi": _vdi,
+    "tar": _tar,
+    "registry-manifest": _registry_manifest,
+    "registry-manifest-tree": _registry_manifest_tree,
+    "registry-auth": _registry_auth,
+    "registry-reference": _registry_reference,
+}
+
+
+# The first bytes each seed is written with; registry-manifest: three Content-Types and 6,
+# "the body is an image config" (targets.registry_manifest).
+SELECTORS = {"registry-manifest": (0, 2, 4, 6)}
 
 
 def write_corpus(target: str, folder: str) -> int:
-    """Write the target's seeds (each with a few chunk selectors) into ``folder``."""
+    """Write the target's seeds (each with a few selectors) into ``folder``."""
     os.makedirs(folder, exist_ok=True)
     count = 0
     for i, image in enumerate(SEEDS[target]()):
-        for selector in (0, 2, 4):
+        for selector in SELECTORS.get(target, (0, 2, 4)):
             with open(os.path.join(folder, f"seed-{i}-{selector}"), "wb") as fh:
                 fh.write(bytes([selector]) + image)
             count += 1

@@ -9,14 +9,24 @@ libFuzzer records the input as a crash. Hangs and memory growth are caught by li
 The first input byte chooses the chunk size the stream is cut into, so the decoders' chunk
 boundary handling is fuzzed along with their tables. Decoded writes are counted, not kept, and
 each decoder is told a virtual-size ceiling, as the importer tells it the volume's capacity.
+
+The registry client's parsers (``importer.registry``) read what a registry, its token server or
+a DataVolume's URL says, in the order the registry source reads them: a manifest or index
+(the first byte picks the Content-Type it came with, or makes the body an image config), a
+``WWW-Authenticate`` challenge and the token server's answer, an image reference. Besides
+"typed errors only", each checks what its caller relies on: labels that are valid label keys,
+a token realm that stays http(s), a reference that reads back the same.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
+from urllib.parse import urlsplit
 
 from cdi.api.errors import WorkerError
 
@@ -104,11 +114,142 @@ def _assert_contained(root: str, dest: str) -> None:
                     raise AssertionError(f"link {path} resolves outside the volume: {resolved}")
 
 
+_CONTENT_TYPES = (
+    "",
+    "application/vnd.oci.image.index.v1+json",
+    "application/vnd.oci.image.manifest.v1+json",
+    "application/vnd.docker.distribution.manifest.list.v2+json",
+    "application/vnd.docker.distribution.manifest.v2+json",
+    "application/json; charset=utf-8",
+)
+_LABEL_KEY = re.compile(r"[a-z0-9.-]{1,253}/[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
+
+
+def registry_manifest(data: bytes) -> None:
+    """A manifest or index as served (selector < 6: with that Content-Type), else a config."""
+    from importer.registry import manifest as m
+
+    if not data:
+        return
+    selector, body = data[0] % (len(_CONTENT_TYPES) + 1), data[1:]
+    try:
+        if selector == len(_CONTENT_TYPES):
+            labels = m.config_labels(m.parse_json(body, "config"))
+            for key, value in labels.items():
+                if not _LABEL_KEY.fullmatch(key) or not isinstance(value, str):
+                    raise AssertionError(f"invalid label {key!r}={value!r}")
+            return
+        found = m.parse_json(body, "manifest")
+        if m.media_type(found, _CONTENT_TYPES[selector]) in m.INDEXES:
+            entry = m.choose_platform(found, "amd64")
+            assert entry.digest.startswith("sha256:") and entry.size >= 0
+        else:
+            manifest = m.parse_manifest(found)
+            assert 0 < len(manifest.layers) <= m.MAX_LAYERS
+    except WorkerError:
+        pass
+
+
+# Words a manifest, an index or an image config is made of: byte-level mutation almost never
+# turns valid JSON into other valid JSON of another shape, so ``registry-manifest-tree`` builds
+# documents out of these and of arbitrary values instead (structure-aware fuzzing).
+_WORDS: tuple[object, ...] = (
+    "mediaType", "schemaVersion", "manifests", "layers", "config", "digest", "size",
+    "platform", "os", "architecture", "variant", "Env", "Labels", "containers.bootc",
+    "ostree.bootable", "linux", "amd64", "1", 2, "sha256:" + "ab" * 32,
+    "A_KUBEVIRT_IO_B=c", "KUBEVIRT_IO_=x", *_CONTENT_TYPES,
+)  # fmt: skip
+
+
+class _Bytes:
+    def __init__(self, data: bytes) -> None:
+        self.data, self.pos = data, 0
+
+    def next(self) -> int:
+        self.pos += 1
+        return self.data[self.pos - 1] if self.pos <= len(self.data) else 0
+
+    def value(self, depth: int = 0) -> object:
+        kind = self.next() % (9 if depth < 5 else 6)
+        if kind == 0:
+            return None
+        if kind == 1:
+            return bool(self.next() & 1)
+        if kind == 2:
+            return int.from_bytes(bytes(self.next() for _ in range(3)), "big", signed=True)
+        if kind in (3, 4):
+            return _WORDS[self.next() % len(_WORDS)]
+        if kind == 5:
+            n = self.next() % 16
+            return bytes(self.next() for _ in range(n)).decode("latin-1")
+        if kind == 6:
+            return [self.value(depth + 1) for _ in range(self.next() % 4)]
+        return self.mapping(depth)
+
+    def mapping(self, depth: int = 0) -> dict[str, object]:
+        keys = [str(_WORDS[self.next() % len(_WORDS)]) for _ in range(self.next() % 5)]
+        return {k: self.value(depth + 1) for k in keys}
+
+
+def registry_manifest_tree(data: bytes) -> None:
+    """``registry_manifest`` on a JSON document built from the input (``_Bytes``)."""
+    tree = _Bytes(data[1:]).mapping() if data else {}
+    registry_manifest(data[:1] + json.dumps(tree).encode())  # b"" too: imports the parser
+
+
+def registry_auth(data: bytes) -> None:
+    """A ``WWW-Authenticate`` value, a newline, then the token server's answer."""
+    from importer.registry import auth
+
+    header, _, body = data[1:].partition(b"\n")
+    try:
+        found = auth.challenge(header.decode("latin-1"))
+        if found is not None:
+            url = auth.token_url(found, "library/busybox", "https")
+            if urlsplit(url).scheme != "https":
+                raise AssertionError(f"an https registry sent us to {url!r}")
+        auth.token_from(body)
+    except WorkerError:
+        pass
+
+
+def registry_reference(data: bytes) -> None:
+    """A DataVolume's ``docker://`` URL; a parsed reference reads back as the same image."""
+    from importer.registry.reference import parse_reference
+
+    try:
+        ref = parse_reference(data[1:].decode("utf-8", "replace"))
+    except WorkerError:
+        return
+    again = parse_reference(str(ref))
+    if (again.registry, again.repository, again.reference) != (
+        ref.registry,
+        ref.repository,
+        ref.reference,
+    ):
+        raise AssertionError(f"{ref!r} reads back as {again!r}")
+
+
 TARGETS: dict[str, Callable[[bytes], None]] = {
     "qcow2": qcow2,
     "vmdk": vmdk,
     "vdi": vdi,
     "tar": tar,
+    "registry-manifest": registry_manifest,
+    "registry-manifest-tree": registry_manifest_tree,
+    "registry-auth": registry_auth,
+    "registry-reference": registry_reference,
 }
 # libFuzzer's -max_len per target: big enough for the seeds (a VDI block is 1 MiB).
-MAX_LEN = {"qcow2": 1 << 17, "vmdk": 1 << 16, "vdi": (1 << 20) + 8192, "tar": 1 << 15}
+MAX_LEN = {
+    "qcow2": 1 << 17,
+    "vmdk": 1 << 16,
+    "vdi": (1 << 20) + 8192,
+    "tar": 1 << 15,
+    "registry-manifest": 1 << 14,
+    "registry-manifest-tree": 1 << 12,
+    "registry-auth": 1 << 12,
+    "registry-reference": 1 << 10,
+}
+# The packages each target's parsers live in: instrumented for coverage (tests.fuzz.child).
+INSTRUMENTED = ("datapath", "importer.registry")

@@ -5,9 +5,16 @@ DATAVOLUMES)``), so the calls can be read from the source: this test walks each 
 modules, resolves the first argument of every ``*kube.<verb>(...)`` call to its ``Resource``
 constant (``sub="status"`` makes it the status subresource), adds list+watch for every
 ``Informer``, and compares the set with what the component's ServiceAccount is bound to in
-``deploy/10-rbac-controller.yaml`` / ``deploy/11-rbac-webhook.yaml``. A new call without its
-RBAC fails here (instead of as a 403 in a cluster), and so does a verb left in deploy/ that no
-code uses any more. A call whose resource is a variable must be listed in ``INDIRECT``.
+``deploy/1*-rbac-*.yaml`` and ``deploy/50-upload.yaml``. A new call without its RBAC fails here
+(instead of as a 403 in a cluster), and so does a verb left in deploy/ that no code uses any
+more. A call whose resource is a variable must be listed in ``INDIRECT``.
+
+A component is a list of units: a module or folder, or ``module.py::Name`` (a top-level
+function or class) or ``module.py::Class.method``. The upload token API server
+(``cdi-apiserver``) and the upload proxy (``cdi-uploadproxy``) share modules
+(``cdi.upload.serve``, ``kubestore``, the webhook's ``CertStore``) but not each function in them,
+so theirs are named function by function; ``test_every_upload_server_call_belongs_to_a_
+component`` makes sure no function with API calls in those modules is left out.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from cdi.kube.client import (
@@ -51,7 +59,53 @@ COMPONENTS = {
         "cdi/upload/servercert.py",
     ),
     "cdi-webhook": ("cdi/admission.py", "cdi/webhooks", "cdi/kube/shared_key.py"),
+    # the upload token API (cdi.upload.serve.serve_upload_api)
+    "cdi-apiserver": (
+        "cdi/upload/serve.py::serve_upload_api",
+        "cdi/upload/serve.py::_ServingCert",
+        "cdi/upload/kubestore.py::SecretKeyStore",
+        "cdi/upload/kubestore.py::publish_public_keys",
+        "cdi/upload/kubestore.py::KubeAccessReviewer",
+        "cdi/upload/kubestore.py::KubeUploadTargets.get_pvc",
+        "cdi/upload/kubestore.py::requestheader_settings",
+        "cdi/upload/kubestore.py::ApiServiceCertStore",
+        "cdi/admission.py::CertStore._read",  # ensure() publishes through the subclass
+        "cdi/admission.py::CertStore._write",
+        "cdi/upload/apiserver.py",
+        "cdi/upload/tokenapi.py",
+        "cdi/upload/token.py",
+        "cdi/upload/keys.py",
+    ),
+    # the upload proxy (cdi.upload.serve.serve_upload_proxy)
+    "cdi-uploadproxy": (
+        "cdi/upload/serve.py::serve_upload_proxy",
+        "cdi/upload/serve.py::_ClientCert",
+        "cdi/upload/serve.py::_ServingCert",
+        "cdi/upload/kubestore.py::read_public_keys",
+        "cdi/upload/kubestore.py::KubeUploadTargets",
+        "cdi/upload/kubestore.py::SecretOnlyCertStore",
+        "cdi/upload/servercert.py::ensure_ca",
+        "cdi/admission.py::CertStore._read",  # SecretOnlyCertStore publishes nowhere
+        "cdi/admission.py::CertStore._write",
+        "cdi/upload/proxy.py",
+        "cdi/upload/readiness.py",
+        "cdi/upload/token.py",
+        "cdi/upload/tls.py",
+    ),
 }
+# The upload servers' modules: every function in them that calls the API is in a component.
+UPLOAD_SERVER_MODULES = (
+    "cdi/upload/serve.py",
+    "cdi/upload/kubestore.py",
+    "cdi/upload/apiserver.py",
+    "cdi/upload/tokenapi.py",
+    "cdi/upload/token.py",
+    "cdi/upload/keys.py",
+    "cdi/upload/proxy.py",
+    "cdi/upload/readiness.py",
+    "cdi/upload/tls.py",
+)
+RBAC_FILES = ("1*-rbac-*.yaml", "50-upload.yaml")
 # (module, function) -> the resources its variable-resource calls reach
 INDIRECT: dict[tuple[str, str], tuple[Resource, ...]] = {
     ("cdi.admission", "_publish_to"): (VALIDATING_WEBHOOKS, MUTATING_WEBHOOKS),
@@ -63,10 +117,27 @@ INDIRECT: dict[tuple[str, str], tuple[Resource, ...]] = {
 Grant = tuple[str, str, str]  # (apiGroup, resource[/subresource], verb)
 
 
-def _modules(paths: tuple[str, ...]) -> Iterator[Path]:
-    for rel in paths:
+Function = ast.FunctionDef | ast.AsyncFunctionDef
+
+
+def _units(paths: tuple[str, ...]) -> Iterator[tuple[Path, str]]:
+    """(module file, "" for all of it or the ``Name`` / ``Class.method`` it is limited to)."""
+    for unit in paths:
+        rel, _, name = unit.partition("::")
         path = ROOT / rel
-        yield from sorted(path.rglob("*.py")) if path.is_dir() else [path]
+        for module in sorted(path.rglob("*.py")) if path.is_dir() else [path]:
+            yield module, name
+
+
+def _functions(tree: ast.Module, name: str) -> Iterator[Function]:
+    """Every function (methods and nested ones included) in the module or the named unit."""
+    scope: list[ast.AST] = [tree]
+    for part in name.split(".") if name else []:
+        body = [n for s in scope for n in getattr(s, "body", [])]
+        scope = [n for n in body if isinstance(n, Function | ast.ClassDef) and n.name == part]
+        assert scope, f"{name}: no such function or class"
+    for node in scope:
+        yield from (fn for fn in ast.walk(node) if isinstance(fn, Function))
 
 
 def _resource_names(node: ast.Call, mod: Any, where: tuple[str, str]) -> list[Resource]:
@@ -96,30 +167,48 @@ def _grants_of_call(node: ast.Call, mod: Any, where: tuple[str, str]) -> set[Gra
     }
 
 
-def used_grants(component: str) -> set[Grant]:
-    found: set[Grant] = set()
-    for path in _modules(COMPONENTS[component]):
+def calls(paths: tuple[str, ...]) -> Iterator[tuple[tuple[str, str], set[Grant]]]:
+    """((module, function), the grants its API calls need) for every function of the units."""
+    for path, unit in _units(paths):
         name = ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
         mod = importlib.import_module(name)
-        for fn in ast.walk(ast.parse(path.read_text())):
-            if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
-                continue
+        for fn in _functions(ast.parse(path.read_text()), unit):
+            grants: set[Grant] = set()
             for node in ast.walk(fn):
                 if isinstance(node, ast.Call):
-                    found |= _grants_of_call(node, mod, (name, fn.name))
+                    grants |= _grants_of_call(node, mod, (name, fn.name))
+            yield (name, fn.name), grants
+
+
+def used_grants(component: str) -> set[Grant]:
+    found: set[Grant] = set()
+    for _, grants in calls(COMPONENTS[component]):
+        found |= grants
     return found
+
+
+def _key(doc: dict[str, Any], kind: str, name: str) -> tuple[str, str, str]:
+    namespace = doc["metadata"].get("namespace", "") if kind == "Role" else ""
+    return kind, namespace, name
 
 
 def granted(service_account: str) -> set[Grant]:
     docs = [
-        d for path in sorted(DEPLOY.glob("1*-rbac-*.yaml")) for d in yaml.safe_load_all(path.open())
+        d
+        for pattern in RBAC_FILES
+        for path in sorted(DEPLOY.glob(pattern))
+        for d in yaml.safe_load_all(path.open())
+        if isinstance(d, dict)
     ]
-    roles = {(d["kind"], d["metadata"]["name"]): d for d in docs if d["kind"].endswith("Role")}
+    roles = {
+        _key(d, d["kind"], d["metadata"]["name"]): d for d in docs if d["kind"].endswith("Role")
+    }
     out: set[Grant] = set()
     for binding in (d for d in docs if d["kind"].endswith("RoleBinding")):
         if not any(s.get("name") == service_account for s in binding["subjects"]):
             continue
-        role = roles[(binding["roleRef"]["kind"], binding["roleRef"]["name"])]
+        ref = binding["roleRef"]
+        role = roles[_key(binding, ref["kind"], ref["name"])]
         for rule in role["rules"]:
             for group in rule["apiGroups"]:
                 for resource in rule["resources"]:
@@ -144,6 +233,27 @@ def test_the_webhook_is_granted_exactly_what_it_calls() -> None:
     assert not unused, f"RBAC no code uses: {sorted(unused)}"
 
 
+@pytest.mark.parametrize("component", ["cdi-apiserver", "cdi-uploadproxy"])
+def test_the_upload_token_api_and_proxy_are_granted_exactly_what_they_call(component: str) -> None:
+    missing, unused = _diff(component)
+    assert not missing, f"calls without RBAC: {sorted(missing)}"
+    assert not unused, f"RBAC no code uses: {sorted(unused)}"
+
+
+def test_every_upload_server_call_belongs_to_a_component() -> None:
+    """The upload components are named function by function: a new function with API calls in
+    their modules must be added to one of them (or it would escape the comparison)."""
+    claimed = {
+        where
+        for component in ("cdi-apiserver", "cdi-uploadproxy")
+        for where, _ in calls(COMPONENTS[component])
+    }
+    unclaimed = [
+        where for where, grants in calls(UPLOAD_SERVER_MODULES) if grants and where not in claimed
+    ]
+    assert not unclaimed, f"API calls in no upload component: {unclaimed}"
+
+
 def test_the_scanner_sees_calls_across_lines_and_status_subresources() -> None:
     """The scanner itself can fail: known calls of the controller must be found."""
     used = used_grants("cdi-controller")
@@ -151,3 +261,6 @@ def test_the_scanner_sees_calls_across_lines_and_status_subresources() -> None:
     assert ("cdi.kubevirt.io", "datavolumes/status", "patch") in used
     assert ("coordination.k8s.io", "leases", "update") in used  # replace -> update
     assert ("storage.k8s.io", "storageclasses", "watch") in used  # from an Informer
+    proxy = used_grants("cdi-uploadproxy")  # a unit limited to one class: its methods only
+    assert ("", "services", "get") in proxy
+    assert ("", "services", "get") not in used_grants("cdi-apiserver")  # get_pvc only

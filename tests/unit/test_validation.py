@@ -342,16 +342,15 @@ REJECTED: list[tuple[str, list[Edit], str]] = [
         "Source registry ImageStream is not valid",
     ),
     (
-        "registry node pull (not supported: the importer pulls)",
-        [registry(url="docker://quay.io/a/b:tag", pullMethod="node")],
-        "pullMethod node is not supported: the importer pulls the image itself; "
-        "use pullMethod pod (the default)",
+        "registry node pull of an oci-archive (the kubelet pulls docker:// only)",
+        [registry(url="oci-archive:///images/x.tar", pullMethod="node")],
+        "pullMethod node needs a docker:// registry URL: the kubelet pulls it",
     ),
     (
-        "registry imageStream node pull (node pull not supported)",
+        "registry imageStream node pull (no OpenShift image lookup)",
         [registry(imageStream="fedora", pullMethod="node")],
-        "pullMethod node is not supported: the importer pulls the image itself; "
-        "use pullMethod pod (the default)",
+        "Source registry ImageStream is not supported: it needs OpenShift's image lookup; "
+        "use a docker:// URL",
     ),
     (
         "registry imageStream with pod pull",
@@ -563,6 +562,7 @@ ACCEPTED: list[tuple[str, list[Edit]]] = [
     ("s3 https", [source({"s3": {"url": "https://bucket.s3.example/disk.img"}})]),
     ("registry docker pod pull", [registry(url="docker://quay.io/kubevirt/cirros:latest")]),
     ("registry oci-archive", [registry(url="oci-archive:///images/x.tar")]),
+    ("registry docker node pull", [registry(url="docker://quay.io/a/b:tag", pullMethod="node")]),
     (
         "imageio insecure without CA",
         [source({"imageio": {**IMAGEIO, "certConfigMap": "", "insecureSkipVerify": True}})],
@@ -793,4 +793,14 @@ def test_credentials_in_url_are_admitted_with_a_warning() -> None:
     assert result.warnings == (
         "spec.source.http.url contains credentials; store them in a "
         "Secret and reference it with secretRef",
+    )
+
+
+def test_node_pull_with_a_secret_or_ca_is_admitted_with_a_warning() -> None:
+    edits = registry(url="docker://quay.io/a/b:1", pullMethod="node", secretRef="s")
+    result = validate_datavolume(edited(edits), None, StaticLookup())
+    assert result.allowed, result.messages
+    assert result.warnings == (
+        "spec.source.registry: with pullMethod node the kubelet pulls the image with the node's "
+        "registry configuration; secretRef and certConfigMap are not used",
     )

@@ -97,3 +97,18 @@ async def test_shutdown_wakes_idle_workers() -> None:
     await asyncio.sleep(0.01)
     q.shutdown()
     assert await asyncio.wait_for(getter, 1) is None
+
+
+async def test_keys_added_first_go_ahead_of_ordinary_ones_in_arrival_order() -> None:
+    q = WorkQueue()
+    q.add("old/followup")
+    q.add("new/a", first=True)
+    q.add("old/other")
+    q.add("new/b", first=True)
+    q.add("old/other", first=True)  # already waiting as an ordinary key: moved ahead
+    assert [await q.get() for _ in range(len(q))] == [
+        "new/a",
+        "new/b",
+        "old/other",
+        "old/followup",
+    ]

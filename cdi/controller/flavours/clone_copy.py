@@ -17,7 +17,9 @@ level-triggered step and says what it saw:
    typed failure; the source pod and its Secret go (and the server's pod, Service and Secret,
    which the worker removes itself).
 
-Phases follow the pods: CloneScheduled until the source pod runs, then CloneInProgress.
+Phases follow the pods: CloneScheduled until the source pod runs, then CloneInProgress with
+the progress scraped from the running source pod (CDI's ``kubevirt_cdi_clone_progress_total``,
+served by the cloner on the pod IP, read like the importer's: ``cdi.controller.progress``).
 Restarts of the source pod (``restartPolicy: OnFailure``) are counted on the record with the
 last termination's reason, as for an upload server.
 """
@@ -36,6 +38,7 @@ from cdi.controller.flavours import JSON, Claim, FlavourDeps
 from cdi.controller.flavours.upload import Action, Seen, Target, UploadSettings, UploadWorker
 from cdi.controller.pods import pod_uid
 from cdi.controller.policy import pod_outcome
+from cdi.controller.progress import Progress, parse_metrics
 from cdi.controller.record import OUTCOME_SUCCEEDED, ImportRecord
 from cdi.controller.status import ClaimProblem, View
 from cdi.kube.client import PODS, PVCS, SECRETS, SERVICES
@@ -54,7 +57,7 @@ from cdi.render.clone_pod import (
     source_pod_name,
 )
 from cdi.render.upload_pod import upload_pod_name
-from cdi.render.worker_pod import WorkerPod
+from cdi.render.worker_pod import Metrics, WorkerPod
 from cdi.upload.servercert import CLIENT_CA_SECRET, SERVER_CA_SECRET, ensure_ca
 from cdi.webhooks.certs import KeyPair, issue_client
 
@@ -73,6 +76,9 @@ class CopySettings:
     image: str = "quay.io/cdi-py/cdi-cloner:latest"
     pull_policy: str = "IfNotPresent"
     cert_lifetime: dt.timedelta = dt.timedelta(hours=24)
+    # where the source pod serves its progress: CDI's port, on the pod IP (test node: shared
+    # network namespace)
+    metrics: Metrics = dataclasses.field(default_factory=lambda: Metrics(on_pod_ip=True))
 
 
 def _b64(data: bytes) -> str:
@@ -136,7 +142,18 @@ class HostAssistedCopy:
             await self._annotate(claim.pvc, record.annotations())
         phase = (pod.get("status") or {}).get("phase") or "Pending"
         shown = "Running" if phase in ("Running", "Succeeded") else "Pending"
-        return dataclasses.replace(view, record=record, pod_phase=shown), Result(requeue_after=1.0)
+        progress = await self._scrape(claim, pod) if phase == "Running" else None
+        view = dataclasses.replace(view, record=record, pod_phase=shown, progress=progress)
+        return view, Result(requeue_after=1.0)
+
+    async def _scrape(self, claim: Claim, pod: Mapping[str, Any]) -> Progress | None:
+        """The running source pod's progress, None when it cannot say (yet)."""
+        ip = (pod.get("status") or {}).get("podIP")
+        if not ip:
+            return None
+        text = await self.deps.scraper(str(ip), self.settings.metrics.port)
+        owner = str(claim.pvc["metadata"].get("uid") or "")
+        return parse_metrics(text, owner, kind="clone") if text else None
 
     async def _create_source(self, claim: Claim, source: JSON) -> ClaimProblem | None:
         ns = str(source["metadata"]["namespace"])
@@ -156,7 +173,11 @@ class HostAssistedCopy:
         }
         secret = render_clone_client_secret(claim.dv, source, claim.pvc, data)
         await self._replace(secret, ns)
-        settings = WorkerPod(image=self.settings.image, pull_policy=self.settings.pull_policy)
+        settings = WorkerPod(
+            image=self.settings.image,
+            pull_policy=self.settings.pull_policy,
+            metrics=self.settings.metrics,
+        )
         service = await self.kube.get_or_none(
             SERVICES, upload_pod_name(claim.name), claim.pvc["metadata"]["namespace"]
         )

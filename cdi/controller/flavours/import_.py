@@ -3,7 +3,8 @@
 On a claim that is ready (bound, or bindable by the pod itself), one ``sync`` takes one step:
 
 1. no pod for the current attempt: create it (after the retry backoff, for a retry), having
-   first recorded its name on the PVC and, when CDIConfig importProxy carries credentials,
+   first recorded its name on the PVC (the first attempt's is on the claim from its creation,
+   ``first_record``) and, when CDIConfig importProxy carries credentials,
    created the Secret that brings them to the pod (``cdi.render.proxy_auth``);
 2. pod running: scrape progress, come back in ``progress_interval``;
 3. pod finished: the failure policy decides; the decision is recorded on the PVC first
@@ -35,10 +36,10 @@ from cdi.api.constants import (
 )
 from cdi.controller.flavours import JSON, Claim, FlavourDeps, PhaseEvent
 from cdi.controller.pods import claim_pod, pod_uid
-from cdi.controller.policy import Decision, FailurePolicy, Outcome, pod_outcome
+from cdi.controller.policy import Decision, FailurePolicy, Outcome, pod_outcome, pod_problem
 from cdi.controller.progress import Progress, parse_metrics
 from cdi.controller.record import OUTCOME_FAILED, OUTCOME_SUCCEEDED, ImportRecord
-from cdi.controller.registry_result import result_patch
+from cdi.controller.registry_result import result_patch, with_node_digest
 from cdi.controller.status import ClaimProblem, FlavourPhases, View
 from cdi.kube.client import PODS, PVCS, SECRETS
 from cdi.kube.errors import Conflict, NotFound
@@ -115,6 +116,13 @@ class ImportFlavour:
         # lives only until its record is written.
         self._created: dict[tuple[str, str], str] = {}
 
+    @staticmethod
+    def first_record(claim_name: str) -> dict[str, str]:
+        """The record a new claim is created with: the first attempt's pod name (the intent
+        ``_start_attempt`` would otherwise write first), so the pod follows with no write."""
+        record = ImportRecord(pod_name=importer_pod_name(claim_name, 0))
+        return {k: v for k, v in record.annotations().items() if v is not None}
+
     async def sync(self, claim: Claim, view: View) -> tuple[View, Result]:
         attempt = claim.record.failed_attempts
         view = dataclasses.replace(view, max_attempts=self.settings.policy.max_attempts)
@@ -131,6 +139,7 @@ class ImportFlavour:
         view = dataclasses.replace(view, pod_phase=pod_phase)
         outcome = pod_outcome(pod)
         if outcome is None:
+            view = dataclasses.replace(view, pod_problem=pod_problem(pod))
             if pod_phase != "Running":
                 return view, Result()
             progress = await self._scrape(claim, pod)
@@ -138,6 +147,10 @@ class ImportFlavour:
                 self._attested[self._claim_uid(claim)] = progress.checkpoint
             return dataclasses.replace(view, progress=progress), Result(
                 requeue_after=self.settings.progress_interval
+            )
+        if outcome.termination is not None:  # node pull: the digest is the kubelet's
+            outcome = dataclasses.replace(
+                outcome, termination=with_node_digest(outcome.termination, pod)
             )
         return await self._decide(claim, view, outcome, attempt)
 

@@ -370,6 +370,21 @@ def condition(dv: dict[str, Any], type_: str) -> dict[str, Any]:
     raise AssertionError(f"no {type_} condition in {dv.get('status')}")
 
 
+def wait_running_reason(
+    kube: Kube, ns: str, name: str, reason: str, timeout: float = 90
+) -> dict[str, Any]:
+    """The DataVolume's Running condition once its reason is ``reason``."""
+
+    def check() -> dict[str, Any] | None:
+        dv = kube.get(dv_path(ns, name))
+        running = [
+            c for c in dv.get("status", {}).get("conditions") or [] if c["type"] == "Running"
+        ]
+        return dict(running[0]) if running and running[0].get("reason") == reason else None
+
+    return wait_until(check, f"Running condition {reason} on {ns}/{name}", timeout)
+
+
 def events_for(kube: Kube, ns: str, name: str) -> list[dict[str, Any]]:
     items = kube.get(f"/api/v1/namespaces/{ns}/events")["items"]
     return [e for e in items if e["involvedObject"].get("name") == name]

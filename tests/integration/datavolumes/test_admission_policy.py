@@ -26,14 +26,18 @@ CONTROLLER_SA = "system:serviceaccount:cdi:cdi-controller"
 IMPORTER_IMAGE = "quay.io/cdi-py/cdi-importer:latest"  # the controller's --importer-image
 
 
-def _importer_pod(namespace: str) -> dict[str, Any]:
+HTTP_SOURCE = {"http": {"url": "http://127.0.0.1:9/disk.img"}}
+NODE_PULL_SOURCE = {"registry": {"url": "docker://quay.io/tenant/disk:v1", "pullMethod": "node"}}
+
+
+def _importer_pod(namespace: str, source: dict[str, Any] = HTTP_SOURCE) -> dict[str, Any]:
     dv = DataVolume.from_dict(
         {
             "apiVersion": "cdi.kubevirt.io/v1beta1",
             "kind": "DataVolume",
             "metadata": {"name": "disk", "namespace": namespace, "uid": "dv-uid"},
             "spec": {
-                "source": {"http": {"url": "http://127.0.0.1:9/disk.img"}},
+                "source": source,
                 "pvc": {
                     "accessModes": ["ReadWriteOnce"],
                     "resources": {"requests": {"storage": "1Gi"}},
@@ -78,7 +82,10 @@ def _variant(pod: dict[str, Any], change: str) -> dict[str, Any]:
     elif change == "capabilities":
         container["securityContext"]["capabilities"] = {"add": ["SYS_ADMIN"]}
     elif change == "initContainer":
-        spec["initContainers"] = [{"name": "i", "image": IMPORTER_IMAGE}]
+        spec["initContainers"] = [{"name": "i", "image": "docker.io/library/busybox:1"}]
+    elif change == "privilegedInitContainer":
+        init = {"name": "i", "image": IMPORTER_IMAGE, "securityContext": {"privileged": True}}
+        spec["initContainers"] = [init]
     elif change == "serviceAccountToken":
         spec["automountServiceAccountToken"] = True
     return out
@@ -108,6 +115,7 @@ def test_the_controller_may_create_its_importer_pod_but_not_a_hostpath_pod(
         "hostPID",
         "capabilities",
         "initContainer",
+        "privilegedInitContainer",
         "serviceAccountToken",
     ],
 )
@@ -123,3 +131,48 @@ def test_the_controller_may_not_create_pods_beyond_what_it_renders(
 def test_other_users_pods_are_not_the_policys_business(product: Product, namespace: str) -> None:
     pod = _variant(_importer_pod(namespace), "image")
     assert _create(product.kubectl, pod, user=None) == ""  # the admin
+
+
+def _server_variant(pod: dict[str, Any], change: str) -> dict[str, Any]:
+    """A node-pull pod whose containerDisk container (the arbitrary image) asks for more."""
+    out = copy.deepcopy(pod)
+    server = out["spec"]["containers"][0]
+    assert server["name"] == "server"
+    if change == "command":
+        server["command"] = ["/bin/sh", "-c", "cat /etc/shadow"]
+    elif change == "args":
+        server["args"] = ["--evil"]
+    elif change == "env":
+        secret = {"secretKeyRef": {"name": "creds", "key": "secretKey"}}
+        server["env"] = [{"name": "S", "valueFrom": secret}]
+    elif change == "pvcMount":
+        server["volumeMounts"].append({"name": "cdi-data-vol", "mountPath": "/data"})
+    elif change == "sharedIsNotEmptyDir":
+        server["volumeMounts"] = [{"name": "cdi-data-vol", "mountPath": "/shared"}]
+    elif change == "privileged":
+        server["securityContext"] = {"privileged": True}
+    elif change == "otherName":
+        server["name"] = "sidecar"
+    return out
+
+
+def test_the_controller_may_create_a_node_pull_importer_pod(
+    product: Product, namespace: str
+) -> None:
+    """The tenant's image runs only as the holder, with nothing but the shared emptyDir."""
+    pod = _importer_pod(namespace, NODE_PULL_SOURCE)
+    assert pod["spec"]["containers"][0]["image"] == "quay.io/tenant/disk:v1"
+    wait_until(lambda: _create(product.kubectl, pod) == "", "the node-pull pod admitted", 30)
+
+
+@pytest.mark.parametrize(
+    "change",
+    ["command", "args", "env", "pvcMount", "sharedIsNotEmptyDir", "privileged", "otherName"],
+)
+def test_the_node_pull_container_may_not_ask_for_more(
+    product: Product, namespace: str, change: str
+) -> None:
+    pod = _importer_pod(namespace, NODE_PULL_SOURCE)
+    wait_until(lambda: _create(product.kubectl, pod) == "", "the node-pull pod admitted", 30)
+    refused = _create(product.kubectl, _server_variant(pod, change))
+    assert "cdi-controller-pods" in refused, (change, refused)

@@ -127,6 +127,7 @@ def test_copy_clones_across_modes_namespaces_and_sizes(
     for ns, name, source, _, _ in clones:
         dv = succeeded(kube, ns, name, timeout=180)
         assert condition(dv, "Running")["message"] == "Clone Complete", dv["status"]
+        assert dv["status"]["progress"] == "100.0%", dv["status"]
         assert_copied(kube, images, (namespace, source), (ns, name))
         reasons = {e["reason"] for e in events_for(kube, ns, name)}
         assert {"CloneScheduled", "CloneSucceeded"} <= reasons, reasons

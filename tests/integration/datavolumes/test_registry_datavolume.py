@@ -16,15 +16,14 @@ from testkit.containerdisk import Layout, add_disk, push
 from testkit.kubeclient import Kube
 from testkit.product import Product
 from testkit.registry import Registry, Tls
-from testkit.waiting import wait_until
 from tests.integration.datavolumes.cdi_env import (
     Images,
-    condition,
     datavolume,
     dv_path,
     pv_of,
     same_prefix_then_zeros,
     wait_phase,
+    wait_running_reason,
 )
 
 pytestmark = pytest.mark.integration
@@ -102,14 +101,6 @@ def test_unknown_tag_is_image_pull_failed(
     }
     kube.create(dv_path(namespace), datavolume("missing", source, size="64Mi"))
 
-    def pull_failed() -> dict | None:  # type: ignore[type-arg]
-        dv = kube.get(dv_path(namespace, "missing"))
-        try:
-            running = condition(dv, "Running")
-        except AssertionError:
-            return None
-        return running if running.get("reason") == "ImagePullFailed" else None
-
-    running = wait_until(pull_failed, "Running condition ImagePullFailed", 90)
+    running = wait_running_reason(kube, namespace, "missing", "ImagePullFailed")
     assert running["status"] == "False"
     assert running["message"].startswith("failed to pull image")

@@ -1,0 +1,139 @@
+"""The DataVolume reconciler with the controller's caches, in process, against the real API
+server: the requests it saves under load are saved without changing what ends up in the
+cluster.
+
+- a claim the claim cache has never seen is created without a GET first, already carrying the
+  first importer pod's name (the API server's own watch shows the claim's first version), and
+  the pod follows in the same pass with its UID recorded;
+- a claim the cache lags behind (it exists, the cache does not know yet) is read after the
+  create's 409 and followed, not created twice;
+- a DataVolume read from a cache that has not seen the reconciler's own status write is seen
+  through that write (``OwnWrites``): the next reconcile does not send a stale status patch.
+
+The DataVolumes have a vddk source, which the installed product's controller (other tests of
+the session start it) leaves alone; the reconciler here fills them with the import flavour, so
+the two never race for one DataVolume (as in ``test_flavours``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from cdi.api.constants import SourceKind
+from cdi.controller.datavolume import Caches, ControllerConfig, DataVolumeReconciler
+from cdi.controller.flavours import FlavourDeps
+from cdi.controller.flavours.import_ import ImportSettings
+from cdi.controller.flavours.table import standard_flavours
+from cdi.controller.record import ANN_IMPORT_POD_UID
+from cdi.kube.client import PVCS, STORAGE_CLASSES, AsyncKube
+from cdi.kube.client import Kube as ProductKube
+from cdi.kube.events import EventRecorder
+from testkit.cluster import Cluster
+from testkit.kubeclient import Kube, ns_path
+from tests.integration.datavolumes.cdi_env import datavolume, dv_path
+from tests.integration.datavolumes.test_flavours import VDDK, async_kube, no_metrics
+
+__all__ = ["async_kube"]  # the fixture, shared with the flavour tests
+
+pytestmark = pytest.mark.integration
+
+POD_NAME_KEY = "cdi.kubevirt.io/storage.import.importPodName"
+
+
+class Listed:
+    """A cache filled by hand: what an informer would hold at that moment."""
+
+    def __init__(self, items: list[dict[str, Any]], namespaced: bool = True) -> None:
+        self.store: dict[str, dict[str, Any]] = {}
+        for obj in items:
+            meta = obj["metadata"]
+            key = f"{meta['namespace']}/{meta['name']}" if namespaced else meta["name"]
+            self.store[key] = obj
+
+    def get(self, key: str) -> dict[str, Any] | None:
+        return self.store.get(key)
+
+    def items(self) -> list[dict[str, Any]]:
+        return list(self.store.values())
+
+
+async def reconciler(
+    kube: AsyncKube, dvs: Listed, claims: Listed, pods: Listed | None = None
+) -> DataVolumeReconciler:
+    classes = Listed((await kube.list(STORAGE_CLASSES))["items"], namespaced=False)
+    caches = Caches(pods or Listed([]), classes, Listed([]), Listed([]), dvs, claims)
+    events = EventRecorder(kube, "cache-test")
+    table = standard_flavours(FlavourDeps(kube, events, no_metrics), ImportSettings("importer"))
+    table = {**table, SourceKind.VDDK: table[SourceKind.HTTP]}  # the import flavour
+    return DataVolumeReconciler(
+        kube, caches, events, no_metrics, ControllerConfig("importer"), flavours=table
+    )
+
+
+def vddk_datavolume(name: str) -> dict[str, Any]:
+    return datavolume(name, {"vddk": VDDK}, size="8Mi")
+
+
+def first_claim_version(cluster: Cluster, namespace: str, since: str) -> dict[str, Any]:
+    """The claim as the API server first stored it (its ADDED event after ``since``)."""
+    kube = ProductKube(cluster.api_client())
+    for kind, obj in kube.watch(PVCS, namespace, resource_version=since, timeout_seconds=2):
+        if kind == "ADDED":
+            return obj
+    raise AssertionError("no claim was created")
+
+
+async def test_a_new_claim_carries_the_first_pod_name_and_the_pod_follows_at_once(
+    kube: Kube, namespace: str, async_kube: AsyncKube, cluster: Cluster
+) -> None:
+    dv = kube.create(dv_path(namespace), vddk_datavolume("fast"))
+    since = kube.get(ns_path(namespace, "persistentvolumeclaims"))["metadata"]["resourceVersion"]
+    r = await reconciler(async_kube, Listed([dv]), Listed([]))
+    await r.reconcile(f"{namespace}/fast")
+
+    created = first_claim_version(cluster, namespace, since)
+    assert created["metadata"]["annotations"][POD_NAME_KEY] == "importer-fast"
+    pod = kube.get(ns_path(namespace, "pods", "importer-fast"))
+    pvc = kube.get(ns_path(namespace, "persistentvolumeclaims", "fast"))
+    assert pvc["metadata"]["annotations"][ANN_IMPORT_POD_UID] == pod["metadata"]["uid"]
+    assert kube.get(dv_path(namespace, "fast"))["status"]["phase"] == "ImportScheduled"
+
+
+async def test_a_claim_the_cache_has_not_seen_yet_is_followed_not_created_twice(
+    kube: Kube, namespace: str, async_kube: AsyncKube
+) -> None:
+    dv = kube.create(dv_path(namespace), vddk_datavolume("lag"))
+    first = await reconciler(async_kube, Listed([dv]), Listed([]))
+    await first.reconcile(f"{namespace}/lag")
+    pod = kube.get(ns_path(namespace, "pods", "importer-lag"))
+
+    # a second process (a new leader) whose claim cache lags: the create says 409, the claim
+    # is read and followed; the recorded pod is seen as ours, nothing is created or deleted
+    again = await reconciler(async_kube, Listed([dv]), Listed([]), Listed([pod]))
+    await again.reconcile(f"{namespace}/lag")
+    claims = kube.get(ns_path(namespace, "persistentvolumeclaims"))["items"]
+    assert [c["metadata"]["name"] for c in claims] == ["lag"]
+    still = kube.get(ns_path(namespace, "pods", "importer-lag"))
+    assert still["metadata"]["uid"] == pod["metadata"]["uid"]
+    assert not still["metadata"].get("deletionTimestamp")
+
+
+async def test_the_reconciler_sees_its_own_status_write_through_a_lagging_cache(
+    kube: Kube, namespace: str, async_kube: AsyncKube
+) -> None:
+    dv = kube.create(dv_path(namespace), vddk_datavolume("own"))
+    r = await reconciler(async_kube, Listed([dv]), Listed([]))
+    await r.reconcile(f"{namespace}/own")
+    written = kube.get(dv_path(namespace, "own"))
+    assert written["status"]["phase"] == "ImportScheduled"
+
+    # the cache still holds the DataVolume without status: a reconcile from it alone would
+    # patch the same status over a stale resourceVersion (409) and come back in 0.5 s
+    result = await r.reconcile(f"{namespace}/own")
+    assert result.requeue_after != 0.5
+    assert (
+        kube.get(dv_path(namespace, "own"))["metadata"]["resourceVersion"]
+        == (written["metadata"]["resourceVersion"])
+    )
