@@ -7,7 +7,9 @@ Routes, on the benchmark's 2 GiB OS image (``disk.raw`` of ``benchmarks/run.py``
 - ``fs.ours``: ``python -m cloner`` (filesystem source) -> mutual TLS on loopback -> the
   receiver: ``--receiver uploader`` (default) the upload server itself (``python -m uploader``,
   as the target pod runs it), ``--receiver stand-in`` ``benchmarks.clone_receiver`` (the data
-  path behind a bare aiohttp route); either writes ``out/disk.img`` through the data path;
+  path behind a bare aiohttp route), ``--receiver threaded-stand-in`` the same data path fed
+  from a thread reading a blocking TLS socket (no asyncio in the byte path); each writes
+  ``out/disk.img`` through the data path;
 - ``block.ref-dd``: ``dd if=<src loop> of=<dst loop> bs=1M conv=sparse,fsync``;
 - ``block.ours``: the cloner reading the source loop device -> the receiver writing the target
   loop device.
@@ -88,13 +90,16 @@ def certificates(work: Path) -> dict[str, str]:
     return {name: str(work / name) for name in files}
 
 
-def stand_in(work: Path, certs: dict[str, str], target: str, block: bool) -> tuple[Any, int]:
+def stand_in(
+    work: Path, certs: dict[str, str], target: str, block: bool, threaded: bool
+) -> tuple[Any, int]:
     port_file = work / "port"
     port_file.unlink(missing_ok=True)
     receiver = [sys.executable, "-m", "benchmarks.clone_receiver", "--target", target,
                 "--cert", certs["srv.crt"], "--key", certs["srv.key"], "--client-ca", certs["ca"],
                 "--client-name", CLIENT_NAME, "--port-file", str(port_file)]  # fmt: skip
-    proc = subprocess.Popen(receiver + (["--block"] if block else []), cwd=REPO,
+    flags = (["--block"] if block else []) + (["--threaded"] if threaded else [])
+    proc = subprocess.Popen(receiver + flags, cwd=REPO,
                             stdout=subprocess.DEVNULL)  # fmt: skip
     while not port_file.exists() or not port_file.read_text():
         time.sleep(0.01)
@@ -128,7 +133,7 @@ def upload_server(work: Path, certs: dict[str, str], target: str) -> tuple[Any, 
 class Setup:
     work: Path
     certs: dict[str, str]
-    receiver: str  # "uploader" or "stand-in"
+    receiver: str  # "uploader", "stand-in" or "threaded-stand-in"
 
 
 def ours(route: str, setup: Setup, source: str, target: str, block: bool) -> Run:
@@ -137,7 +142,8 @@ def ours(route: str, setup: Setup, source: str, target: str, block: bool) -> Run
     if setup.receiver == "uploader":
         proc, port = upload_server(work, certs, target)
     else:
-        proc, port = stand_in(work, certs, target, block)
+        threaded = setup.receiver == "threaded-stand-in"
+        proc, port = stand_in(work, certs, target, block, threaded)
     env = {**os.environ, "UPLOAD_URL": f"https://127.0.0.1:{port}/v1beta1/upload",
            "CLIENT_CERT_FILE": certs["cl.crt"], "CLIENT_KEY_FILE": certs["cl.key"],
            "SERVER_CA_CERT_FILE": certs["ca"], "MOUNT_POINT": source,
@@ -234,7 +240,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--image", type=Path, default=DEFAULT_IMAGE)
     p.add_argument("--workdir", type=Path, default=Path("/var/tmp/cdi-bench/clone"))
-    p.add_argument("--receiver", choices=("uploader", "stand-in"), default="uploader")
+    p.add_argument(
+        "--receiver", choices=("uploader", "stand-in", "threaded-stand-in"), default="uploader"
+    )
     a = p.parse_args(argv)
     a.workdir.mkdir(parents=True, exist_ok=True)
     certs = certificates(a.workdir)

@@ -52,12 +52,13 @@ class Busy(Exception):
 @dataclass
 class Feed:
     """One request's body attached to the source; ``ended`` resolves to True when the body was
-    read to its end and False when it was cut (the request's connection died)."""
+    read to its end, False when it was cut (the request's connection died) and None when the
+    data path stopped reading it (it failed or is closing: its own answer follows)."""
 
     pieces: AsyncIterable[bytes]
-    ended: asyncio.Future[bool] = field(default_factory=lambda: asyncio.Future())
+    ended: asyncio.Future[bool | None] = field(default_factory=lambda: asyncio.Future())
 
-    def end(self, complete: bool) -> None:
+    def end(self, complete: bool | None) -> None:
         if not self.ended.done():
             self.ended.set_result(complete)
 
@@ -114,7 +115,7 @@ class UploadBody:
     async def close(self) -> None:
         feed, self._feed = self._feed, None
         if feed is not None:
-            feed.end(False)
+            feed.end(None)
 
     async def _next_feed(self) -> Feed:
         while self._feed is None:
@@ -134,7 +135,7 @@ class UploadBody:
         while not self.finished:
             feed = await self._next_feed()
             it = aiter(feed.pieces)
-            complete = False
+            complete: bool | None = None
             try:
                 while True:
                     try:
@@ -143,6 +144,7 @@ class UploadBody:
                         complete = True
                         break
                     except Exception:  # the connection died: wait for the next request
+                        complete = False
                         with contextlib.suppress(Exception):
                             await _aclose(it)
                         break

@@ -164,8 +164,8 @@ class UploadHandlers:
     ) -> web.StreamResponse:
         feed = await _attach(upload, pieces, at)
         await asyncio.wait((feed.ended, upload.task), return_when=asyncio.FIRST_COMPLETED)
-        if upload.task.done():
-            return self._answer(upload.task.result(), tus)
+        if upload.task.done() or feed.ended.result() is None:  # None: the data path stopped
+            return self._answer(await upload.task, tus)
         if not feed.ended.result():
             return web.Response(
                 status=500,

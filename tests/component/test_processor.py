@@ -3,6 +3,7 @@ compression of the import matrix, byte-identical to qemu-img, never reading the 
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ from datapath import (
     StreamSource,
     TargetSpec,
 )
+from datapath.sources.stream import PASS_SIZE, coalesce
 from tests.component.conftest import (
     COMPRESSORS,
     CONVERSIONS,
@@ -182,6 +184,20 @@ async def test_stream_source_coalesces_pieces_and_refuses_a_second_stream() -> N
     assert sum(sizes) == 256 * 4096 * 3
     with pytest.raises(SourceConsumed):
         source.stream()
+
+
+async def test_coalesce_hands_on_large_pieces_uncopied_and_keeps_the_order() -> None:
+    big = [bytes([i]) * PASS_SIZE for i in range(3)]
+    pieces = [b"a" * 10, b"b" * 20, big[0], big[1], b"c" * 5, big[2], b"d"]
+
+    async def body() -> AsyncIterator[bytes]:
+        for piece in pieces:
+            yield piece
+
+    out = [c async for c in coalesce(body(), size=MiB)]
+    assert out[1] is big[0] and out[2] is big[1] and out[4] is big[2]
+    assert out[0] == b"a" * 10 + b"b" * 20 and out[3] == b"c" * 5 and out[5] == b"d"
+    assert b"".join(out) == b"".join(pieces)
 
 
 def test_every_phase_has_a_handler() -> None:
