@@ -3,9 +3,13 @@
 ``reconcile(key) -> Result`` is level-triggered: it reads the DataVolume from the informer
 cache (seen through its own last status write, ``cdi.kube.own_writes``, so it does not fight
 the cache's lag with 409s; a stale read still only costs a 409 and a retry, since the status
-patch carries the resourceVersion read), the PVC from the API server (fresh: the flavours'
-decisions rest on its record) unless the claim cache has never seen it, in which case it is
-created straight away (a 409 says it exists after all, and it is read then), the worker pods,
+patch carries the resourceVersion read), the PVC from the claim cache too, seen through this
+process's own claim writes (the import flavour's records, its pod UID records above all, go
+through ``FlavourDeps.claims``; other flavours' claims are read fresh), or, when the claim
+cache has never seen it, not at all: it is created straight away (a 409 says it exists after
+all, and it is read then). A guarded record write over a stale cached claim costs a 409 and
+a retry in 0.5 s; an impostor verdict is checked against a fresh GET before a pod is deleted
+(``ImportFlavour._recorded_now``). The worker pods,
 storage classes and config from informer caches, picks the flavour from the spec's source
 (``cdi.controller.flavours``: import now; upload and clone map to "not supported yet" and are
 left alone), then takes at most one step toward the goal and writes the status once:
@@ -91,6 +95,12 @@ log = logging.getLogger(__name__)
 ANN_DEFAULT_CLASS = "storageclass.kubernetes.io/is-default-class"
 ANN_DEFAULT_VIRT_CLASS = "storageclass.kubevirt.io/is-default-virt-class"
 
+# Flavours whose every claim write goes through ``FlavourDeps.claims``, so their claim may be
+# read from the informer cache: the import flavour (the one under load). Upload and clone read
+# it fresh: their workers also serve other reconcilers, and a clone decides on claims it does
+# not write through it.
+CACHED_CLAIM_FLAVOURS = (ImportFlavour,)
+
 CLAIM_EVENTS: Mapping[str, PhaseEvent] = {  # the phases every flavour shares
     Phase.PENDING: PhaseEvent(NORMAL, ConditionReason.PENDING, "PVC {claim} Pending"),
     Phase.WAIT_FOR_FIRST_CONSUMER: PhaseEvent(
@@ -152,19 +162,22 @@ class DataVolumeReconciler:
         config: ControllerConfig,
         clock: Callable[[], float] = time.time,
         flavours: FlavourTable | None = None,
+        own_claims: OwnWrites | None = None,
     ) -> None:
         self.kube = kube
         self.caches = caches
         self.events = events
         self.config = config
+        # claim writes (creates here, records by the flavours) the claim cache may not show
+        # yet; an injected ``flavours`` table shares it through its ``FlavourDeps.claims``
+        self.own_claims = own_claims if own_claims is not None else OwnWrites()
         if flavours is None:
-            deps = FlavourDeps(kube, events, scraper, clock)
+            deps = FlavourDeps(kube, events, scraper, clock, self.own_claims)
             flavours = standard_flavours(
                 deps, import_settings(config), config.upload, config.requester_key
             )
         self.flavours = flavours
         self.own_dvs = OwnWrites()  # status writes the DataVolume cache may not show yet
-        self.own_claims = OwnWrites()  # claims created that the claim cache may not show yet
 
     async def reconcile(self, key: str) -> Result:
         namespace, name = split_key(key)
@@ -251,9 +264,18 @@ class Step:
         self.dv = dv
         self.obj = obj
         self.view = View(claim_name=dv.name, phases=flavour.phases)
+        self.cached_claim = False  # the claim was read from the cache (seen through own writes)
 
     async def run(self) -> Result:
-        result = await self._advance()
+        try:
+            result = await self._advance()
+        except Conflict:
+            if not self.cached_claim:
+                raise
+            # a guarded claim write over a cached version the server had moved past: the
+            # decision rested on a stale record, so it is not taken; again once caught up
+            log.debug("%s/%s: claim conflict; requeued", self.dv.namespace, self.dv.name)
+            return Result(requeue_after=0.5)
         try:
             await self._write_status()
         except Conflict:  # read from a cache behind the server: again, once it caught up
@@ -312,13 +334,20 @@ class Step:
         return result
 
     async def _read_claim(self) -> JSON | None:
-        """The claim, read fresh; None without a request when the claim cache (and this
-        process's own creates) have never seen it: then the create that follows says 409 if
-        it exists after all."""
+        """The claim; None without a request when the claim cache (and this process's own
+        writes) have never seen it: then the create that follows says 409 if it exists after
+        all. The import flavour's claim is the cached one seen through this process's own
+        writes (its UID records above all); any other flavour's is read fresh (the clone
+        flavours decide on claims they do not write through ``FlavourDeps.claims``)."""
         dv, r = self.dv, self.r
         cache, key = r.caches.claims, f"{dv.namespace}/{dv.name}"
-        if cache is not None and r.own_claims.freshest(key, cache.get(key)) is None:
-            return None
+        if cache is not None:
+            seen = r.own_claims.freshest(key, cache.get(key))
+            if seen is None:
+                return None
+            if isinstance(self.flavour, CACHED_CLAIM_FLAVOURS):
+                self.cached_claim = True
+                return seen
         return await r.kube.get_or_none(PVCS, dv.name, dv.namespace)
 
     def _ours(self, pvc: Mapping[str, Any]) -> bool:
@@ -388,9 +417,11 @@ class Step:
             )
             annotations.update(done.annotations())
         # No owner reference: an adopted claim outlives its DataVolume.
-        return await r.kube.patch(
+        adopted = await r.kube.patch(
             PVCS, dv.name, {"metadata": {"annotations": annotations}}, dv.namespace
         )
+        r.own_claims.wrote(adopted)
+        return adopted
 
     # -- status ----------------------------------------------------------------------------
     async def _write_status(self) -> None:

@@ -34,6 +34,7 @@ from cdi.controller.record import ImportRecord
 from cdi.controller.status import FlavourPhases, View
 from cdi.kube.client import AsyncKube
 from cdi.kube.events import EventRecorder
+from cdi.kube.own_writes import OwnWrites
 from cdi.kube.workqueue import Result
 
 JSON = dict[str, Any]
@@ -70,12 +71,15 @@ class Claim:
 @dataclass(frozen=True)
 class FlavourDeps:
     """The I/O a flavour may do, injected once: the API server, events, the metrics scraper and
-    the clock (tests pass a fixed one)."""
+    the clock (tests pass a fixed one). ``claims`` remembers what the flavour's claim writes
+    returned: the reconciler reads the claim from its informer cache seen through them
+    (``cdi.kube.own_writes``), so a follow-up never sees a pod without its UID record."""
 
     kube: AsyncKube
     events: EventRecorder
     scraper: Scraper
     clock: Callable[[], float] = time.time
+    claims: OwnWrites = field(default_factory=OwnWrites)
 
 
 class Flavour(Protocol):

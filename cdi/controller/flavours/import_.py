@@ -185,6 +185,7 @@ class ImportFlavour:
             if extra is not None:
                 meta = pvc["metadata"]
                 pvc = await self.deps.kube.patch(PVCS, meta["name"], extra, meta.get("namespace"))
+                self.deps.claims.wrote(pvc)
             await self.finish(dataclasses.replace(claim, pvc=pvc, record=new))
         return view, Result()
 
@@ -257,6 +258,8 @@ class ImportFlavour:
         so a pod created meanwhile is spared) and create the attempt's pod when it is gone."""
         meta = pod.get("metadata") or {}
         uid = meta.get("uid")
+        if await self._recorded_now(claim, pod):  # the claim was read from a lagging cache
+            return dataclasses.replace(view, pod_phase="Pending"), Result(requeue_after=0.5)
         if not meta.get("deletionTimestamp"):
             await self.deps.events.emit(
                 dict(claim.obj),
@@ -273,6 +276,16 @@ class ImportFlavour:
                 pass
         view = dataclasses.replace(view, pod_phase=None)
         return view, Result(requeue_after=self.settings.progress_interval)
+
+    async def _recorded_now(self, claim: Claim, pod: Mapping[str, Any]) -> bool:
+        """The pod's UID is recorded on the claim as the API server holds it now. The claim in
+        ``claim`` may come from the informer cache; deleting a pod is the one decision a stale
+        record must never make, so the verdict is checked against a fresh GET (rare: only a
+        pod that looks unrecorded costs it)."""
+        meta = claim.pvc.get("metadata") or {}
+        fresh = await self.deps.kube.get_or_none(PVCS, claim.name, meta.get("namespace"))
+        uid = pod_uid(pod)
+        return fresh is not None and uid is not None and ImportRecord.from_pvc(fresh).pod_uid == uid
 
     def _made_here(self, claim: Claim, pod: Mapping[str, Any]) -> bool:
         """The pod is one this process created (its UID record may not have been written)."""
@@ -314,7 +327,9 @@ class ImportFlavour:
         patch: JSON = {"metadata": {"annotations": record.annotations()}}
         if guarded:
             patch["metadata"]["resourceVersion"] = meta.get("resourceVersion")
-        return await self.deps.kube.patch(PVCS, meta["name"], patch, meta.get("namespace"))
+        written = await self.deps.kube.patch(PVCS, meta["name"], patch, meta.get("namespace"))
+        self.deps.claims.wrote(written)  # the claim cache may not show it yet
+        return written
 
     async def finish(self, claim: Claim) -> None:
         """After success the importer pods go (unless asked to retain them); failed attempts'

@@ -8,7 +8,12 @@ cluster.
 - a claim the cache lags behind (it exists, the cache does not know yet) is read after the
   create's 409 and followed, not created twice;
 - a DataVolume read from a cache that has not seen the reconciler's own status write is seen
-  through that write (``OwnWrites``): the next reconcile does not send a stale status patch.
+  through that write (``OwnWrites``): the next reconcile does not send a stale status patch;
+- a claim read from a cache that has not seen the flavour's own UID record is seen through that
+  record: the follow-up finds its pod recorded, no impostor;
+- a claim read from a cache that lags behind a record this process does not remember (another
+  leader wrote it, or the memory expired) never gets its recorded pod deleted as an impostor:
+  the verdict is checked against the claim as the API server holds it.
 
 The DataVolumes have a vddk source, which the installed product's controller (other tests of
 the session start it) leaves alone; the reconciler here fills them with the import flavour, so
@@ -30,6 +35,7 @@ from cdi.controller.record import ANN_IMPORT_POD_UID
 from cdi.kube.client import PVCS, STORAGE_CLASSES, AsyncKube
 from cdi.kube.client import Kube as ProductKube
 from cdi.kube.events import EventRecorder
+from cdi.kube.own_writes import OwnWrites
 from testkit.cluster import Cluster
 from testkit.kubeclient import Kube, ns_path
 from tests.integration.datavolumes.cdi_env import datavolume, dv_path
@@ -65,10 +71,13 @@ async def reconciler(
     classes = Listed((await kube.list(STORAGE_CLASSES))["items"], namespaced=False)
     caches = Caches(pods or Listed([]), classes, Listed([]), Listed([]), dvs, claims)
     events = EventRecorder(kube, "cache-test")
-    table = standard_flavours(FlavourDeps(kube, events, no_metrics), ImportSettings("importer"))
+    own = OwnWrites()
+    deps = FlavourDeps(kube, events, no_metrics, claims=own)
+    table = standard_flavours(deps, ImportSettings("importer"))
     table = {**table, SourceKind.VDDK: table[SourceKind.HTTP]}  # the import flavour
+    config = ControllerConfig("importer")
     return DataVolumeReconciler(
-        kube, caches, events, no_metrics, ControllerConfig("importer"), flavours=table
+        kube, caches, events, no_metrics, config, flavours=table, own_claims=own
     )
 
 
@@ -137,3 +146,57 @@ async def test_the_reconciler_sees_its_own_status_write_through_a_lagging_cache(
         kube.get(dv_path(namespace, "own"))["metadata"]["resourceVersion"]
         == (written["metadata"]["resourceVersion"])
     )
+
+
+async def created_with_stale_claim(
+    kube: Kube, namespace: str, async_kube: AsyncKube, cluster: Cluster, name: str
+) -> tuple[DataVolumeReconciler, dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """A reconciler that created the claim and the recorded pod; the DataVolume, the claim as
+    first stored (the pod's name, no UID record yet: what a lagging cache holds) and the pod."""
+    dv = kube.create(dv_path(namespace), vddk_datavolume(name))
+    since = kube.get(ns_path(namespace, "persistentvolumeclaims"))["metadata"]["resourceVersion"]
+    r = await reconciler(async_kube, Listed([dv]), Listed([]))
+    await r.reconcile(f"{namespace}/{name}")
+    stale = first_claim_version(cluster, namespace, since)
+    assert ANN_IMPORT_POD_UID not in stale["metadata"]["annotations"]
+    return r, dv, stale, kube.get(ns_path(namespace, "pods", f"importer-{name}"))
+
+
+def assert_pod_kept(kube: Kube, namespace: str, pod: dict[str, Any]) -> None:
+    still = kube.get(ns_path(namespace, "pods", pod["metadata"]["name"]))
+    assert still["metadata"]["uid"] == pod["metadata"]["uid"]
+    assert not still["metadata"].get("deletionTimestamp")
+    events = kube.get(ns_path(namespace, "events"))["items"]
+    assert not [e for e in events if e.get("reason") == "UnrecordedImporterPod"]
+
+
+async def test_a_follow_up_sees_the_flavours_own_uid_record_through_a_lagging_claim_cache(
+    kube: Kube, namespace: str, async_kube: AsyncKube, cluster: Cluster
+) -> None:
+    r, _, stale, pod = await created_with_stale_claim(
+        kube, namespace, async_kube, cluster, "record"
+    )
+    assert isinstance(r.caches.claims, Listed) and isinstance(r.caches.pods, Listed)
+    r.caches.claims.store[f"{namespace}/record"] = stale
+    r.caches.pods.store[f"{namespace}/importer-record"] = pod
+
+    # the pod matches the record the flavour wrote (remembered), not the cache's claim: no
+    # impostor verdict to check again (that path comes back in 0.5 s)
+    result = await r.reconcile(f"{namespace}/record")
+    assert result.requeue_after != 0.5
+    assert_pod_kept(kube, namespace, pod)
+    assert kube.get(dv_path(namespace, "record"))["status"]["phase"] == "ImportScheduled"
+
+
+async def test_a_recorded_pod_is_not_deleted_when_the_claim_cache_lags_behind_its_record(
+    kube: Kube, namespace: str, async_kube: AsyncKube, cluster: Cluster
+) -> None:
+    _, dv, stale, pod = await created_with_stale_claim(
+        kube, namespace, async_kube, cluster, "stale"
+    )
+    # a process that does not remember the record (a new leader, or its memory expired) and
+    # whose claim cache still holds the claim without it: the pod looks unrecorded there
+    again = await reconciler(async_kube, Listed([dv]), Listed([stale]), Listed([pod]))
+    result = await again.reconcile(f"{namespace}/stale")
+    assert result.requeue_after == 0.5  # checked against the server's claim, and waited
+    assert_pod_kept(kube, namespace, pod)
