@@ -16,7 +16,13 @@ The controller replicas' RSS is sampled from /proc every 0.5 s (the node runs po
 processes; a container's process group is in its containerID ``testkit://<pgid>``), and the
 peak of the leader is reported.
 
-    sudo .venv/bin/python benchmarks/load_datavolumes.py [--count 200] [--http-every 2]
+``--floor``: the same cluster, webhooks and burst, but the controller Deployment is scaled to
+zero and ``benchmarks/load_floor.py`` (a watch that creates each DataVolume's claim, then its
+pod, and nothing else) stands in for it: the DV -> pod latency this machine allows at all. The
+run ends when every pod is seen (nobody writes a DataVolume status), so "all Succeeded" and
+"Succeeded" then count pods seen.
+
+    sudo .venv/bin/python benchmarks/load_datavolumes.py [--count 200] [--http-every 2] [--floor]
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import json
 import os
 import random
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -34,6 +41,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import yaml
 from kubernetes import client, watch
 
 REPO = Path(__file__).resolve().parent.parent
@@ -234,6 +242,50 @@ def wait_done(api: client.ApiClient, count: int, timeout: float) -> dict[str, st
     return phases
 
 
+def wait_pods(seen: Watcher, created: dict[str, float], timeout: float) -> dict[str, str]:
+    """``--floor``: until every DataVolume's pod was seen; "Succeeded" for those seen."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and not set(created) <= set(seen.pod_at):
+        time.sleep(0.5)
+    return {n: "Succeeded" if n in seen.pod_at else "" for n in created}
+
+
+def controller_kubeconfig(cluster: Cluster, product: Product) -> Path:
+    """The cluster's kubeconfig acting as the controller's ServiceAccount (a TokenRequest), so
+    the floor's requests meet the same authorizer and admission policy as the controller's."""
+    token = product.kubectl("-n", "cdi", "create", "token", "cdi-controller", "--duration=2h")
+    doc = yaml.safe_load(cluster.kubeconfig.read_text())
+    for user in doc["users"]:
+        user["user"] = {"token": token.strip()}
+    path = cluster.state / "floor.kubeconfig"
+    path.write_text(yaml.safe_dump(doc))
+    path.chmod(0o600)
+    return path
+
+
+def start_floor(cluster: Cluster, product: Product) -> subprocess.Popen[str]:
+    """Scale the controller to zero and start ``load_floor`` in its place (its own process
+    group, so the cost report shows its CPU); returns once its watch is established."""
+    product.kubectl("-n", "cdi", "scale", "deployment/cdi-controller", "--replicas=0")
+    deadline = time.monotonic() + 60
+    while product.pods("cdi-controller") and time.monotonic() < deadline:
+        time.sleep(0.5)
+    kubeconfig = controller_kubeconfig(cluster, product)
+    argv = [sys.executable, "-m", "benchmarks.load_floor", "--kubeconfig", str(kubeconfig)]
+    floor = subprocess.Popen(
+        [*argv, "--namespace", NAMESPACE],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    assert floor.stdout is not None
+    if floor.stdout.readline().strip() != "ready":
+        raise RuntimeError("the floor controller did not start")
+    threading.Thread(target=lambda: sys.stdout.writelines(floor.stdout or []), daemon=True).start()
+    return floor
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
@@ -277,11 +329,13 @@ def run(args: argparse.Namespace) -> int:
     state = Path(tempfile.mkdtemp(prefix="cdi-load-"))
     cluster = Cluster(ClusterConfig(state_dir=state))
     server = ImageServer(small_image(state / "images").parent, 0).start()
+    floor: subprocess.Popen[str] | None = None
     try:
         cluster.start()
         product = Product.on(cluster).install()
         allow_example_server(product, cluster)
         product.kubectl("create", "namespace", NAMESPACE)
+        floor = start_floor(cluster, product) if args.floor else None
         cfg = cluster.api_client().configuration
         # one kept-alive connection per client thread (the default pool keeps 5 per core)
         cfg.connection_pool_maxsize = 32
@@ -289,16 +343,21 @@ def run(args: argparse.Namespace) -> int:
         seen, rss = Watcher(api).start(), RssSampler(product).start()
         time.sleep(2.0)  # the watch is established; the sampler has a baseline
         groups = cost_groups(cluster, product)
+        if floor is not None:
+            groups["floor-controller"] = floor.pid
         load_before, costs_before = os.getloadavg()[0], load_costs.snapshot(api, groups)
         t0 = time.monotonic()
         url = f"http://{server.hostport}/{IMAGE}"
         calls: list[float] = []
         created = create_all(api, args.count, args.http_every, url, calls)
         create_s = time.monotonic() - t0
-        phases = wait_done(api, args.count, args.timeout)
+        if floor is not None:
+            phases = wait_pods(seen, created, args.timeout)
+        else:
+            phases = wait_done(api, args.count, args.timeout)
         done_s = time.monotonic() - t0
         costs = load_costs.report(costs_before, load_costs.snapshot(api, groups))
-        leader = product.leader()
+        leader = "" if floor is not None else product.leader()
         rss.stop()
         seen.stop()
         latencies = [seen.pod_at[n] - at for n, at in created.items() if n in seen.pod_at]
@@ -338,6 +397,9 @@ def run(args: argparse.Namespace) -> int:
             Path(args.json).write_text(json.dumps(figures, indent=2))
         return 0 if figures["succeeded"] == args.count else 1
     finally:
+        if floor is not None:
+            floor.kill()
+            floor.wait()
         server.stop()
         cluster.stop()
 
@@ -348,6 +410,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--http-every", type=int, default=2, help="every Nth is http, the rest blank")
     p.add_argument("--timeout", type=float, default=1200.0, help="seconds for all to finish")
     p.add_argument("--json", help="also write the figures here")
+    p.add_argument(
+        "--floor",
+        action="store_true",
+        help="replace the controller by benchmarks/load_floor.py (claim + pod, nothing else)",
+    )
     return run(p.parse_args(argv))
 
 
