@@ -3,8 +3,10 @@
 Three cluster-facing pieces, each through the one gateway (``cdi.kube.client``):
 
 - ``KubeLookup``: the ``ClusterLookup`` the validation rules ask (PVCs, DataSources, the
-  claim-adoption feature gate) answered with GETs, and the ``Authorizer`` that asks the API
-  server (a SubjectAccessReview) whether the requester may read an object in another namespace;
+  claim-adoption feature gate) answered with GETs, PVCs through the process's claim informer
+  when it has one (``cdi.webhooks.claims``: absence from the synced cache is trusted, a claim
+  present is read fresh), and the ``Authorizer`` that asks the API server (a
+  SubjectAccessReview) whether the requester may read an object in another namespace;
 - ``CertStore``: the CA and serving certificate live in one Secret, so every replica serves the
   same certificate; ``ensure`` rotates it when ``cdi.webhooks.certs.plan_rotation`` says so
   (compare-and-swap on the Secret's resourceVersion, so two replicas never fork the CA) and
@@ -47,8 +49,10 @@ from cdi.kube.client import (
     Resource,
 )
 from cdi.kube.errors import Conflict, KubeError, NotFound
+from cdi.kube.informer import Informer
 from cdi.lifecycle import run_until_stopped
 from cdi.webhooks.certs import Bundle, KeyPair, rotate, service_names
+from cdi.webhooks.claims import CachedClaims, ClaimCache
 from cdi.webhooks.mutation import UserInfo
 from cdi.webhooks.server import make_app
 from cdi.webhooks.visibility import access_review
@@ -73,10 +77,18 @@ class WebhookConfig:
 
 
 class KubeLookup:
-    def __init__(self, kube: Kube) -> None:
+    """``claims``: the webhook's claim cache (None: every claim is read with a GET)."""
+
+    def __init__(self, kube: Kube, claims: ClaimCache | None = None) -> None:
         self.kube = kube
+        self.claims = CachedClaims(claims, self.fresh_pvc) if claims is not None else None
 
     def get_pvc(self, namespace: str, name: str) -> Mapping[str, Any] | None:
+        if self.claims is not None:
+            return self.claims.get_pvc(namespace, name)
+        return self.fresh_pvc(namespace, name)
+
+    def fresh_pvc(self, namespace: str, name: str) -> Mapping[str, Any] | None:
         return self.kube.get_or_none(PVCS, name, namespace)
 
     def get_data_source(self, namespace: str, name: str) -> Mapping[str, Any] | None:
@@ -229,7 +241,10 @@ async def serve_webhook(kube: Kube, config: WebhookConfig) -> None:
     files = TLSFiles()
     files.load(ctx, bundle.serving)
 
-    lookup = KubeLookup(kube)
+    # the existing-claim check of every DataVolume create, answered from a claim informer
+    claims = Informer(kube, PVCS)
+    claims.start()
+    lookup = KubeLookup(kube, claims)
     signer = RequesterSigner(config.requester_key) if config.requester_key else None
     runner = web.AppRunner(make_app(lookup, run_blocking, lookup, signer, lookup))
     await runner.setup()
@@ -247,6 +262,7 @@ async def serve_webhook(kube: Kube, config: WebhookConfig) -> None:
     try:
         await run_until_stopped(config.cert_check_interval, rotate)
     finally:
+        claims.stop()
         await runner.cleanup()
         files.close()
         pool.shutdown(wait=False)

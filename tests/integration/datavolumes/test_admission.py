@@ -14,6 +14,7 @@ import pytest
 
 from testkit.kubeclient import ApiError, Kube
 from testkit.product import Product
+from testkit.waiting import wait_until
 from tests.integration.datavolumes.cdi_env import dv_path
 
 pytestmark = pytest.mark.integration
@@ -361,6 +362,18 @@ def test_spec_updates_are_rejected_metadata_updates_allowed_and_duplicates_refus
             "spec": PVC_ONLY,
         },
     )
+    # the webhook answers from its claim cache (cdi/webhooks/claims.py): a claim created a
+    # moment ago is refused once the cache has it; server-side dry runs wait for that
+    wait_until(lambda: refused(kube, admission, base("taken")), "the claim in the webhook cache")
     with pytest.raises(ApiError) as taken:
         kube.create(dv_path(admission), base("taken"))
     assert f"Destination PVC {admission}/taken already exists" in str(taken.value)
+
+
+def refused(kube: Kube, ns: str, manifest: dict[str, Any]) -> bool:
+    """A server-side dry run of the create (admission included, nothing stored) is refused."""
+    try:
+        kube.request("POST", dv_path(ns), manifest, query={"dryRun": "All"})
+    except ApiError:
+        return True
+    return False
