@@ -163,6 +163,7 @@ class DataVolumeReconciler:
         clock: Callable[[], float] = time.time,
         flavours: FlavourTable | None = None,
         own_claims: OwnWrites | None = None,
+        burst: Callable[[], bool] | None = None,
     ) -> None:
         self.kube = kube
         self.caches = caches
@@ -173,6 +174,8 @@ class DataVolumeReconciler:
         self.own_claims = own_claims if own_claims is not None else OwnWrites()
         if flavours is None:
             deps = FlavourDeps(kube, events, scraper, clock, self.own_claims)
+            if burst is not None:  # other new DataVolumes wait (the manager's queue says)
+                deps = dataclasses.replace(deps, burst=burst)
             flavours = standard_flavours(
                 deps, import_settings(config), config.upload, config.requester_key
             )

@@ -22,7 +22,9 @@ their caches, then run each reconciler's workers off its own queue (a key is onl
   a class to every StorageProfile and to the DataVolumes still waiting for a claim.
 
 Events of every reconciler go through one ``EventQueue`` (``cdi.kube.events``), written by a
-background task, so no reconcile waits for an event's round trip.
+background task, so no reconcile waits for an event's round trip. Under a burst of new
+DataVolumes (``WorkQueue.urgent``) their first reconciles go first: follow-up reconciles are
+limited to a quarter of the workers and events wait (at most 5 s) until the burst is served.
 
 Shutdown (SIGTERM or lost leadership): stop the queues, let in-flight reconciles finish
 (bounded by ``shutdown_grace``), write the queued events (a few seconds at most), release the
@@ -132,8 +134,8 @@ class Loop:
             self.queue.add(key, first=first)
 
 
-def new_queue() -> WorkQueue:
-    return WorkQueue(Backoff(base=0.1, cap=30.0))
+def new_queue(follow_ups_while_urgent: int | None = None) -> WorkQueue:
+    return WorkQueue(Backoff(base=0.1, cap=30.0), follow_ups_while_urgent=follow_ups_while_urgent)
 
 
 def owner_key(obj: dict[str, Any]) -> str | None:
@@ -178,7 +180,9 @@ class Manager:
         }
         self.snapshots = SnapshotWatch(kube, self.kube, r, config.config_recheck)
         self.scraper = HttpScraper()
-        self.events = EventQueue(self.kube)  # every recorder's events, written off the reconciles
+        # every recorder's events, written off the reconciles, after new DataVolumes' claims
+        # and pods while a burst of them waits (bounded delay)
+        self.events = EventQueue(self.kube, busy=self._burst)
         self.metrics = ControllerMetrics(
             Sources(self.informers["dv"], self.informers["sc"], self.informers["profile"])
         )
@@ -186,6 +190,10 @@ class Manager:
         self.elector = LeaderElector(self.kube, config.leader) if config.leader else None
         self._metrics_runner: web.AppRunner | None = None
         self._stop = asyncio.Event()
+
+    def _burst(self) -> bool:
+        """New DataVolumes are waiting for (or in) their first reconcile."""
+        return self.loops["datavolume"].queue.urgent > 0
 
     def _recorder(self, component: str, identity: str) -> EventRecorder:
         return EventRecorder(self.kube, component, identity, self.events)
@@ -206,6 +214,7 @@ class Manager:
             self.scraper,
             # the clone flavour checks the webhook's signed requester record with this key
             dataclasses.replace(cfg.controller, requester_key=cfg.requester_key),
+            burst=lambda: self.loops["datavolume"].queue.first_waiting > 0,
         )
         self.datavolumes = datavolumes
         profiles = StorageProfileReconciler(self.kube, utc_now)
@@ -265,8 +274,11 @@ class Manager:
             ("cdiconfig", cdi_config.reconcile, 1),
             ("datasource", datasources.reconcile, 1),
         ]
+        # a burst of new DataVolumes: their first reconciles get the workers, follow-ups a
+        # quarter of them (WorkQueue.urgent)
+        limits = {"datavolume": max(1, cfg.workers // 4)}
         return {
-            name: Loop(name, new_queue(), self.metrics.timed(name, fn), workers)
+            name: Loop(name, new_queue(limits.get(name)), self.metrics.timed(name, fn), workers)
             for name, fn, workers in reconcilers
         }
 

@@ -10,6 +10,13 @@ does, so a reconcile never waits for an event's round trip and events do not tak
 threads reconciles need. The queue is bounded: under a burst beyond it, events are dropped
 (and logged), never the reconcile slowed. Without a queue (tests, one-shot tools) ``emit``
 writes the event before it returns.
+
+Under a burst the queue also yields: while ``busy()`` says new objects wait for their first
+reconcile (the controller's DataVolume queue is ``urgent``), an event waits, for at most
+``max_delay`` seconds after it was queued, so its write does not compete with the creates of
+claims and pods someone is waiting for; every event is still written. An event identical to
+one still waiting (same object, type, reason, message, source) is folded into it (``count``
+and ``lastTimestamp``), as client-go's correlator folds repeats into one Event.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from cdi.kube.client import EVENTS, AsyncKube
@@ -30,39 +38,88 @@ NORMAL = "Normal"
 WARNING = "Warning"
 
 
+EventKey = tuple[Any, ...]
+
+
+def _identity(event: dict[str, Any]) -> EventKey:
+    """What makes two events the same event (client-go's ``getEventKey``, minus the time)."""
+    involved = event.get("involvedObject") or {}
+    return (
+        involved.get("uid"),
+        involved.get("name"),
+        event.get("type"),
+        event.get("reason"),
+        event.get("message"),
+        event.get("reportingComponent"),
+    )
+
+
 class EventQueue:
     """Events waiting to be written by one background task (``start`` .. ``close``)."""
 
-    def __init__(self, kube: AsyncKube, maxsize: int = 1000) -> None:
+    def __init__(
+        self,
+        kube: AsyncKube,
+        maxsize: int = 5000,
+        *,
+        busy: Callable[[], bool] | None = None,
+        max_delay: float = 5.0,
+    ) -> None:
         self.kube = kube
         self.dropped = 0
-        self._queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue(maxsize)
+        self.folded = 0  # repeats folded into an event still waiting
+        self.busy = busy
+        self.max_delay = max_delay
+        self._queue: asyncio.Queue[tuple[float, EventKey]] = asyncio.Queue(maxsize)
+        self._waiting: dict[EventKey, dict[str, Any]] = {}
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="events")
 
     def put(self, event: dict[str, Any]) -> None:
+        key = _identity(event)
+        waiting = self._waiting.get(key)
+        if waiting is not None:
+            waiting["count"] = int(waiting.get("count") or 1) + 1
+            waiting["lastTimestamp"] = event.get("lastTimestamp")
+            self.folded += 1
+            return
         try:
-            self._queue.put_nowait(event)
+            self._queue.put_nowait((time.monotonic(), key))
         except asyncio.QueueFull:
             self.dropped += 1
             log.warning("event %s dropped: %d waiting", event.get("reason"), self._queue.qsize())
+            return
+        self._waiting[key] = event
 
     async def _run(self) -> None:
         while True:
-            event = await self._queue.get()
+            queued_at, key = await self._queue.get()
             try:
+                await self._yield(queued_at)
+                event = self._waiting.pop(key)
                 await _write(self.kube, event)
             except Exception:  # a bug must not stop every later event
-                log.exception("event %s not written", event.get("reason"))
+                log.exception("event %s not written", key[3])
             finally:
                 self._queue.task_done()
 
+    async def _yield(self, queued_at: float) -> None:
+        """Wait while ``busy`` (new objects' first reconciles), at most ``max_delay`` after
+        the event was queued."""
+        deadline = queued_at + self.max_delay
+        while True:
+            busy = self.busy
+            if busy is None or not busy() or time.monotonic() >= deadline:
+                return
+            await asyncio.sleep(0.05)  # a poll: the work queue has no event to wait on
+
     async def close(self, grace: float = 5.0) -> None:
-        """Write what is queued (for at most ``grace`` seconds), then stop."""
+        """Write what is queued (for at most ``grace`` seconds, yielding no more), then stop."""
         if self._task is None:
             return
+        self.busy = None
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._queue.join(), grace)
         self._task.cancel()

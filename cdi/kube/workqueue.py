@@ -12,7 +12,12 @@ The semantics are client-go's ``workqueue`` (the shape controller-runtime builds
 - ``add(key, first=True)`` puts a key ahead of every ordinary one (still in arrival order among
   such keys): the controller uses it for an object it has never acted on (a new DataVolume),
   whose first reconcile is the one someone waits for, while keys requeued by the object's own
-  children (status follow-ups) can wait a little longer under a burst.
+  children (status follow-ups) can wait a little longer under a burst;
+- ``follow_ups_while_urgent``: while such first keys are queued or being processed
+  (``urgent``), at most that many ordinary keys are processed at once, so follow-ups (and
+  their API writes) cannot fill every worker and API thread while new objects wait: under a
+  burst of creates, the new objects' first reconciles go ahead, and follow-ups run at a
+  bounded rate beside them (never starved). None: no limit.
 
 ``run_workers`` is the loop each worker runs: get a key, call the reconciler, requeue as its
 ``Result`` (or its exception) says, mark done. Pure asyncio; no Kubernetes here.
@@ -47,12 +52,16 @@ class Backoff:
 
 
 class WorkQueue:
-    def __init__(self, backoff: Backoff | None = None) -> None:
+    def __init__(
+        self, backoff: Backoff | None = None, *, follow_ups_while_urgent: int | None = None
+    ) -> None:
         self.backoff = backoff or Backoff()
+        self.follow_ups_while_urgent = follow_ups_while_urgent
         self._queue: deque[str] = deque()
         self._first: deque[str] = deque()  # ahead of _queue
         self._dirty: set[str] = set()
         self._processing: set[str] = set()
+        self._processing_first: set[str] = set()  # handed out from _first, not done yet
         self._failures: dict[str, int] = {}
         self._timers: dict[str, tuple[float, asyncio.TimerHandle]] = {}
         self._ready = asyncio.Event()
@@ -64,6 +73,16 @@ class WorkQueue:
     @property
     def processing(self) -> frozenset[str]:
         return frozenset(self._processing)
+
+    @property
+    def first_waiting(self) -> int:
+        """First keys queued, not yet handed to a worker."""
+        return len(self._first)
+
+    @property
+    def urgent(self) -> int:
+        """First keys queued or being processed: new objects whose first reconcile is due."""
+        return len(self._first) + len(self._processing_first)
 
     def add(self, key: str, *, first: bool = False) -> None:
         if self._shutting_down:
@@ -112,21 +131,35 @@ class WorkQueue:
         self._failures.pop(key, None)
 
     async def get(self) -> str | None:
-        while not len(self) and not self._shutting_down:
+        while not self._shutting_down and not (self._first or self._follow_up_allowed()):
             self._ready.clear()
             await self._ready.wait()
         if not len(self):
             return None
-        key = (self._first or self._queue).popleft()
+        if self._first:
+            key = self._first.popleft()
+            self._processing_first.add(key)
+        else:
+            key = self._queue.popleft()
         self._processing.add(key)
         self._dirty.discard(key)
         return key
 
+    def _follow_up_allowed(self) -> bool:
+        """An ordinary key is waiting and may be handed out now (see ``urgent``)."""
+        if not self._queue:
+            return False
+        limit = self.follow_ups_while_urgent
+        if limit is None or not self.urgent:
+            return True
+        return len(self._processing) - len(self._processing_first) < limit
+
     def done(self, key: str) -> None:
         self._processing.discard(key)
+        self._processing_first.discard(key)
         if key in self._dirty and not self._shutting_down:
             self._queue.append(key)
-            self._wake()
+        self._wake()  # a follow-up held back for this key's slot may go now
 
     def shutdown(self) -> None:
         self._shutting_down = True

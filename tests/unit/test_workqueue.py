@@ -112,3 +112,40 @@ async def test_keys_added_first_go_ahead_of_ordinary_ones_in_arrival_order() -> 
         "old/other",
         "old/followup",
     ]
+
+
+async def test_follow_ups_are_limited_while_first_keys_wait_or_run() -> None:
+    q = WorkQueue(follow_ups_while_urgent=1)
+    for key in ("old/a", "old/b", "old/c"):
+        q.add(key)
+    assert await q.get() == "old/a"  # nothing urgent: follow-ups go freely
+    assert await q.get() == "old/b"
+    q.add("new/x", first=True)
+    assert q.urgent == 1
+    assert await q.get() == "new/x"  # the first key goes ahead
+    q.done("old/a")
+    q.done("old/b")
+    assert q.urgent == 1  # new/x is still being processed
+    assert await q.get() == "old/c"  # one follow-up at a time beside it
+    q.add("old/a")
+    waiting = asyncio.create_task(q.get())
+    await asyncio.sleep(0.02)
+    assert not waiting.done()  # held back: old/c takes the one follow-up slot
+    q.done("old/c")
+    assert await asyncio.wait_for(waiting, 1) == "old/a"  # a slot freed: it goes
+    q.add("old/b")
+    waiting = asyncio.create_task(q.get())
+    await asyncio.sleep(0.02)
+    assert not waiting.done()
+    q.done("new/x")  # the burst is served: no limit any more
+    assert q.urgent == 0
+    assert await asyncio.wait_for(waiting, 1) == "old/b"
+
+
+async def test_without_a_limit_follow_ups_never_wait_for_first_keys() -> None:
+    q = WorkQueue()
+    q.add("new/x", first=True)
+    assert await q.get() == "new/x"
+    for key in ("old/a", "old/b", "old/c"):
+        q.add(key)
+    assert [await q.get() for _ in range(3)] == ["old/a", "old/b", "old/c"]

@@ -73,13 +73,17 @@ class FlavourDeps:
     """The I/O a flavour may do, injected once: the API server, events, the metrics scraper and
     the clock (tests pass a fixed one). ``claims`` remembers what the flavour's claim writes
     returned: the reconciler reads the claim from its informer cache seen through them
-    (``cdi.kube.own_writes``), so a follow-up never sees a pod without its UID record."""
+    (``cdi.kube.own_writes``), so a follow-up never sees a pod without its UID record.
+    ``burst`` says new DataVolumes are waiting for their first reconcile."""
 
     kube: AsyncKube
     events: EventRecorder
     scraper: Scraper
     clock: Callable[[], float] = time.time
     claims: OwnWrites = field(default_factory=OwnWrites)
+    # new DataVolumes wait for their first reconcile (a burst): writes that can wait for a
+    # follow-up do (the import flavour's pod UID record, kept in memory until written)
+    burst: Callable[[], bool] = field(default=lambda: False)
 
 
 class Flavour(Protocol):

@@ -11,6 +11,10 @@ On a claim that is ready (bound, or bindable by the pod itself), one ``sync`` ta
    (``cdi.controller.record``) and acted on after (delete the pods after success, keep a failed
    one for its logs).
 
+Under a burst of new DataVolumes (``FlavourDeps.burst``) the UID record waits for the next
+reconcile, which finds the pod it made in memory and records it then: the claim and pod creates
+of the DataVolumes waiting go first.
+
 The attempt number is the record's count of failed attempts, and the pod's name, labels and
 metrics address are inputs of ``render_importer_pod``, so the pod created is exactly the pure
 renderer's output. The UID of the pod the create returned is recorded on the PVC at once, and
@@ -233,10 +237,14 @@ class ImportFlavour:
         # write, and a lost UID would make our own pod look like an impostor. The guarded
         # intent above already settled this attempt; only the leader writes these keys.
         self._created[(dv.namespace, name)] = pod_uid(created) or ""
+        view = dataclasses.replace(view, pod_phase="Pending")
+        if self.deps.burst():
+            # new DataVolumes wait for their claims and pods: the record is a follow-up's
+            # (``_made_here`` knows the pod meanwhile; a new leader would re-create it once)
+            return view, Result(requeue_after=settings.progress_interval)
         recorded = dataclasses.replace(intent, pod_uid=pod_uid(created))
         await self._record(pvc, recorded, guarded=False)
         del self._created[(dv.namespace, name)]  # recorded: the PVC vouches for it now
-        view = dataclasses.replace(view, pod_phase="Pending")
         return view, Result(requeue_after=settings.progress_interval)
 
     async def _proxy_auth_secret(self, claim: Claim) -> str | None:

@@ -13,7 +13,9 @@ cluster.
   record: the follow-up finds its pod recorded, no impostor;
 - a claim read from a cache that lags behind a record this process does not remember (another
   leader wrote it, or the memory expired) never gets its recorded pod deleted as an impostor:
-  the verdict is checked against the claim as the API server holds it.
+  the verdict is checked against the claim as the API server holds it;
+- under a burst of new DataVolumes the pod's UID record waits for the follow-up, which records
+  the pod it made (remembered in memory) instead of taking it for an impostor.
 
 The DataVolumes have a vddk source, which the installed product's controller (other tests of
 the session start it) leaves alone; the reconciler here fills them with the import flavour, so
@@ -22,6 +24,7 @@ the two never race for one DataVolume (as in ``test_flavours``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -66,13 +69,17 @@ class Listed:
 
 
 async def reconciler(
-    kube: AsyncKube, dvs: Listed, claims: Listed, pods: Listed | None = None
+    kube: AsyncKube,
+    dvs: Listed,
+    claims: Listed,
+    pods: Listed | None = None,
+    burst: Callable[[], bool] = lambda: False,
 ) -> DataVolumeReconciler:
     classes = Listed((await kube.list(STORAGE_CLASSES))["items"], namespaced=False)
     caches = Caches(pods or Listed([]), classes, Listed([]), Listed([]), dvs, claims)
     events = EventRecorder(kube, "cache-test")
     own = OwnWrites()
-    deps = FlavourDeps(kube, events, no_metrics, claims=own)
+    deps = FlavourDeps(kube, events, no_metrics, claims=own, burst=burst)
     table = standard_flavours(deps, ImportSettings("importer"))
     table = {**table, SourceKind.VDDK: table[SourceKind.HTTP]}  # the import flavour
     config = ControllerConfig("importer")
@@ -200,3 +207,24 @@ async def test_a_recorded_pod_is_not_deleted_when_the_claim_cache_lags_behind_it
     result = await again.reconcile(f"{namespace}/stale")
     assert result.requeue_after == 0.5  # checked against the server's claim, and waited
     assert_pod_kept(kube, namespace, pod)
+
+
+async def test_under_a_burst_the_uid_record_waits_for_the_follow_up_and_the_pod_stays(
+    kube: Kube, namespace: str, async_kube: AsyncKube
+) -> None:
+    dv = kube.create(dv_path(namespace), vddk_datavolume("burst"))
+    r = await reconciler(async_kube, Listed([dv]), Listed([]), burst=lambda: True)
+    await r.reconcile(f"{namespace}/burst")
+    pod = kube.get(ns_path(namespace, "pods", "importer-burst"))
+    pvc = kube.get(ns_path(namespace, "persistentvolumeclaims", "burst"))
+    assert ANN_IMPORT_POD_UID not in pvc["metadata"]["annotations"]  # left to the follow-up
+    assert kube.get(dv_path(namespace, "burst"))["status"]["phase"] == "ImportScheduled"
+
+    # the follow-up: its caches show the pod and the claim without the record
+    assert isinstance(r.caches.claims, Listed) and isinstance(r.caches.pods, Listed)
+    r.caches.claims.store[f"{namespace}/burst"] = pvc
+    r.caches.pods.store[f"{namespace}/importer-burst"] = pod
+    await r.reconcile(f"{namespace}/burst")
+    assert_pod_kept(kube, namespace, pod)
+    pvc = kube.get(ns_path(namespace, "persistentvolumeclaims", "burst"))
+    assert pvc["metadata"]["annotations"][ANN_IMPORT_POD_UID] == pod["metadata"]["uid"]
