@@ -71,6 +71,7 @@ from cdi.controller.flavours import (
 from cdi.controller.flavours.import_ import ImportFlavour, ImportSettings
 from cdi.controller.flavours.table import standard_flavours
 from cdi.controller.flavours.upload import UploadSettings
+from cdi.controller.parsed import ParseCache
 from cdi.controller.pods import owned_pods
 from cdi.controller.policy import FailurePolicy
 from cdi.controller.populators.datavolume import (
@@ -181,6 +182,10 @@ class DataVolumeReconciler:
             )
         self.flavours = flavours
         self.own_dvs = OwnWrites()  # status writes the DataVolume cache may not show yet
+        # cached objects parsed once per resourceVersion (cdi.controller.parsed)
+        self._datavolume = ParseCache(DataVolume.from_dict)
+        self._cdi_config = ParseCache(lambda raw: self._config_of(CDIConfig.from_dict(raw)))
+        self._storage_profile = ParseCache(StorageProfile.from_dict)
 
     async def reconcile(self, key: str) -> Result:
         namespace, name = split_key(key)
@@ -197,7 +202,7 @@ class DataVolumeReconciler:
         if (obj.get("metadata") or {}).get("deletionTimestamp"):
             return Result()
         try:
-            dv = DataVolume.from_dict(obj)
+            dv = self._datavolume(obj)
         except SchemaError as exc:
             log.warning("%s: unparsable DataVolume: %s", key, exc)
             return Result()
@@ -218,9 +223,11 @@ class DataVolumeReconciler:
     def cdi_config(self) -> CDIConfig:
         raw = self.caches.cdi_configs.get(CDICONFIG_NAME)
         try:
-            config = CDIConfig.from_dict(raw) if raw else CDIConfig()
+            return self._cdi_config(raw) if raw else self._config_of(CDIConfig())
         except SchemaError:
-            config = CDIConfig()
+            return self._config_of(CDIConfig())
+
+    def _config_of(self, config: CDIConfig) -> CDIConfig:
         return config.with_cluster_cidrs(self.config.cluster_cidrs)
 
     def default_storage_class(self) -> str | None:
@@ -239,7 +246,7 @@ class DataVolumeReconciler:
         raw = self.caches.storage_profiles.get(name)
         try:
             if raw:
-                return StorageProfile.from_dict(raw)
+                return self._storage_profile(raw)
         except SchemaError:
             pass
         return StorageProfile(metadata=ObjectMeta(name=name))
