@@ -182,6 +182,12 @@ class DataVolumeReconciler:
             )
         self.flavours = flavours
         self.own_dvs = OwnWrites()  # status writes the DataVolume cache may not show yet
+        # new DataVolumes wait for their first reconcile (the manager's queue says): a first
+        # reconcile then creates the claim and the pod and leaves its status write to the
+        # follow-up; the phase it would have written is kept here (key -> phase), so the
+        # follow-up still emits that phase's event if it writes a later one
+        self.burst = burst or (lambda: False)
+        self.deferred_phases: dict[str, str] = {}
         # cached objects parsed once per resourceVersion (cdi.controller.parsed)
         self._datavolume = ParseCache(DataVolume.from_dict)
         self._cdi_config = ParseCache(lambda raw: self._config_of(CDIConfig.from_dict(raw)))
@@ -195,6 +201,7 @@ class DataVolumeReconciler:
             # that made objects in other namespaces undo them
             self.own_dvs.forget(key)
             self.own_claims.forget(key)
+            self.deferred_phases.pop(key, None)
             for flavour in {id(f): f for f in self.flavours.values()}.values():
                 if isinstance(flavour, Forgets):
                     await flavour.forget(namespace or "", name)
@@ -275,6 +282,7 @@ class Step:
         self.obj = obj
         self.view = View(claim_name=dv.name, phases=flavour.phases)
         self.cached_claim = False  # the claim was read from the cache (seen through own writes)
+        self.created_claim = False  # this reconcile created the claim
 
     async def run(self) -> Result:
         try:
@@ -286,6 +294,8 @@ class Step:
             # decision rested on a stale record, so it is not taken; again once caught up
             log.debug("%s/%s: claim conflict; requeued", self.dv.namespace, self.dv.name)
             return Result(requeue_after=0.5)
+        if self._defer_status():
+            return result
         try:
             await self._write_status()
         except Conflict:  # read from a cache behind the server: again, once it caught up
@@ -310,7 +320,7 @@ class Step:
             else:
                 if pvc is None or not self._starts_unbound(pvc):
                     return result
-                created = True  # go on with the claim the create returned
+                created = self.created_claim = True  # go on with the claim the create returned
         if not created and not self._ours(pvc):
             adopted = await self._adopt(pvc)
             if adopted is None:
@@ -445,16 +455,41 @@ class Step:
             DATAVOLUMES, self.dv.name, patch, self.dv.namespace, sub="status"
         )
         self.r.own_dvs.wrote(written)
+        deferred = self.r.deferred_phases.pop(self.key, None)
+        if deferred and deferred not in (new.get("phase"), old.get("phase")):
+            await self.r.events.emit(self.obj, *self._event_of(deferred))  # passed through
         if new.get("phase") != old.get("phase"):
             await self._phase_event(str(new["phase"]))
+
+    def _defer_status(self) -> bool:
+        """Under a burst, the first write of a DataVolume whose claim (and pod) this reconcile
+        created is left to the follow-up (which the pod's watch event and the flavour's
+        requeue bring): the other new DataVolumes' claims and pods go first. Only the phase
+        is remembered, for its event."""
+        if not (self.created_claim and not self.obj.get("status") and self.r.burst()):
+            return False
+        new = compute_status(self.view, {}, utc_now())
+        if self.view.problem is None and new.get("phase"):
+            self.r.deferred_phases[self.key] = str(new["phase"])
+            return True
+        return False
+
+    @property
+    def key(self) -> str:
+        return f"{self.dv.namespace}/{self.dv.name}"
+
+    def _event_of(self, phase: str) -> tuple[str, str, str]:
+        """(type, reason, message) of the event for reaching ``phase`` without a problem."""
+        view = self.view
+        event = {**CLAIM_EVENTS, **self.flavour.events}.get(phase) or PhaseEvent(NORMAL, phase)
+        message = event.message.format(claim=view.claim_name) or (
+            f"{view.record.reason}: {view.record.message}" if view.record.reason else phase
+        )
+        return event.kind, event.reason, message
 
     async def _phase_event(self, phase: str) -> None:
         view = self.view
         if view.problem is not None:
             await self.r.events.emit(self.obj, WARNING, view.problem.reason, view.problem.message)
             return
-        event = {**CLAIM_EVENTS, **self.flavour.events}.get(phase) or PhaseEvent(NORMAL, phase)
-        message = event.message.format(claim=view.claim_name) or (
-            f"{view.record.reason}: {view.record.message}" if view.record.reason else phase
-        )
-        await self.r.events.emit(self.obj, event.kind, event.reason, message)
+        await self.r.events.emit(self.obj, *self._event_of(phase))

@@ -84,7 +84,7 @@ async def reconciler(
     table = {**table, SourceKind.VDDK: table[SourceKind.HTTP]}  # the import flavour
     config = ControllerConfig("importer")
     return DataVolumeReconciler(
-        kube, caches, events, no_metrics, config, flavours=table, own_claims=own
+        kube, caches, events, no_metrics, config, flavours=table, own_claims=own, burst=burst
     )
 
 
@@ -212,19 +212,56 @@ async def test_a_recorded_pod_is_not_deleted_when_the_claim_cache_lags_behind_it
 async def test_under_a_burst_the_uid_record_waits_for_the_follow_up_and_the_pod_stays(
     kube: Kube, namespace: str, async_kube: AsyncKube
 ) -> None:
-    dv = kube.create(dv_path(namespace), vddk_datavolume("burst"))
-    r = await reconciler(async_kube, Listed([dv]), Listed([]), burst=lambda: True)
-    await r.reconcile(f"{namespace}/burst")
-    pod = kube.get(ns_path(namespace, "pods", "importer-burst"))
-    pvc = kube.get(ns_path(namespace, "persistentvolumeclaims", "burst"))
-    assert ANN_IMPORT_POD_UID not in pvc["metadata"]["annotations"]  # left to the follow-up
-    assert kube.get(dv_path(namespace, "burst"))["status"]["phase"] == "ImportScheduled"
+    pvc, pod, r = await first_reconcile_in_a_burst(kube, namespace, async_kube, "burst")
+    r.caches.claims.store[f"{namespace}/burst"] = pvc  # type: ignore[union-attr]
+    r.caches.pods.store[f"{namespace}/importer-burst"] = pod  # type: ignore[union-attr]
+    await r.reconcile(f"{namespace}/burst")  # the follow-up, the burst over
 
-    # the follow-up: its caches show the pod and the claim without the record
-    assert isinstance(r.caches.claims, Listed) and isinstance(r.caches.pods, Listed)
-    r.caches.claims.store[f"{namespace}/burst"] = pvc
-    r.caches.pods.store[f"{namespace}/importer-burst"] = pod
-    await r.reconcile(f"{namespace}/burst")
     assert_pod_kept(kube, namespace, pod)
     pvc = kube.get(ns_path(namespace, "persistentvolumeclaims", "burst"))
     assert pvc["metadata"]["annotations"][ANN_IMPORT_POD_UID] == pod["metadata"]["uid"]
+    assert kube.get(dv_path(namespace, "burst"))["status"]["phase"] == "ImportScheduled"
+    assert reasons(kube, namespace) == ["ImportScheduled"]
+
+
+async def test_a_deferred_first_status_keeps_its_phase_event_when_the_follow_up_sees_more(
+    kube: Kube, namespace: str, async_kube: AsyncKube
+) -> None:
+    """The follow-up finds the pod recorded and already running (the burst ended between the
+    pod's create and the status write): it writes ImportInProgress, and the ImportScheduled
+    event the deferred write would have brought comes first."""
+    _, pod, r = await first_reconcile_in_a_burst(kube, namespace, async_kube, "quick")
+    record = {"metadata": {"annotations": {ANN_IMPORT_POD_UID: pod["metadata"]["uid"]}}}
+    pvc = kube.patch(ns_path(namespace, "persistentvolumeclaims", "quick"), record)
+    running = {**pod, "status": {"phase": "Running"}}
+    r.caches.claims.store[f"{namespace}/quick"] = pvc  # type: ignore[union-attr]
+    r.caches.pods.store[f"{namespace}/importer-quick"] = running  # type: ignore[union-attr]
+    await r.reconcile(f"{namespace}/quick")
+
+    assert kube.get(dv_path(namespace, "quick"))["status"]["phase"] == "ImportInProgress"
+    assert reasons(kube, namespace) == ["ImportScheduled", "ImportInProgress"]
+
+
+async def first_reconcile_in_a_burst(
+    kube: Kube, namespace: str, async_kube: AsyncKube, name: str
+) -> tuple[dict[str, Any], dict[str, Any], DataVolumeReconciler]:
+    """Other new DataVolumes wait: the first reconcile creates the claim and the pod only
+    (no UID record, no status, no event: the follow-up's). The claim and pod as created."""
+    dv = kube.create(dv_path(namespace), vddk_datavolume(name))
+    bursting = [True]
+    r = await reconciler(async_kube, Listed([dv]), Listed([]), burst=lambda: bursting[0])
+    await r.reconcile(f"{namespace}/{name}")
+    bursting[0] = False
+    pod = kube.get(ns_path(namespace, "pods", f"importer-{name}"))
+    pvc = kube.get(ns_path(namespace, "persistentvolumeclaims", name))
+    assert ANN_IMPORT_POD_UID not in pvc["metadata"]["annotations"]
+    assert not kube.get(dv_path(namespace, name)).get("status")
+    assert reasons(kube, namespace) == []
+    return pvc, pod, r
+
+
+def reasons(kube: Kube, namespace: str) -> list[str]:
+    """The reasons of the DataVolumes' events, oldest first."""
+    items = kube.get(ns_path(namespace, "events"))["items"]
+    ours = [e for e in items if e["involvedObject"].get("kind") == "DataVolume"]
+    return [e["reason"] for e in sorted(ours, key=lambda e: e["metadata"]["name"])]
