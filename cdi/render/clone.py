@@ -54,9 +54,10 @@ class StrategyPlan:
     fallback: Fallback | None = None
 
 
-INCOMPATIBLE_PROVISIONERS = Fallback("IncompatibleProvisioners", "Provisioners do not match")
+# CDI's messages, word for word (pkg/controller/clone/planner.go)
+INCOMPATIBLE_PROVISIONERS = Fallback("IncompatibleProvisioners", "Provisioners are incompatible")
 INCOMPATIBLE_MODES = Fallback(
-    "IncompatibleVolumeModes", "Source and target volume modes do not match"
+    "IncompatibleVolumeModes", "The volume modes of source and target are incompatible"
 )
 NO_EXPANSION = Fallback("NoVolumeExpansion", "No volume expansion is possible")
 NO_SNAPSHOT_CLASS = Fallback("NoVolumeSnapshotClass", "No compatible volumesnapshotclass found")
