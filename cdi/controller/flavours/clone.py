@@ -191,7 +191,7 @@ class CloneFlavour:
     ) -> None:
         self.deps = deps
         self.kube = deps.kube
-        self.authorizer = CloneAuthorizer(deps.kube, requester_key)
+        self.authorizer = CloneAuthorizer(deps.kube, requester_key, deps.clock)
         self.move = VolumeMove(deps.kube)
         self.snapshots = SnapshotClone(deps.kube)
         self.copy = HostAssistedCopy(deps, upload or UploadSettings(), copy or CopySettings())
@@ -415,6 +415,9 @@ class CloneFlavour:
         pvc = claim.pvc
         copying = _copy_source(pvc)
         if copying is not None:
+            denial = await self._copy_source_denial(claim, copying)
+            if denial is not None:
+                return _problem(view, REASON_UNAUTHORIZED, denial), Result(requeue_after=30.0)
             src = await self.kube.get_or_none(PVCS, copying[1], copying[0])
             if src is None:
                 msg = f"The source pvc {copying[1]} doesn't exist"
@@ -445,6 +448,23 @@ class CloneFlavour:
             patch = {"metadata": {"annotations": record.annotations()}}
             await self.kube.patch(PVCS, meta["name"], patch, meta.get("namespace"))
         return dataclasses.replace(view, record=record), Result()
+
+    async def _copy_source_denial(self, claim: Claim, copying: tuple[str, str]) -> str | None:
+        """Why this DataVolume may not copy from the claim the target claim names, or None.
+
+        The name is read from the claim's ``k8s.io/CloneRequest``, which the claim's namespace
+        may write (or set before the claim is adopted), so it is authorized again like any
+        source: another namespace needs the webhook-signed requester's rights there now. The
+        claim restored from a snapshot source (``tmp-source-pvc-<dv uid>``) stands for that
+        snapshot, and is authorized as the DataVolume's own source."""
+        ns, name = copying
+        source = CloneSource(ns, name)
+        if name == temporary_source_name(claim.dv.uid):
+            resolved = await self._resolve(claim.dv)
+            if resolved is None or not resolved.snapshot or resolved.namespace != ns:
+                return f"the clone source {ns}/{name} is not this DataVolume's"
+            source = resolved
+        return await self.authorizer.denial(claim.obj, source)
 
     async def forget(self, namespace: str, name: str) -> None:
         """The DataVolume ``namespace/name`` is gone: undo a move it left half-way, remove a
