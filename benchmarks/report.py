@@ -117,6 +117,8 @@ def evaluate(row: RatioRow, summaries: dict[str, RouteSummary]) -> RowResult:
         if rss is not None and rss >= PEAK_RSS_LIMIT_MB:
             passed = False
             notes.append(f"peak RSS {rss:.0f} MB (limit {PEAK_RSS_LIMIT_MB:.0f})")
+    if row.floor:
+        notes.append("floor: C tools in our place, not ours")
     if ours is not None and ours.scratch_used:
         notes.append(f"ours used scratch: {ours.scratch_used}")
         if row.needs_zero_scratch and passed:

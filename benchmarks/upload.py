@@ -7,6 +7,9 @@ throw-away PKI and then, per mode:
   INPUT with the client library (``cdi.upload.client``) straight to it;
 - ``--via-proxy``: the same through a real upload proxy process (``UploadProxy`` with a
   fixed PVC table; its Kubernetes lookups are the only part not exercised);
+- ``--via-socat``: the same through ``socat`` (C, OpenSSL) in place of the proxy: TLS in,
+  mutual TLS out, bytes relayed 256 KiB at a time, no token check. The cheapest relay this
+  machine runs, a floor for what any proxy can reach here (its CPU in ``proxy_cpu_s``);
 - ``--cdi-way``: CDI's route for an upload: ``curl -T`` sends INPUT over TLS to a receiver that
   writes the body to a scratch file (OpenSSL does the TLS, the loop is ``recv_into`` +
   ``write``, as thin as a Go server's), then ``qemu-img convert`` (a ``.gz`` input: ``pigz -dc
@@ -70,12 +73,13 @@ def _peak_rss_mb(pid: int) -> float:
 
 
 def _cpu_seconds(pid: int) -> float:
-    """utime + stime of a live (or not yet reaped) process, from /proc/PID/stat."""
+    """utime + stime of a live (or not yet reaped) process and of its children it has reaped
+    (socat's per-connection children), from /proc/PID/stat."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
     except OSError:
         return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")
 
 
 def _fsync(path: Path) -> None:
@@ -169,6 +173,23 @@ def _pvc(name: str) -> dict[str, Any]:
     }
 
 
+async def _socat(pki: Pki, folder: Path, server_port: int) -> tuple[subprocess.Popen[str], int]:
+    """``socat`` relaying TLS from the client to mutual TLS to the server (the floor)."""
+    files = {"proxy.crt": pki.proxy.cert_pem, "proxy.key": pki.proxy.key_pem,
+             "client.crt": pki.client.cert_pem, "client.key": pki.client.key_pem}  # fmt: skip
+    for name, data in files.items():
+        (folder / name).write_bytes(data)
+    port = _free_port()
+    inbound = (f"OPENSSL-LISTEN:{port},bind=127.0.0.1,reuseaddr,fork,verify=0,"
+               f"cert={folder / 'proxy.crt'},key={folder / 'proxy.key'}")  # fmt: skip
+    outbound = (f"OPENSSL:127.0.0.1:{server_port},verify=1,cafile={folder / 'server-ca.crt'},"
+                f"cert={folder / 'client.crt'},key={folder / 'client.key'}")  # fmt: skip
+    argv = ["socat", "-b", "262144", inbound, outbound]
+    proc = subprocess.Popen(argv, text=True, stderr=subprocess.DEVNULL)  # the probe's EOF
+    await _listening(port)
+    return proc, port
+
+
 async def _proxy(
     pki: Pki, folder: Path, server_ports: list[int]
 ) -> tuple[subprocess.Popen[str], int]:
@@ -199,18 +220,22 @@ async def _proxy(
 
 
 async def ours(
-    pki: Pki, folders: list[Path], source: Path, outs: list[Path], proxy: bool
+    pki: Pki, folders: list[Path], source: Path, outs: list[Path], relay: str | None
 ) -> dict[str, Any]:
-    """N servers and N uploads at once (one proxy for all with ``proxy``), timed together."""
+    """N servers and N uploads at once (one ``relay``, ``proxy`` or ``socat``, for all, or
+    none), timed together."""
     servers = [Server(folder, out) for folder, out in zip(folders, outs, strict=True)]
     proxy_proc, proxy_peak = None, 0.0
     try:
         await asyncio.gather(*(server.start() for server in servers))
         urls = [f"https://127.0.0.1:{server.port}" for server in servers]
         ctx = pki.upstream()
-        if proxy:
+        if relay == "proxy":
             proxy_proc, port = await _proxy(pki, folders[0], [s.port for s in servers])
             urls, ctx = [f"https://127.0.0.1:{port}"] * len(servers), pki.client_trusting_proxy()
+        elif relay == "socat":
+            proxy_proc, port = await _socat(pki, folders[0], servers[0].port)
+            urls, ctx = [f"https://127.0.0.1:{port}"], pki.client_trusting_proxy()
         now = dt.datetime.now(dt.UTC)
         tokens = [
             issue(pki.ring, UploadGrant("tenant", f"disk{n}", f"uid-disk{n}"), now)
@@ -229,6 +254,8 @@ async def ours(
         reports = await asyncio.gather(*finishing)
         await asyncio.gather(*(asyncio.to_thread(_fsync, out) for out in outs))
         timed = time.perf_counter() - started
+        if relay == "socat":  # its per-connection child has ended: reaped, its CPU counted
+            await asyncio.sleep(0.3)
         cpu = {k: round(v - cpu0[k], 2) for k, v in _cpu_split(servers, proxy_proc).items()}
         if proxy_proc is not None:  # VmHWM: the high-water mark of the whole run
             proxy_peak = _peak_rss_mb(proxy_proc.pid)
@@ -333,7 +360,8 @@ async def main_async(args: argparse.Namespace) -> int:
                 "all_completed": all(r.get("reason") == "Completed" for r in reports)
             }
         else:
-            report = await ours(pki, folders, args.input, outs, args.via_proxy)
+            relay = "proxy" if args.via_proxy else "socat" if args.via_socat else None
+            report = await ours(pki, folders, args.input, outs, relay)
     if n > 1:
         report = {"uploads": n} | {k: v for k, v in report.items() if k != "reason"}
         print(json.dumps(report))
@@ -349,6 +377,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("out", type=Path)
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--via-proxy", action="store_true", help="through a real upload proxy")
+    mode.add_argument("--via-socat", action="store_true", help="through socat (a C floor)")
     mode.add_argument("--cdi-way", action="store_true", help="CDI's route: scratch, then convert")
     p.add_argument("--concurrent", type=int, default=1)
     return asyncio.run(main_async(p.parse_args(argv)))

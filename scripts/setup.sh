@@ -10,6 +10,8 @@ mode=${1:-}
 apt_pkgs=(qemu-utils libmagic1 xz-utils zstd bzip2 gzip curl ca-certificates e2fsprogs util-linux)
 if [[ "$mode" == "--test" ]]; then
   apt_pkgs+=(pigz iproute2 hyperfine time mount tar)
+  # socat: the benchmark's C relay in place of the upload proxy (the floor of any proxy here)
+  apt_pkgs+=(socat)
   # docker-registry, skopeo, umoci, apache2-utils (htpasswd): registry import tests and benchmark;
   # xorriso: an ISO containerDisk
   apt_pkgs+=(docker-registry skopeo umoci apache2-utils xorriso)

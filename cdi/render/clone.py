@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from cdi.api.constants import GROUP
+from cdi.api.constants import ANN_SELECTED_NODE, GROUP
 from cdi.api.quantity import Quantity, QuantityError
 from cdi.render.pvc import required_space
 
@@ -37,6 +37,7 @@ ANN_CLONE_OF = "k8s.io/CloneOf"
 LABEL_CLONE_FOR = f"{GROUP}/cloneFor"  # on the temporary claim and the moving PV: the DV's UID
 ANN_MOVE_TARGET = f"{GROUP}/clone.moveTarget"  # on both too: "namespace/name" of the target
 REASON_INCOMPATIBLE_PVC = "ErrIncompatiblePVC"
+HOSTNAME = "kubernetes.io/hostname"
 SMALLER = "target resources requests storage size is smaller than the source"
 
 
@@ -54,9 +55,10 @@ class StrategyPlan:
     fallback: Fallback | None = None
 
 
-INCOMPATIBLE_PROVISIONERS = Fallback("IncompatibleProvisioners", "Provisioners do not match")
+# CDI's messages, word for word (pkg/controller/clone/planner.go)
+INCOMPATIBLE_PROVISIONERS = Fallback("IncompatibleProvisioners", "Provisioners are incompatible")
 INCOMPATIBLE_MODES = Fallback(
-    "IncompatibleVolumeModes", "Source and target volume modes do not match"
+    "IncompatibleVolumeModes", "The volume modes of source and target are incompatible"
 )
 NO_EXPANSION = Fallback("NoVolumeExpansion", "No volume expansion is possible")
 NO_SNAPSHOT_CLASS = Fallback("NoVolumeSnapshotClass", "No compatible volumesnapshotclass found")
@@ -193,15 +195,66 @@ def temporary_claim(
     spec = target.get("spec") or {}
     source_ref = data_source or {"kind": "PersistentVolumeClaim", "name": source}
     keep = ("accessModes", "resources", "storageClassName", "volumeMode")
+    meta = temporary_meta(temporary_claim_name(dv_uid), source_ns, dv_uid, target_key)
+    node = selected_node(target)
+    if node is not None:  # WaitForFirstConsumer storage: provisioned where the target is used
+        meta["annotations"][ANN_SELECTED_NODE] = node
     return {
         "apiVersion": "v1",
         "kind": "PersistentVolumeClaim",
-        "metadata": temporary_meta(temporary_claim_name(dv_uid), source_ns, dv_uid, target_key),
+        "metadata": meta,
         "spec": {
             **{k: copy.deepcopy(spec[k]) for k in keep if k in spec},
             "dataSource": copy.deepcopy(source_ref),
         },
     }
+
+
+# A cross-namespace clone into WaitForFirstConsumer storage creates its target claim first, as a
+# placeholder a consumer can be scheduled with: its ``dataSourceRef`` names the DataVolume (a
+# kind no provisioner fills, so only the scheduler's ``selected-node`` lands on it), and the
+# cloned volume later binds it through the PV's ``claimRef``.
+PLACEHOLDER_REF = {"apiGroup": GROUP, "kind": "DataVolume"}
+
+
+def placeholder_target(target: JSON, dv_name: str) -> JSON:
+    """The target claim waiting for its consumer's node (no volume, no data source)."""
+    out = copy.deepcopy(target)
+    out["spec"].pop("dataSource", None)
+    out["spec"].pop("volumeName", None)
+    out["spec"]["dataSourceRef"] = {**PLACEHOLDER_REF, "name": dv_name}
+    return out
+
+
+def is_placeholder(claim: Mapping[str, Any], dv_name: str) -> bool:
+    ref = (claim.get("spec") or {}).get("dataSourceRef") or {}
+    return {k: ref.get(k) for k in ("apiGroup", "kind", "name")} == {
+        **PLACEHOLDER_REF,
+        "name": dv_name,
+    }
+
+
+def selected_node(claim: Mapping[str, Any]) -> str | None:
+    ann = (claim.get("metadata") or {}).get("annotations") or {}
+    return str(ann[ANN_SELECTED_NODE]) if ann.get(ANN_SELECTED_NODE) else None
+
+
+def on_node(claim: JSON, node: str) -> JSON:
+    """``claim`` provisioned on ``node`` (WaitForFirstConsumer storage without a consumer)."""
+    out = copy.deepcopy(claim)
+    out["metadata"].setdefault("annotations", {})[ANN_SELECTED_NODE] = node
+    return out
+
+
+def node_of_volume(pv: Mapping[str, Any]) -> str | None:
+    """The one node a local PersistentVolume is pinned to (``kubernetes.io/hostname In [n]``)."""
+    affinity = (((pv.get("spec") or {}).get("nodeAffinity") or {}).get("required")) or {}
+    for term in affinity.get("nodeSelectorTerms") or []:
+        for expr in term.get("matchExpressions") or []:
+            values = expr.get("values") or []
+            if expr.get("key") == HOSTNAME and expr.get("operator") == "In" and len(values) == 1:
+                return str(values[0])
+    return None
 
 
 def moved_target(target: JSON, pv_name: str) -> JSON:

@@ -39,8 +39,12 @@ def test_csi_clone_when_the_storage_can() -> None:
 @pytest.mark.parametrize(
     ("target", "reason", "message"),
     [
-        (claim(cls="other"), "IncompatibleProvisioners", "Provisioners do not match"),
-        (claim(mode="Block"), "IncompatibleVolumeModes", "volume modes do not match"),
+        (claim(cls="other"), "IncompatibleProvisioners", "Provisioners are incompatible"),
+        (
+            claim(mode="Block"),
+            "IncompatibleVolumeModes",
+            "modes of source and target are incompatible",
+        ),
         (claim("2Gi", cls="fixed"), "NoVolumeExpansion", "No volume expansion is possible"),
     ],
 )

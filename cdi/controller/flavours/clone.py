@@ -47,13 +47,20 @@ from typing import Any
 from cdi.api.cloneauth import CloneSource, clone_source
 from cdi.api.codec import SchemaError
 from cdi.api.config import CDIConfig
-from cdi.api.constants import ANN_CONTENT_TYPE, CDICONFIG_NAME, ContentType, Phase
+from cdi.api.constants import (
+    ANN_CONTENT_TYPE,
+    ANN_IMMEDIATE_BINDING,
+    ANN_SELECTED_NODE,
+    CDICONFIG_NAME,
+    ContentType,
+    Phase,
+)
 from cdi.api.types import DataVolume
 from cdi.controller.flavours import JSON, Claim, FlavourDeps, PhaseEvent
 from cdi.controller.flavours.clone_auth import REASON_UNAUTHORIZED, CloneAuthorizer
 from cdi.controller.flavours.clone_copy import CopySettings, HostAssistedCopy
 from cdi.controller.flavours.clone_snapshot import SnapshotClone, SnapshotRefused
-from cdi.controller.flavours.clone_transfer import MoveRefused, VolumeMove
+from cdi.controller.flavours.clone_transfer import PERSISTENT_VOLUMES, MoveRefused, VolumeMove
 from cdi.controller.flavours.upload import UploadSettings
 from cdi.controller.record import OUTCOME_SUCCEEDED, ImportRecord
 from cdi.controller.status import ClaimProblem, FlavourPhases, View
@@ -191,7 +198,7 @@ class CloneFlavour:
     ) -> None:
         self.deps = deps
         self.kube = deps.kube
-        self.authorizer = CloneAuthorizer(deps.kube, requester_key)
+        self.authorizer = CloneAuthorizer(deps.kube, requester_key, deps.clock)
         self.move = VolumeMove(deps.kube)
         self.snapshots = SnapshotClone(deps.kube)
         self.copy = HostAssistedCopy(deps, upload or UploadSettings(), copy or CopySettings())
@@ -247,6 +254,7 @@ class CloneFlavour:
             return None, _step(view, Phase.CLONE_SCHEDULED), wait
         chosen, snapshot_class = await self._plan(obj, src, desired)
         desired = plan.annotate(desired, chosen, source.namespace, source.name)
+        desired = await self._placed(dv, desired, src)
         if chosen.fallback is not None:
             fallback = chosen.fallback
             await self._event(obj, WARNING, fallback.reason, fallback.message)
@@ -258,11 +266,9 @@ class CloneFlavour:
             msg = f"clone strategy {chosen.strategy} is not available in this build"
             return None, _problem(view, UNAVAILABLE, msg), Result(requeue_after=60.0)
         if source.namespace == dv.namespace:
-            return (
-                plan.csi_target(desired, source.name),
-                _step(view, Phase.CSI_CLONE_IN_PROGRESS),
-                wait,
-            )
+            waiting = await self._waits_for_consumer(desired)
+            phase = Phase.PENDING_POPULATION if waiting else Phase.CSI_CLONE_IN_PROGRESS
+            return plan.csi_target(desired, source.name), _step(view, phase), wait
         key = f"{dv.namespace}/{dv.name}"
         tmp = plan.temporary_claim(desired, dv.uid, source.namespace, source.name, key)
         return await self._move(dv, tmp, desired, view, Phase.CSI_CLONE_IN_PROGRESS)
@@ -288,14 +294,25 @@ class CloneFlavour:
         key = f"{dv.namespace}/{dv.name}"
         target, tmp = restore_plan(desired, snap, dv.namespace, dv.uid, key)
         if tmp is None:
-            restoring = _step(view, Phase.CLONE_FROM_SNAPSHOT_SOURCE_IN_PROGRESS)
-            return target, restoring, Result(requeue_after=POLL)
+            waiting = await self._waits_for_consumer(target)
+            phase = (
+                Phase.PENDING_POPULATION
+                if waiting
+                else Phase.CLONE_FROM_SNAPSHOT_SOURCE_IN_PROGRESS
+            )
+            return target, _step(view, phase), Result(requeue_after=POLL)
         return await self._move(dv, tmp, target, view, Phase.CLONE_FROM_SNAPSHOT_SOURCE_IN_PROGRESS)
 
     async def _move(
         self, dv: DataVolume, tmp: JSON, target: JSON, view: View, cloning: Phase
     ) -> tuple[JSON | None, View, Result]:
-        """Fill ``tmp`` in the source namespace, move its volume; then the target binds it."""
+        """Fill ``tmp`` in the source namespace, move its volume; then the target binds it.
+        On WaitForFirstConsumer storage with no node yet, the target is first created as a
+        placeholder (``plan.placeholder_target``) for the consumer to be scheduled with; its
+        ``sync`` comes back here once the scheduler has picked the node."""
+        if await self._waits_for_consumer(target):
+            placeholder = plan.placeholder_target(target, dv.name)
+            return placeholder, _step(view, Phase.PENDING_POPULATION), Result(requeue_after=2.0)
         try:
             state = await self.move.step(dv.uid, tmp, dv.namespace, dv.name)
         except MoveRefused as exc:
@@ -334,6 +351,7 @@ class CloneFlavour:
         chosen = plan_snapshot_source(driver, mode, snap, desired, classes)
         desired = plan.annotate(desired, chosen, source.namespace, source.name)
         if chosen.fallback is None:
+            desired = await self._placed(dv, desired, await self._restored_claim(snap))
             return await self._restore(dv, snap, desired, view)
         await self._event(obj, WARNING, chosen.fallback.reason, chosen.fallback.message)
         return await self._copy_from_restore(dv, snap, desired, (mode, driver), view)
@@ -359,6 +377,37 @@ class CloneFlavour:
             f"{tmp_meta['namespace']}/{tmp_meta['name']}"
         )
         return desired, _step(view, Phase.CLONE_SCHEDULED), Result(requeue_after=2.0)
+
+    async def _waits_for_consumer(self, claim: Mapping[str, Any]) -> bool:
+        """``claim`` is on WaitForFirstConsumer storage and no node has been picked for it."""
+        if plan.selected_node(claim) is not None:
+            return False
+        name = _class_of(claim)
+        cls = (await self._classes({name})).get(name) or {}
+        return cls.get("volumeBindingMode") == "WaitForFirstConsumer"
+
+    async def _placed(self, dv: DataVolume, desired: JSON, src: Mapping[str, Any] | None) -> JSON:
+        """``desired`` pinned to its source's node when its storage waits for a consumer but
+        the DataVolume asks for immediate binding (CDI's ``storage.bind.immediate.requested``):
+        a local volume clones only beside its source. A source whose node is not known (not
+        local storage) leaves the clone waiting for a consumer."""
+        if ANN_IMMEDIATE_BINDING not in dv.annotations or src is None:
+            return desired
+        if not await self._waits_for_consumer(desired):
+            return desired
+        node = plan.selected_node(src)
+        volume = (src.get("spec") or {}).get("volumeName")
+        if node is None and volume:
+            pv = await self.kube.get_or_none(PERSISTENT_VOLUMES, str(volume))
+            node = plan.node_of_volume(pv) if pv else None
+        return plan.on_node(desired, node) if node else desired
+
+    async def _restored_claim(self, snap: Mapping[str, Any]) -> JSON | None:
+        """The claim a snapshot was taken of, while it exists (its node pins the restore)."""
+        spec = snap.get("spec") or {}
+        name = (spec.get("source") or {}).get("persistentVolumeClaimName")
+        ns = (snap.get("metadata") or {}).get("namespace")
+        return await self.kube.get_or_none(PVCS, str(name), str(ns)) if name and ns else None
 
     async def _resolve(self, dv: DataVolume) -> CloneSource | None:
         found: dict[tuple[str, str], JSON | None] = {}
@@ -415,6 +464,9 @@ class CloneFlavour:
         pvc = claim.pvc
         copying = _copy_source(pvc)
         if copying is not None:
+            denial = await self._copy_source_denial(claim, copying)
+            if denial is not None:
+                return _problem(view, REASON_UNAUTHORIZED, denial), Result(requeue_after=30.0)
             src = await self.kube.get_or_none(PVCS, copying[1], copying[0])
             if src is None:
                 msg = f"The source pvc {copying[1]} doesn't exist"
@@ -423,7 +475,11 @@ class CloneFlavour:
         ann = (pvc.get("metadata") or {}).get("annotations") or {}
         smart = ann.get(ANN_CLONE_TYPE) == SNAPSHOT
         if (pvc.get("status") or {}).get("phase") != "Bound":
+            if plan.is_placeholder(pvc, claim.dv.name):
+                return await self._placeholder_step(claim, view)
             moving = bool((pvc.get("spec") or {}).get("volumeName"))
+            if not moving and await self._waits_for_consumer(pvc):
+                return _step(view, Phase.PENDING_POPULATION), Result(requeue_after=2.0)
             phase = (
                 Phase.CLONE_FROM_SNAPSHOT_SOURCE_IN_PROGRESS
                 if smart
@@ -445,6 +501,48 @@ class CloneFlavour:
             patch = {"metadata": {"annotations": record.annotations()}}
             await self.kube.patch(PVCS, meta["name"], patch, meta.get("namespace"))
         return dataclasses.replace(view, record=record), Result()
+
+    async def _placeholder_step(self, claim: Claim, view: View) -> tuple[View, Result]:
+        """A placeholder target: PendingPopulation until the scheduler picks its consumer's
+        node, then the clone's next step, planned again from the DataVolume (source, rights,
+        strategy: nothing is taken from the claim but its size, class, modes and node), with
+        the temporary claim on that node. The moved volume binds the placeholder itself."""
+        if plan.selected_node(claim.pvc) is None:
+            return _step(view, Phase.PENDING_POPULATION), Result(requeue_after=2.0)
+        meta = claim.pvc.get("metadata") or {}
+        desired = {
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
+            "metadata": {
+                "name": meta.get("name"),
+                "namespace": meta.get("namespace"),
+                "annotations": {ANN_SELECTED_NODE: plan.selected_node(claim.pvc)},
+            },
+            "spec": {
+                k: v
+                for k, v in (claim.pvc.get("spec") or {}).items()
+                if k not in ("dataSource", "dataSourceRef", "volumeName")
+            },
+        }
+        _, seen, result = await self.before_claim(claim.dv, claim.obj, desired, view)
+        return seen, result
+
+    async def _copy_source_denial(self, claim: Claim, copying: tuple[str, str]) -> str | None:
+        """Why this DataVolume may not copy from the claim the target claim names, or None.
+
+        The name is read from the claim's ``k8s.io/CloneRequest``, which the claim's namespace
+        may write (or set before the claim is adopted), so it is authorized again like any
+        source: another namespace needs the webhook-signed requester's rights there now. The
+        claim restored from a snapshot source (``tmp-source-pvc-<dv uid>``) stands for that
+        snapshot, and is authorized as the DataVolume's own source."""
+        ns, name = copying
+        source = CloneSource(ns, name)
+        if name == temporary_source_name(claim.dv.uid):
+            resolved = await self._resolve(claim.dv)
+            if resolved is None or not resolved.snapshot or resolved.namespace != ns:
+                return f"the clone source {ns}/{name} is not this DataVolume's"
+            source = resolved
+        return await self.authorizer.denial(claim.obj, source)
 
     async def forget(self, namespace: str, name: str) -> None:
         """The DataVolume ``namespace/name`` is gone: undo a move it left half-way, remove a

@@ -12,11 +12,15 @@ before it reads or clones a source in another namespace, the controller
    that user and groups, in the source namespace, now (rights may have been revoked since).
 
 Same-namespace clones need neither. The answer is a message (CDI's for a denial) or None.
+A cross-namespace answer is remembered for ``REMEMBER`` seconds per DataVolume (by UID and
+requester record) and source: a clone reconciles every second or two, and a revoked right
+takes effect within that time.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from cdi.api.cloneauth import (
@@ -36,12 +40,18 @@ UNRECORDED = (
     "not clone from namespace {ns}"
 )
 REASON_UNAUTHORIZED = "CloneNotAuthorized"
+REMEMBER = 30.0
+_MAX_REMEMBERED = 4096
 
 
 class CloneAuthorizer:
-    def __init__(self, kube: AsyncKube, key: bytes | None) -> None:
+    def __init__(
+        self, kube: AsyncKube, key: bytes | None, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.kube = kube
         self.key = key
+        self.clock = clock
+        self._answers: dict[tuple[str, Requester, CloneSource], tuple[float, str | None]] = {}
 
     async def denial(self, obj: Mapping[str, Any], source: CloneSource) -> str | None:
         """None when the DataVolume ``obj`` (as read) may clone ``source``; else why not."""
@@ -51,6 +61,18 @@ class CloneAuthorizer:
         requester = trusted_requester(obj, self.key)
         if requester is None:
             return UNRECORDED.format(ns=source.namespace)
+        key = (str((obj.get("metadata") or {}).get("uid") or ""), requester, source)
+        now = self.clock()
+        known = self._answers.get(key)
+        if known is not None and known[0] > now:
+            return known[1]
+        answer = await self._ask(requester, source)
+        if len(self._answers) >= _MAX_REMEMBERED:
+            self._answers.clear()
+        self._answers[key] = (now + REMEMBER, answer)
+        return answer
+
+    async def _ask(self, requester: Requester, source: CloneSource) -> str | None:
         alternatives = clone_checks(source.snapshot, source.name)
         answers = {
             check: await self._allowed(requester, source.namespace, check)

@@ -193,7 +193,7 @@ def test_five_clones_at_once_a_clone_of_a_clone_and_a_smaller_target(
     ann = kube.get(ns_path(namespace, "persistentvolumeclaims", "blocky"))["metadata"]
     assert ann["annotations"]["cdi.kubevirt.io/cloneType"] == "copy"
     fallback = ann["annotations"]["cdi.kubevirt.io/cloneFallbackReason"]
-    assert fallback == "Source and target volume modes do not match"
+    assert fallback == "The volume modes of source and target are incompatible"
     assert "IncompatibleVolumeModes" in {e["reason"] for e in events_for(kube, namespace, "blocky")}
 
 

@@ -10,6 +10,7 @@ out of the path, with alice's name forged on it) clones nothing.
 from __future__ import annotations
 
 import secrets
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -211,3 +212,53 @@ def test_a_forged_requester_record_gets_nobody_anything(
     assert kube.get_or_none(ns_path(namespace, "persistentvolumeclaims", "forged")) is None
     uid = dv["metadata"]["uid"]
     assert kube.get_or_none(ns_path(golden, "persistentvolumeclaims", f"tmp-pvc-{uid}")) is None
+
+
+def test_a_claim_naming_a_source_its_user_may_not_read_copies_nothing(
+    cluster: Cluster, kube: Kube, namespace: str, golden: str
+) -> None:
+    """Alice prepares a claim with a copy clone's bookkeeping naming ``golden/fedora`` (which
+    she may not read: no ``cdi-cloner`` there), then lets her same-namespace clone adopt it.
+    The controller authorizes the source the claim names, as any source, and refuses: no
+    source pod ever reads ``golden/fedora`` for her."""
+    wait_phase(kube, golden, "fedora", ("Succeeded",), 120)
+    alice = tenant(kube, cluster, namespace, "alice")
+    claims = ns_path(namespace, "persistentvolumeclaims")
+    for name, marks in (
+        ("own", {}),
+        ("mine", {"cdi.kubevirt.io/cloneType": "copy", "k8s.io/CloneRequest": f"{golden}/fedora"}),
+    ):
+        kube.create(claims, {
+            "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+            "metadata": {"name": name, "annotations": marks},
+            "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "testkit-fs",
+                     "resources": {"requests": {"storage": "64Mi"}}},
+        })  # fmt: skip
+    dv = {
+        "apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataVolume",
+        "metadata": {"name": "mine", "annotations": {"cdi.kubevirt.io/allowClaimAdoption": "true"}},
+        "spec": {"source": {"pvc": {"namespace": namespace, "name": "own"}},
+                 "storage": {"storageClassName": "testkit-fs",
+                             "resources": {"requests": {"storage": "64Mi"}}}},
+    }  # fmt: skip
+    create_when_allowed(alice, namespace, dv)
+
+    def source_pods() -> list[str]:
+        pods = kube.get(ns_path(golden, "pods"))["items"]
+        return [
+            p["metadata"]["name"] for p in pods if p["metadata"]["name"].endswith("-source-pod")
+        ]
+
+    def refused_or_read() -> dict[str, Any] | None:
+        got = kube.get(dv_path(namespace, "mine"))
+        bound = next((c for c in (got.get("status") or {}).get("conditions") or []
+                      if c["type"] == "Bound"), {})  # fmt: skip
+        return got if bound.get("reason") == "CloneNotAuthorized" or source_pods() else None
+
+    refused_dv = wait_until(refused_or_read, "the controller to refuse the claim's source", 60)
+    assert not source_pods(), f"a source pod in {golden} reads fedora for alice"
+    message = condition(refused_dv, "Bound")["message"]
+    assert message == f"User alice has insufficient permissions in clone source namespace {golden}"
+    time.sleep(3)  # reconciles go on: still nothing reads the source
+    assert not source_pods()
+    assert kube.get(dv_path(namespace, "mine"))["status"]["phase"] != "Succeeded"
