@@ -26,6 +26,7 @@ from cdi.api.termination import TerminationMessage
 from uploader.config import TERMINATION_PATH, UploadConfig, from_env
 from uploader.server import make_app, serving_context
 from uploader.session import Uploads
+from uploader.tlsfront import Peers, TlsFrontSite
 
 log = logging.getLogger("uploader")
 
@@ -51,9 +52,11 @@ async def serve(config: UploadConfig, clock: Clock = _now) -> TerminationMessage
     """Serve until the pod's outcome is known; write it as the termination message."""
     uploads = Uploads(config)
     tls = serving_context(config.tls.cert, config.tls.key, config.tls.client_ca)
-    runner = web.AppRunner(make_app(uploads, config.tls.client_name), handle_signals=False)
+    peers = Peers()
+    app = make_app(uploads, config.tls.client_name, peers)
+    runner = web.AppRunner(app, handle_signals=False)
     await runner.setup()
-    site = web.TCPSite(runner, config.address, config.port, ssl_context=tls)
+    site = TlsFrontSite(runner, config.address, config.port, tls, peers)
     await site.start()
     log.info("upload server listening on %s:%d", config.address, config.port)
     stop = asyncio.Event()
@@ -73,6 +76,7 @@ async def serve(config: UploadConfig, clock: Clock = _now) -> TerminationMessage
         for watcher in watchers:
             watcher.cancel()
         await runner.cleanup()  # lets the answer to the last request go out first
+        await site.wait_closed()  # ... through the TLS front, to the client
     message = uploads.outcome or TerminationMessage(
         reason=STOPPED_REASON, message="the upload server was stopped", transient=True
     )
