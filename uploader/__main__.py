@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import datetime as dt
+import gc
 import logging
 import os
 import signal
@@ -85,8 +87,28 @@ async def serve(config: UploadConfig, clock: Clock = _now) -> TerminationMessage
     return message
 
 
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters
+KEEP_FREED = 64 * 1024 * 1024
+
+
+def _settle_memory() -> None:
+    """Once the imports are done: their objects leave the collector's generations (its
+    collections walked them all: ~4 % of a filesystem clone's receiver CPU in perf), and glibc
+    keeps freed buffers for reuse instead of returning them to the kernel and faulting fresh
+    zeroed pages in for the next piece (its default trims the heap and maps pieces over
+    128 KiB anew: page faults were ~10 % of the event loop thread). Measured together on the
+    filesystem clone, alternating runs: receiver 1.54-1.82 -> 1.32-1.67 CPU s, peak RSS
+    47 -> 48-50 MB (an upload's 60-67 -> 73-80 MB)."""
+    gc.freeze()
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None)
+        libc.mallopt(M_MMAP_THRESHOLD, 32 * 1024 * 1024)
+        libc.mallopt(M_TRIM_THRESHOLD, KEEP_FREED)
+
+
 def main() -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    _settle_memory()
     env = dict(os.environ)
     path = env.get("UPLOAD_TERMINATION_PATH", TERMINATION_PATH) or None
     message = asyncio.run(guarded(lambda: serve(from_env(env)), path, log, "upload server"))
