@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import datetime as dt
+import gc
 import logging
 import os
 import signal
@@ -26,6 +28,7 @@ from cdi.api.termination import TerminationMessage
 from uploader.config import TERMINATION_PATH, UploadConfig, from_env
 from uploader.server import make_app, serving_context
 from uploader.session import Uploads
+from uploader.tlsfront import Peers, TlsFrontSite
 
 log = logging.getLogger("uploader")
 
@@ -51,9 +54,11 @@ async def serve(config: UploadConfig, clock: Clock = _now) -> TerminationMessage
     """Serve until the pod's outcome is known; write it as the termination message."""
     uploads = Uploads(config)
     tls = serving_context(config.tls.cert, config.tls.key, config.tls.client_ca)
-    runner = web.AppRunner(make_app(uploads, config.tls.client_name), handle_signals=False)
+    peers = Peers()
+    app = make_app(uploads, config.tls.client_name, peers)
+    runner = web.AppRunner(app, handle_signals=False)
     await runner.setup()
-    site = web.TCPSite(runner, config.address, config.port, ssl_context=tls)
+    site = TlsFrontSite(runner, config.address, config.port, tls, peers)
     await site.start()
     log.info("upload server listening on %s:%d", config.address, config.port)
     stop = asyncio.Event()
@@ -73,6 +78,7 @@ async def serve(config: UploadConfig, clock: Clock = _now) -> TerminationMessage
         for watcher in watchers:
             watcher.cancel()
         await runner.cleanup()  # lets the answer to the last request go out first
+        await site.wait_closed()  # ... through the TLS front, to the client
     message = uploads.outcome or TerminationMessage(
         reason=STOPPED_REASON, message="the upload server was stopped", transient=True
     )
@@ -81,8 +87,28 @@ async def serve(config: UploadConfig, clock: Clock = _now) -> TerminationMessage
     return message
 
 
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters
+KEEP_FREED = 64 * 1024 * 1024
+
+
+def _settle_memory() -> None:
+    """Once the imports are done: their objects leave the collector's generations (its
+    collections walked them all: ~4 % of a filesystem clone's receiver CPU in perf), and glibc
+    keeps freed buffers for reuse instead of returning them to the kernel and faulting fresh
+    zeroed pages in for the next piece (its default trims the heap and maps pieces over
+    128 KiB anew: page faults were ~10 % of the event loop thread). Measured together on the
+    filesystem clone, alternating runs: receiver 1.54-1.82 -> 1.32-1.67 CPU s, peak RSS
+    47 -> 48-50 MB (an upload's 60-67 -> 73-80 MB)."""
+    gc.freeze()
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None)
+        libc.mallopt(M_MMAP_THRESHOLD, 32 * 1024 * 1024)
+        libc.mallopt(M_TRIM_THRESHOLD, KEEP_FREED)
+
+
 def main() -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    _settle_memory()
     env = dict(os.environ)
     path = env.get("UPLOAD_TERMINATION_PATH", TERMINATION_PATH) or None
     message = asyncio.run(guarded(lambda: serve(from_env(env)), path, log, "upload server"))

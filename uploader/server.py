@@ -1,7 +1,7 @@
 """The upload server's HTTP face: CDI's endpoints and statuses, plus tus 1.0 core for resume.
 
-``make_app(uploads, client_name)`` serves ``GET /healthz`` and, for a client whose verified
-certificate has CN ``client_name`` (else 401, as CDI), the upload paths:
+``make_app(uploads, client_name, peers)`` serves ``GET /healthz`` and, for a client whose
+verified certificate has CN ``client_name`` (else 401, as CDI), the upload paths:
 
     POST  /v1beta1|v1alpha1/upload            sync: answers after conversion and resize
     POST  .../upload-async                    answers once the bytes are in, converts after
@@ -15,6 +15,10 @@ Other methods are 404 (CDI). Statuses: another upload in flight 503, the pod alr
 409, an image larger than the volume 400 and any other failure 500, both with CDI's
 ``Saving stream failed: ...`` text built from the typed error (never a traceback). Bodies
 are read in pieces as they arrive (``iter_any``, ``read_chunk``) and never buffered whole.
+
+The app is served through the TLS front (``tlsfront.py``) on a plain connection: the CN comes
+from the front's ``Peers`` record of that connection, never from anything the client sends;
+served on asyncio's own TLS (no record), from the transport's verified certificate.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from cdi.api.errors import InsufficientSpace
 from cdi.api.termination import TerminationMessage
 from uploader.body import Busy, Feed, OffsetMismatch
 from uploader.session import RESTART_NOTE, AlreadyDone, Mode, Upload, Uploads
+from uploader.tlsfront import Peers, common_name
 
 TUS_VERSION = "1.0.0"
 RECEIVE_PIECE = 1024 * 1024  # a multipart part is read in these; the data path coalesces
@@ -47,14 +52,15 @@ _CLONE_TYPES = {
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def peer_common_name(request: web.Request) -> str | None:
-    """The CN of the client certificate the TLS layer verified (None without one)."""
-    cert: Any = request.transport.get_extra_info("peercert") if request.transport else None
-    for rdn in (cert or {}).get("subject", ()):
-        for key, value in rdn:
-            if key == "commonName":
-                return str(value)
-    return None
+def peer_common_name(request: web.Request, peers: Peers | None = None) -> str | None:
+    """The CN of the client certificate the TLS front (or asyncio's TLS) verified for this
+    request's connection; None without one."""
+    transport = request.transport
+    if transport is None:
+        return None
+    if peers is not None and peers.knows(transport):
+        return peers.name(transport)
+    return common_name(transport.get_extra_info("peercert"))
 
 
 def mode_of(request: web.Request, default: ContentType) -> Mode:
@@ -217,10 +223,10 @@ async def healthz(request: web.Request) -> web.StreamResponse:
     return web.Response(text="OK")
 
 
-def _client_check(client_name: str) -> Any:
+def _client_check(client_name: str, peers: Peers | None) -> Any:
     @web.middleware
     async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.path != "/healthz" and peer_common_name(request) != client_name:
+        if request.path != "/healthz" and peer_common_name(request, peers) != client_name:
             return web.Response(status=401, text="client certificate required")
         return await handler(request)
 
@@ -231,8 +237,8 @@ async def not_found(request: web.Request) -> web.StreamResponse:
     return web.Response(status=404, text="404: Not Found")
 
 
-def make_app(uploads: Uploads, client_name: str) -> web.Application:
-    app = web.Application(middlewares=[_client_check(client_name)])
+def make_app(uploads: Uploads, client_name: str, peers: Peers | None = None) -> web.Application:
+    app = web.Application(middlewares=[_client_check(client_name, peers)])
     handlers = UploadHandlers(uploads)
     app.router.add_get("/healthz", healthz)
     for path in UPLOAD_PATHS:
@@ -252,4 +258,9 @@ def serving_context(cert: str, key: str, client_ca: str) -> ssl.SSLContext:
     ctx.load_cert_chain(cert, key)
     ctx.load_verify_locations(cafile=client_ca)
     ctx.verify_mode = ssl.CERT_OPTIONAL
+    # No TLS 1.3 session tickets: they are the only bytes a server sends unasked, and a
+    # client (or relay) that closes with them unread resets the connection, which makes the
+    # kernel drop the request bytes this server has not read yet (a cut upload then loses
+    # what it had sent). Resumption would only save the handshake of a HEAD or a PATCH.
+    ctx.num_tickets = 0
     return ctx

@@ -13,6 +13,15 @@ handed to OpenSSL in memory, and ``recv_into`` returns as many decrypted records
 delivered (not one record), so the relay's ``sendall`` encrypts them all into memory and
 writes them with one call. The price is one memory copy each way, which costs less than
 the calls it saves. OpenSSL still encrypts and decrypts with the GIL released.
+
+A sender with many small pieces (frame headers before a large chunk) may ``write`` them into
+memory and ``flush`` once: one socket write for all their records.
+
+One thread may receive while another sends (the upload server's TLS front is full duplex):
+every call into the TLS object holds ``_tls_lock`` (OpenSSL's objects are not safe for
+concurrent use) and socket writes hold ``_send_lock``, so records leave in the order they
+were made. Socket reads and writes happen outside ``_tls_lock``: a send blocked on a slow
+peer never stops the receiving thread.
 """
 
 from __future__ import annotations
@@ -20,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import socket
 import ssl
+import threading
 from typing import cast
 
 RECEIVE = 256 * 1024
@@ -34,6 +44,8 @@ class TlsStream:
         self.tls = ctx.wrap_bio(self.incoming, self.outgoing, server_side, hostname)
         self.buffer = memoryview(bytearray(RECEIVE))
         self.ended = False
+        self._tls_lock = threading.Lock()
+        self._send_lock = threading.Lock()
 
     @classmethod
     def accept(cls, sock: socket.socket, ctx: ssl.SSLContext) -> TlsStream:
@@ -64,17 +76,25 @@ class TlsStream:
         self._flush()
 
     def _flush(self) -> None:
-        if self.outgoing.pending:
-            self.raw.sendall(self.outgoing.read())
+        with self._send_lock:
+            with self._tls_lock:
+                data = self.outgoing.read() if self.outgoing.pending else b""
+            if data:
+                self.raw.sendall(data)
+
+    def flush(self) -> None:
+        """Send the records ``write`` made."""
+        self._flush()
 
     def _receive(self) -> bool:
         """One socket read into OpenSSL's input; False at the end of the stream."""
         n = self.raw.recv_into(self.buffer, RECEIVE)
-        if not n:
-            self.incoming.write_eof()
-            self.ended = True
-            return False
-        self.incoming.write(self.buffer[:n])
+        with self._tls_lock:
+            if not n:
+                self.incoming.write_eof()
+                self.ended = True
+                return False
+            self.incoming.write(self.buffer[:n])
         return True
 
     def recv_into(self, buffer: memoryview, nbytes: int = 0) -> int:
@@ -82,10 +102,13 @@ class TlsStream:
         is already received, up to ``nbytes``; 0 at the end of the stream."""
         want = nbytes or len(buffer)
         got = 0
+        lock, read = self._tls_lock, self.tls.read
         while got < want:
             try:
-                # with a buffer, read() answers a count (typeshed says bytes)
-                got += cast(int, self.tls.read(want - got, buffer[got:want]))  # type: ignore[arg-type]
+                with lock:
+                    # with a buffer, read() answers a count (typeshed says bytes)
+                    got += cast(int, read(want - got, buffer[got:want]))  # type: ignore[arg-type]
+                    more = self.incoming.pending or self.tls.pending()
             except ssl.SSLWantReadError:
                 if got:
                     return got
@@ -96,13 +119,30 @@ class TlsStream:
             except (ssl.SSLZeroReturnError, ssl.SSLEOFError):
                 return got
             else:
-                if not self.incoming.pending and not self.tls.pending():
+                if not more:
                     return got
         return got
 
+    def write(self, data: bytes | memoryview) -> None:
+        """Encrypt ``data`` into memory (all of it, as records); ``flush`` sends them."""
+        with self._tls_lock:
+            self.tls.write(data)
+
     def sendall(self, data: bytes | memoryview) -> None:
-        self.tls.write(data)  # into memory: all of it, as records
-        self._flush()
+        with self._send_lock:
+            with self._tls_lock:
+                self.tls.write(data)  # into memory: all of it, as records
+                out = self.outgoing.read()
+            self.raw.sendall(out)
+
+    def close_notify(self) -> None:
+        """Tell the peer the stream ends (TLS ``close_notify``), best effort: the peer may be
+        gone already."""
+        with contextlib.suppress(OSError, ssl.SSLError):
+            with self._tls_lock:
+                with contextlib.suppress(ssl.SSLWantReadError):
+                    self.tls.unwrap()
+            self._flush()
 
     def settimeout(self, seconds: float | None) -> None:
         self.raw.settimeout(seconds)
