@@ -10,6 +10,9 @@ Routes, on the benchmark's 2 GiB OS image (``disk.raw`` of ``benchmarks/run.py``
   path behind a bare aiohttp route), ``--receiver threaded-stand-in`` the same data path fed
   from a thread reading a blocking TLS socket (no asyncio in the byte path); each writes
   ``out/disk.img`` through the data path;
+- ``fs.ref-tar-socat``: the same route in C tools (``benchmarks.clone_tools``): GNU ``tar -S``
+  | ``socat`` (OpenSSL, mutual TLS) -> ``socat`` | ``tar -x``, then ``sync``, as CDI's clone
+  does it: what the TLS hop and two processes cost on this machine without any Python;
 - ``block.ref-dd``: ``dd if=<src loop> of=<dst loop> bs=1M conv=sparse,fsync``;
 - ``block.ours``: the cloner reading the source loop device -> the receiver writing the target
   loop device.
@@ -42,6 +45,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from benchmarks.clone_tools import tar_socat
 from benchmarks.inputs import sha256_file
 from cdi.webhooks.certs import issue_client, issue_serving, new_ca
 
@@ -193,10 +197,13 @@ def filesystem_routes(image: Path, setup: Setup) -> list[Run]:
     out.mkdir(exist_ok=True)
     target = out / "disk.img"
     runs = []
-    for route in ("fs.ref-cp", "fs.ours"):
+    for route in ("fs.ref-cp", "fs.ours", "fs.ref-tar-socat"):
         target.unlink(missing_ok=True)
         subprocess.run(["sync"], check=True)
-        if route == "fs.ref-cp":
+        if route == "fs.ref-tar-socat":  # CDI's route in C tools: what TLS + 2 processes cost
+            seconds, *cpu = tar_socat(src, out, setup.certs)
+            run = Run(route, seconds, 0, (), tuple(cpu), transfer=seconds)
+        elif route == "fs.ref-cp":
             seconds, rss = timed(
                 ["sh", "-c", f"cp --sparse=always {src}/disk.img {target} && sync {target}"]
             )
@@ -240,10 +247,11 @@ def report(runs: list[Run], source_allocated: int) -> str:
     for r in runs:
         kind = r.route.split(".")[0]
         ref = next(v for k, v in by.items() if k.startswith(f"{kind}.ref"))
-        ratio = f"{ref.seconds / r.seconds:.2f}" if r.route.endswith("ours") else "-"
+        compared = r.route.endswith("ours") or r.route.endswith("tar-socat")
+        ratio = f"{ref.seconds / r.seconds:.2f}" if compared else "-"
         transfer = f"{r.transfer:.2f}" if r.transfer is not None else "-"
         t_ratio = f"{ref.seconds / r.transfer:.2f}" if r.transfer else "-"
-        rss = " / ".join(f"{m:.0f}" for m in r.rss_mb)
+        rss = " / ".join(f"{m:.0f}" for m in r.rss_mb) or "-"
         cpu = " / ".join(f"{c:.2f}" for c in r.cpu) or "-"
         lines.append(f"| {r.route} | {r.seconds:.2f} | {ratio} | {transfer} | {t_ratio} | "
                      f"{r.allocated / source_allocated:.3f} | {rss} | {cpu} |")  # fmt: skip
