@@ -214,6 +214,9 @@ CONTROLLER_MUST_NOT = [
 ]
 WEBHOOK_MAY = [
     ("get", "persistentvolumeclaims", "", "some-ns", "x", None),
+    # a claim informer serves the existing-claim check of each create (docs/controller.md)
+    ("list", "persistentvolumeclaims", "", None, None, None),
+    ("watch", "persistentvolumeclaims", "", None, None, None),
     ("get", "datasources", "cdi.kubevirt.io", "some-ns", "x", None),
     ("get", "cdiconfigs", "cdi.kubevirt.io", None, "config", None),
     ("create", "secrets", "", "cdi", None, None),
@@ -250,7 +253,8 @@ WEBHOOK_MUST_NOT = [
         None,
     ),
     ("create", "pods", "", "some-ns", None, None),
-    ("list", "persistentvolumeclaims", "", None, None, None),
+    ("update", "persistentvolumeclaims", "", "some-ns", "x", None),
+    ("delete", "persistentvolumeclaims", "", "some-ns", "x", None),
     ("patch", "datavolumes", "cdi.kubevirt.io", "some-ns", "dv", None),
 ]
 
