@@ -74,7 +74,8 @@ class FlavourDeps:
     the clock (tests pass a fixed one). ``claims`` remembers what the flavour's claim writes
     returned: the reconciler reads the claim from its informer cache seen through them
     (``cdi.kube.own_writes``), so a follow-up never sees a pod without its UID record.
-    ``burst`` says new DataVolumes are waiting for their first reconcile."""
+    ``burst`` says new DataVolumes are waiting for their first reconcile. ``storage_class``
+    looks a StorageClass up by name in the reconciler's informer cache (None: not cached)."""
 
     kube: AsyncKube
     events: EventRecorder
@@ -84,6 +85,7 @@ class FlavourDeps:
     # new DataVolumes wait for their first reconcile (a burst): writes that can wait for a
     # follow-up do (the import flavour's pod UID record, kept in memory until written)
     burst: Callable[[], bool] = field(default=lambda: False)
+    storage_class: Callable[[str], Mapping[str, Any] | None] = field(default=lambda name: None)
 
 
 class Flavour(Protocol):

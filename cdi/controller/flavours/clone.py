@@ -379,11 +379,15 @@ class CloneFlavour:
         return desired, _step(view, Phase.CLONE_SCHEDULED), Result(requeue_after=2.0)
 
     async def _waits_for_consumer(self, claim: Mapping[str, Any]) -> bool:
-        """``claim`` is on WaitForFirstConsumer storage and no node has been picked for it."""
+        """``claim`` is on WaitForFirstConsumer storage and no node has been picked for it.
+        The class comes from the reconciler's cache (a class's binding mode never changes),
+        read from the API server only when the cache has not got it."""
         if plan.selected_node(claim) is not None:
             return False
         name = _class_of(claim)
-        cls = (await self._classes({name})).get(name) or {}
+        cls = self.deps.storage_class(name) if name else None
+        if cls is None:
+            cls = (await self._classes({name})).get(name) or {}
         return cls.get("volumeBindingMode") == "WaitForFirstConsumer"
 
     async def _placed(self, dv: DataVolume, desired: JSON, src: Mapping[str, Any] | None) -> JSON:
@@ -507,7 +511,8 @@ class CloneFlavour:
         node, then the clone's next step, planned again from the DataVolume (source, rights,
         strategy: nothing is taken from the claim but its size, class, modes and node), with
         the temporary claim on that node. The moved volume binds the placeholder itself."""
-        if plan.selected_node(claim.pvc) is None:
+        node = plan.selected_node(claim.pvc)
+        if node is None:
             return _step(view, Phase.PENDING_POPULATION), Result(requeue_after=2.0)
         meta = claim.pvc.get("metadata") or {}
         desired = {
@@ -516,7 +521,7 @@ class CloneFlavour:
             "metadata": {
                 "name": meta.get("name"),
                 "namespace": meta.get("namespace"),
-                "annotations": {ANN_SELECTED_NODE: plan.selected_node(claim.pvc)},
+                "annotations": {ANN_SELECTED_NODE: node},
             },
             "spec": {
                 k: v
