@@ -13,16 +13,11 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import time
 from pathlib import Path
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from testkit.cluster import free_port
 
 
 def tar_socat(src: Path, out: Path, certs: dict[str, str]) -> tuple[float, float, float]:
@@ -31,7 +26,7 @@ def tar_socat(src: Path, out: Path, certs: dict[str, str]) -> tuple[float, float
     if out.exists():
         shutil.rmtree(out)
     out.mkdir()
-    port = _free_port()
+    port = free_port()
     # verify=1 on the listener: a client certificate from the CA is required (mutual TLS)
     listen = (f"OPENSSL-LISTEN:{port},bind=127.0.0.1,reuseaddr,verify=1,cafile={certs['ca']},"
               f"cert={certs['srv.crt']},key={certs['srv.key']}")  # fmt: skip
