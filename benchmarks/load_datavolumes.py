@@ -14,7 +14,9 @@ difference per DataVolume (the pod's owner reference names it). "PVC Bound -> wo
 negative when the controller created the pod before the claim bound (Immediate classes).
 The controller replicas' RSS is sampled from /proc every 0.5 s (the node runs pods as
 processes; a container's process group is in its containerID ``testkit://<pgid>``), and the
-peak of the leader is reported.
+peak of the leader is reported. Where the time goes (``load_costs``: API requests, webhooks,
+etcd, CPU per process group) is printed twice: for the burst (first create -> last worker pod
+seen, the window the latency target lives in) and for the whole run.
 
 ``--floor``: the same cluster, webhooks and burst, but the controller Deployment is scaled to
 zero and ``benchmarks/load_floor.py`` (a watch that creates each DataVolume's claim, then its
@@ -22,15 +24,22 @@ pod, and nothing else) stands in for it: the DV -> pod latency this machine allo
 run ends when every pod is seen (nobody writes a DataVolume status), so "all Succeeded" and
 "Succeeded" then count pods seen.
 
+``--profile OUT``: py-spy samples the leader controller during the burst (a flame graph, or
+speedscope JSON when OUT ends in ``.json``); py-spy is not a dependency, install it to use this.
+
     sudo .venv/bin/python benchmarks/load_datavolumes.py [--count 200] [--http-every 2] [--floor]
+        [--profile OUT.svg]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import random
+import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -243,10 +252,11 @@ def wait_done(api: client.ApiClient, count: int, timeout: float) -> dict[str, st
 
 
 def wait_pods(seen: Watcher, created: dict[str, float], timeout: float) -> dict[str, str]:
-    """``--floor``: until every DataVolume's pod was seen; "Succeeded" for those seen."""
+    """Until every DataVolume's pod was seen (the burst's end); "Succeeded" for those seen
+    (what ``--floor`` counts, as nobody writes a DataVolume status there)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and not set(created) <= set(seen.pod_at):
-        time.sleep(0.5)
+        time.sleep(0.1)
     return {n: "Succeeded" if n in seen.pod_at else "" for n in created}
 
 
@@ -284,6 +294,19 @@ def start_floor(cluster: Cluster, product: Product) -> subprocess.Popen[str]:
         raise RuntimeError("the floor controller did not start")
     threading.Thread(target=lambda: sys.stdout.writelines(floor.stdout or []), daemon=True).start()
     return floor
+
+
+def start_profiler(product: Product, out: str) -> subprocess.Popen[bytes]:
+    """``--profile``: py-spy (not a dependency: install it to use this) samples the leader
+    controller's process from now until the burst's last worker pod is seen."""
+    spy = shutil.which("py-spy")
+    if spy is None:
+        raise SystemExit("--profile needs py-spy on PATH (pip install py-spy)")
+    pgid = pod_groups(product, "cdi-controller")[product.leader()]
+    argv = [spy, "record", "--pid", str(pgid), "--output", out, "--rate", "100", "--nonblocking"]
+    return subprocess.Popen(
+        [*argv, "--format", "speedscope" if out.endswith(".json") else "flamegraph"]
+    )
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -350,10 +373,16 @@ def run(args: argparse.Namespace) -> int:
         t0 = time.monotonic()
         url = f"http://{server.hostport}/{IMAGE}"
         calls: list[float] = []
+        profiler = start_profiler(product, args.profile) if args.profile else None
         created = create_all(api, args.count, args.http_every, url, calls)
         create_s = time.monotonic() - t0
+        pods_seen = wait_pods(seen, created, args.timeout)
+        burst_costs = load_costs.report(costs_before, load_costs.snapshot(api, groups))
+        if profiler is not None:
+            profiler.send_signal(signal.SIGINT)  # py-spy writes its output on SIGINT
+            profiler.wait(60)
         if floor is not None:
-            phases = wait_pods(seen, created, args.timeout)
+            phases = pods_seen
         else:
             phases = wait_done(api, args.count, args.timeout)
         done_s = time.monotonic() - t0
@@ -393,8 +422,17 @@ def run(args: argparse.Namespace) -> int:
             "rss_standby": max((v for k, v in rss.peak.items() if k != leader), default=0.0),
             "missing_pods": sorted(set(created) - set(seen.pod_at))[:5],
             "not_succeeded": sorted(n for n, p in phases.items() if p != "Succeeded")[:5],
+            # per DataVolume, in creation order: created (s after the first create), then its
+            # claim and its pod seen (s after it was created); for --json readers
+            "timeline": [
+                [n, at - t0, seen.pvc_at.get(n, math.nan) - at, seen.pod_at.get(n, math.nan) - at]
+                for n, at in sorted(created.items(), key=lambda item: item[1])
+            ],
         }
         print(report(figures))
+        print("during the burst (first create -> last worker pod seen)")
+        print(burst_costs)
+        print("the whole run")
         print(costs)
         if args.json:
             Path(args.json).write_text(json.dumps(figures, indent=2))
@@ -417,6 +455,11 @@ def main(argv: list[str] | None = None) -> int:
         "--floor",
         action="store_true",
         help="replace the controller by benchmarks/load_floor.py (claim + pod, nothing else)",
+    )
+    p.add_argument(
+        "--profile",
+        metavar="OUT",
+        help="py-spy record the leader during the burst (OUT.svg flame graph, OUT.json speedscope)",
     )
     return run(p.parse_args(argv))
 
