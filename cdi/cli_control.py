@@ -40,7 +40,7 @@ def add_controller_parser(sub: argparse._SubParsersAction) -> None:  # type: ign
     p.add_argument(
         "--workers",
         type=int,
-        default=16,
+        default=24,
         help="reconciles in parallel per kind (docs/controller.md)",
     )
     p.add_argument("--max-attempts", type=int, default=3, help="importer pods per import")
