@@ -174,8 +174,14 @@ class DataVolumeReconciler:
         # yet; an injected ``flavours`` table shares it through its ``FlavourDeps.claims``
         self.own_claims = own_claims if own_claims is not None else OwnWrites()
         if flavours is None:
-            deps = FlavourDeps(kube, events, scraper, clock, self.own_claims)
-            deps = dataclasses.replace(deps, storage_class=caches.storage_classes.get)
+            deps = FlavourDeps(
+                kube,
+                events,
+                scraper,
+                clock,
+                self.own_claims,
+                storage_class=caches.storage_classes.get,
+            )
             if burst is not None:  # other new DataVolumes wait (the manager's queue says)
                 deps = dataclasses.replace(deps, burst=burst)
             flavours = standard_flavours(
