@@ -229,7 +229,14 @@ class DataVolumeReconciler:
     async def _read(self, key: str) -> JSON | None:
         store = self.caches.datavolumes
         if store is not None:
-            return self.own_dvs.freshest(key, store.get(key))
+            cached = store.get(key)
+            if cached is None:
+                # gone from the cache: deleted (this reconciler never creates DataVolumes, so
+                # the cache saw it before any write of ours). A status write of ours must not
+                # bring it back: that made claims and pods for a deleted DataVolume until the
+                # write's memory expired
+                return None
+            return self.own_dvs.freshest(key, cached)
         namespace, name = split_key(key)
         return await self.kube.get_or_none(DATAVOLUMES, name, namespace)
 

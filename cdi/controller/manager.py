@@ -293,9 +293,16 @@ class Manager:
         self.informers["dv"].add_handler(
             lambda o: None if own_dvs.echoes(o) else dvs.enqueue(object_key(o), first=is_new(o))
         )
-        self.informers["pvc"].add_handler(
-            lambda o: None if own_claims.echoes(o) else dvs.enqueue(owner_key(o))
-        )
+        claims = self.informers["pvc"]
+
+        def claim_changed(obj: dict[str, Any]) -> None:
+            if claims.get(object_key(obj)) is None:
+                own_claims.gone(obj)  # deleted: our own last write of it no longer stands in
+            elif own_claims.echoes(obj):
+                return
+            dvs.enqueue(owner_key(obj))
+
+        claims.add_handler(claim_changed)
         self.informers["pod"].add_handler(lambda o: dvs.enqueue(owner_key(o)))
         uploads = self.loops["uploadpvc"]
         self.informers["pvc"].add_handler(lambda o: uploads.enqueue(self._upload_key(o)))

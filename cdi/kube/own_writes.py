@@ -11,8 +11,9 @@ write returned and prefer it while the cache is older.
 "Older" compares resourceVersions as integers. The API server documents them as opaque, but
 with etcd they are its revisions, which only grow; a version that is not an integer makes the
 cache win, which is the behaviour without this class. An object
-deleted or re-created behind our back must not be shadowed forever, so an entry gives way to a
-cached object with another UID and expires after ``ttl`` seconds whatever happens.
+deleted or re-created behind our back must not be shadowed, so an entry gives way to a cached
+object with another UID, goes when the informer reports the object gone (``gone``) and expires
+after ``ttl`` seconds whatever happens.
 
 ``echoes`` tells a watch event that carries exactly what a write of ours returned: the
 controller skips the reconcile such an event would trigger (the write's own reconcile already
@@ -34,6 +35,10 @@ def _version(obj: JSON) -> int | None:
         return int(str((obj.get("metadata") or {}).get("resourceVersion")))
     except ValueError:
         return None
+
+
+def _uid(obj: JSON) -> str | None:
+    return (obj.get("metadata") or {}).get("uid") or None
 
 
 def _key(obj: JSON) -> str:
@@ -67,13 +72,22 @@ class OwnWrites:
         if entry is None or self.clock() - entry[1] > self.ttl:
             return False
         mine = entry[0]
-        uid = (obj.get("metadata") or {}).get("uid")
-        if uid != (mine.get("metadata") or {}).get("uid"):
+        if _uid(obj) != _uid(mine):
             return False
         return _version(obj) is not None and _version(obj) == _version(mine)
 
     def forget(self, key: str) -> None:
         self._written.pop(key, None)
+
+    def gone(self, obj: JSON) -> None:
+        """The informer no longer holds ``obj`` (its delete event, or a relist without it):
+        what this process wrote at its key is forgotten, unless that is another object (one
+        created after ``obj``). Without this a write of ours would shadow the deletion until
+        ``ttl`` ran out."""
+        key = _key(obj)
+        entry = self._written.get(key)
+        if entry is not None and _uid(entry[0]) in (None, _uid(obj)):
+            del self._written[key]
 
     def freshest(self, key: str, cached: JSON | None) -> JSON | None:
         """``cached`` unless the object this process last wrote at ``key`` is newer."""
@@ -88,7 +102,7 @@ class OwnWrites:
 
     @staticmethod
     def _caught_up(cached: JSON, mine: JSON) -> bool:
-        if (cached.get("metadata") or {}).get("uid") != (mine.get("metadata") or {}).get("uid"):
+        if _uid(cached) != _uid(mine):
             return True  # another object now: ours is gone
         have, wrote = _version(cached), _version(mine)
         return have is None or wrote is None or have >= wrote

@@ -72,3 +72,13 @@ def test_only_the_very_version_we_wrote_is_an_echo() -> None:
     assert not own.echoes({"metadata": {"namespace": "ns", "name": "x", "resourceVersion": "12"}})
     clock.now += 31
     assert not own.echoes(obj("12"))  # a resync long after is not skipped
+
+
+def test_an_object_the_informer_reports_gone_is_no_longer_shadowed() -> None:
+    own = OwnWrites()
+    own.wrote(obj("12"))
+    own.gone(obj("14"))  # its delete event: the last version, deleted
+    assert own.freshest("ns/dv", None) is None
+    own.wrote(obj("20", uid="u2"))  # made again by us after the old one went
+    own.gone(obj("14"))  # a late delete event of the old object spares the new one
+    assert own.freshest("ns/dv", None) == obj("20", uid="u2")

@@ -21,7 +21,10 @@ renderer's output. The UID of the pod the create returned is recorded on the PVC
 only the pod with that UID is followed (``cdi.controller.pods.claim_pod``): any other pod at the
 attempt's name (a tenant's look-alike, or our own orphan from a crash between create and
 record) gets a Warning event and is deleted, never read for its phase, termination message or
-metrics; the attempt's pod is then created afresh. Progress is scraped from the podIP the
+metrics; the attempt's pod is then created afresh. A recorded pod that has gone from the pod
+cache is made again only if the claim as the API server holds it still records it
+(``_still_wanted``): a lagging claim cache must not bring back the pod of an import that has
+finished. Progress is scraped from the podIP the
 kubelet reports for the recorded pod, on the port this flavour rendered.
 """
 
@@ -202,6 +205,8 @@ class ImportFlavour:
                 return dataclasses.replace(view, retry_in=wait), Result(requeue_after=wait)
         name = importer_pod_name(claim.name, attempt)
         intent = claim.record
+        if intent.pod_name == name and intent.pod_uid and not await self._still_wanted(claim):
+            return view, Result(requeue_after=1.0)  # the claim cache is behind: wait for it
         if intent.pod_name != name:
             intent = dataclasses.replace(intent, pod_name=name, pod_uid=None)
         pvc = await self._record(claim.pvc, intent)
@@ -294,6 +299,17 @@ class ImportFlavour:
         fresh = await self.deps.kube.get_or_none(PVCS, claim.name, meta.get("namespace"))
         uid = pod_uid(pod)
         return fresh is not None and uid is not None and ImportRecord.from_pvc(fresh).pod_uid == uid
+
+    async def _still_wanted(self, claim: Claim) -> bool:
+        """The attempt's recorded pod is not in the pod cache (deleted, or not seen yet): the
+        claim as the API server holds it now still calls for that pod. A cached claim may lag
+        behind a later record: the import finished and its pods were deleted (by this process,
+        or by a leader before it whose writes landed as this one took over), or the attempt
+        moved on; a pod made from the stale record would be a second importer. Rare: only a
+        recorded pod that has gone from the cache costs this GET."""
+        meta = claim.pvc.get("metadata") or {}
+        fresh = await self.deps.kube.get_or_none(PVCS, claim.name, meta.get("namespace"))
+        return fresh is not None and ImportRecord.from_pvc(fresh) == claim.record
 
     def _made_here(self, claim: Claim, pod: Mapping[str, Any]) -> bool:
         """The pod is one this process created (its UID record may not have been written)."""

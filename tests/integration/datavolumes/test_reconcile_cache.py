@@ -15,7 +15,10 @@ cluster.
   leader wrote it, or the memory expired) never gets its recorded pod deleted as an impostor:
   the verdict is checked against the claim as the API server holds it;
 - under a burst of new DataVolumes the pod's UID record waits for the follow-up, which records
-  the pod it made (remembered in memory) instead of taking it for an impostor.
+  the pod it made (remembered in memory) instead of taking it for an impostor;
+- a finished import's deleted pod is not made again from a claim cache that lags behind the
+  success record (a leader change lands the old leader's last writes as the new one starts);
+- a DataVolume gone from the cache stays gone, whatever status this process wrote to it last.
 
 The DataVolumes have a vddk source, which the installed product's controller (other tests of
 the session start it) leaves alone; the reconciler here fills them with the import flavour, so
@@ -24,6 +27,7 @@ the two never race for one DataVolume (as in ``test_flavours``).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -34,11 +38,12 @@ from cdi.controller.datavolume import Caches, ControllerConfig, DataVolumeReconc
 from cdi.controller.flavours import FlavourDeps
 from cdi.controller.flavours.import_ import ImportSettings
 from cdi.controller.flavours.table import standard_flavours
-from cdi.controller.record import ANN_IMPORT_POD_UID
-from cdi.kube.client import PVCS, STORAGE_CLASSES, AsyncKube
+from cdi.controller.record import ANN_IMPORT_POD_UID, OUTCOME_SUCCEEDED, ImportRecord
+from cdi.kube.client import PODS, PVCS, STORAGE_CLASSES, AsyncKube
 from cdi.kube.client import Kube as ProductKube
 from cdi.kube.events import EventRecorder
 from cdi.kube.own_writes import OwnWrites
+from cdi.kube.workqueue import Result
 from testkit.cluster import Cluster
 from testkit.kubeclient import Kube, ns_path
 from tests.integration.datavolumes.cdi_env import datavolume, dv_path
@@ -265,3 +270,60 @@ def reasons(kube: Kube, namespace: str) -> list[str]:
     items = kube.get(ns_path(namespace, "events"))["items"]
     ours = [e for e in items if e["involvedObject"].get("kind") == "DataVolume"]
     return [e["reason"] for e in sorted(ours, key=lambda e: e["metadata"]["name"])]
+
+
+def added_since(cluster: Cluster, namespace: str, resource: Any, since: str) -> list[str]:
+    """The names of the objects of ``resource`` created in ``namespace`` after ``since``."""
+    kube = ProductKube(cluster.api_client())
+    events = kube.watch(resource, namespace, resource_version=since, timeout_seconds=1)
+    return [o["metadata"]["name"] for kind, o in events if kind == "ADDED"]
+
+
+async def test_a_finished_imports_pod_is_not_made_again_when_the_claim_cache_lags_behind(
+    kube: Kube, namespace: str, async_kube: AsyncKube, cluster: Cluster
+) -> None:
+    """The claim records the pod; then the import's success is recorded and its pod deleted
+    (by a leader whose writes landed as the next one took over). The next leader's claim
+    cache still shows the record without the outcome, and its pod cache no pod: the pod is
+    not made again, because the claim as the API server holds it no longer calls for it."""
+    dv = kube.create(dv_path(namespace), vddk_datavolume("done"))
+    first = await reconciler(async_kube, Listed([dv]), Listed([]))
+    await first.reconcile(f"{namespace}/done")
+    claim_path = ns_path(namespace, "persistentvolumeclaims", "done")
+    recorded = kube.get(claim_path)
+    assert recorded["metadata"]["annotations"][ANN_IMPORT_POD_UID]
+    finished = dataclasses.replace(ImportRecord.from_pvc(recorded), outcome=OUTCOME_SUCCEEDED)
+    kube.patch(claim_path, {"metadata": {"annotations": finished.annotations()}})
+    kube.delete(ns_path(namespace, "pods", "importer-done"))
+    since = kube.get(ns_path(namespace, "pods"))["metadata"]["resourceVersion"]
+
+    dv = kube.get(dv_path(namespace, "done"))
+    successor = await reconciler(async_kube, Listed([dv]), Listed([recorded]), Listed([]))
+    result = await successor.reconcile(f"{namespace}/done")
+    assert result.requeue_after == 1.0  # waits for its claim cache
+    assert added_since(cluster, namespace, PODS, since) == []
+
+
+async def test_a_deleted_datavolume_is_not_brought_back_by_the_reconcilers_own_status_write(
+    kube: Kube, namespace: str, async_kube: AsyncKube, cluster: Cluster
+) -> None:
+    """The DataVolume is deleted right after the reconciler wrote its status (a user deletes
+    it as soon as it succeeds); its claim and pod go with it. The caches show it gone: the
+    next reconcile creates nothing for it (it used to see the DataVolume through its own
+    write, and made claims and pods for it until that memory expired)."""
+    dv = kube.create(dv_path(namespace), vddk_datavolume("gone"))
+    dvs = Listed([dv])
+    r = await reconciler(async_kube, dvs, Listed([]))
+    await r.reconcile(f"{namespace}/gone")
+    assert kube.get(dv_path(namespace, "gone"))["status"]["phase"] == "ImportScheduled"
+    claim_path = ns_path(namespace, "persistentvolumeclaims", "gone")
+    claim = kube.get(claim_path)
+    kube.delete(dv_path(namespace, "gone"))
+    kube.delete(claim_path)
+    kube.delete(ns_path(namespace, "pods", "importer-gone"))
+    del dvs.store[f"{namespace}/gone"]  # the informers' delete events
+    r.own_claims.gone(claim)
+    since = kube.get(ns_path(namespace, "persistentvolumeclaims"))["metadata"]["resourceVersion"]
+
+    assert await r.reconcile(f"{namespace}/gone") == Result()
+    assert added_since(cluster, namespace, PVCS, since) == []
