@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import logging
 import socket
 import uuid
@@ -174,13 +175,12 @@ def cmd_controller(a: argparse.Namespace) -> int:
     from cdi.kube.leader import LeaderConfig
 
     _logging(a.log_level)
-    identity = f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
     leader = None
     if a.leader_elect:
         leader = LeaderConfig(
             name=a.lease_name,
             namespace=a.lease_namespace,
-            identity=identity,
+            identity="",  # one per term, below
             lease_duration=a.lease_duration,
             renew_deadline=a.renew_deadline,
             retry_period=a.retry_period,
@@ -210,8 +210,17 @@ def cmd_controller(a: argparse.Namespace) -> int:
         requester_key=_requester_key(a, Kube(load_api_client(a.kubeconfig))),
     )
 
+    kube = Kube(load_api_client(a.kubeconfig))
+
+    def term() -> Manager:
+        """A Manager for one term, under an identity of its own: after a lost Lease the
+        next one waits for the Lease to run out like any other candidate."""
+        identity = f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
+        leading = dataclasses.replace(leader, identity=identity) if leader else None
+        return Manager(kube, dataclasses.replace(config, leader=leading), identity)
+
     async def main() -> None:
-        await serve(Manager(Kube(load_api_client(a.kubeconfig)), config, identity))
+        await serve(term)
 
     asyncio.run(main())
     return 0

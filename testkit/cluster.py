@@ -19,6 +19,7 @@ From pytest: ``tests/integration/conftest.py`` holds one :class:`Cluster` per se
 from __future__ import annotations
 
 import argparse
+import contextlib
 import fcntl
 import os
 import shutil
@@ -31,7 +32,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -317,6 +318,18 @@ class Cluster:
         self.processes[index] = ManagedProcess(name, old.argv, old.log_path, env=old.env)
         self._wait(f"kube-apiserver /readyz after restarting {name}", self._apiserver_ready)
         return time.monotonic() - began
+
+    @contextlib.contextmanager
+    def paused(self, name: str) -> Iterator[None]:
+        """Freeze the control-plane process ``name`` (SIGSTOP to its process group) for the
+        block, then thaw it (SIGCONT). A frozen etcd keeps its connections and answers nothing:
+        the API server holds requests instead of failing them. For fault tests."""
+        proc = next(p for p in self.processes if p.name == name)
+        os.killpg(proc.pid, signal.SIGSTOP)
+        try:
+            yield
+        finally:
+            os.killpg(proc.pid, signal.SIGCONT)
 
     def _other_clusters_running(self) -> bool:
         own = f"testkit-net-{self.net.n}.lock" if self.net else ""

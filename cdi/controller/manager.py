@@ -28,7 +28,12 @@ limited to a quarter of the workers and events wait (at most 5 s) until the burs
 
 Shutdown (SIGTERM or lost leadership): stop the queues, let in-flight reconciles finish
 (bounded by ``shutdown_grace``), write the queued events (a few seconds at most), release the
-Lease, stop informers and the metrics server.
+Lease (only on SIGTERM: a lost one runs out), stop informers and the metrics server. After a
+lost Lease, ``serve`` starts a fresh Manager that stands by again. Every write of the
+reconcilers and events goes through a client fenced by the Lease (``cdi.kube.leader``): once
+the renew deadline has passed without a renewal, none is sent, so the reconciles that finish
+after a lost leadership change nothing, and none still in flight can land after a successor
+may act.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ import contextlib
 import dataclasses
 import logging
 import signal
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -166,6 +172,12 @@ def cron_key(obj: dict[str, Any]) -> str | None:
 class Manager:
     def __init__(self, kube: Kube, config: ManagerConfig, identity: str = "cdi-controller"):
         self.config = config
+        self.elector: LeaderElector | None = None
+        if config.leader:
+            # the Lease's requests: not fenced, and two threads of their own so a renewal never
+            # waits behind a burst of reconciles; everything else writes only while leading
+            self.elector = LeaderElector(AsyncKube(kube, max_threads=2), config.leader)
+            kube = kube.fenced(self.elector.fence)
         self.kube = AsyncKube(kube)
         r = config.resync
         self.informers = {
@@ -187,9 +199,9 @@ class Manager:
             Sources(self.informers["dv"], self.informers["sc"], self.informers["profile"])
         )
         self.loops = self._loops(identity)
-        self.elector = LeaderElector(self.kube, config.leader) if config.leader else None
         self._metrics_runner: web.AppRunner | None = None
         self._stop = asyncio.Event()
+        self.lost_leadership = False
 
     def _burst(self) -> bool:
         """New DataVolumes are waiting for (or in) their first reconcile."""
@@ -441,7 +453,8 @@ class Manager:
             if task is not workers and not task.cancelled() and task.exception():
                 exc = task.exception()
                 if isinstance(exc, LeadershipLost):
-                    log.error("leadership lost; stopping")
+                    log.error("leadership lost (%s); stopping this term", exc)
+                    self.lost_leadership = True
         for loop in self.loops.values():
             loop.queue.shutdown()  # no new keys; running reconciles finish
         try:
@@ -462,15 +475,37 @@ class Manager:
         self.snapshots.stop()
         await self.events.close()
         if self.elector is not None:
-            await self.elector.release()
+            if not self.lost_leadership:  # a lost Lease must run out: writes may be in flight
+                await self.elector.release()
+            self.elector.kube.close()
         await self.scraper.close()
         self.kube.close()
 
 
-async def serve(manager: Manager) -> None:
-    """Run until SIGTERM/SIGINT, then shut down gracefully."""
+async def serve(make: Callable[[], Manager]) -> None:
+    """Run until SIGTERM/SIGINT, then shut down gracefully.
+
+    A lost Lease ends only a term: the Manager that led is shut down with everything it held in
+    memory (caches, own writes, pods it made), and a fresh one from ``make`` (a new candidate
+    identity) stands by for the Lease again, as a restarted process would, but without the
+    kubelet's crash-loop back-off, which after a few control-plane outages left no standby
+    ready to take over."""
     loop = asyncio.get_running_loop()
+    stopping = asyncio.Event()
+    current: list[Manager] = []
+
+    def stop() -> None:
+        stopping.set()
+        for manager in current:
+            manager.stop()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(sig, manager.stop)
-    await manager.run()
+            loop.add_signal_handler(sig, stop)
+    while not stopping.is_set():
+        manager = make()
+        current[:] = [manager]
+        await manager.run()
+        if not manager.lost_leadership:
+            break
+        log.warning("standing by for the Lease again")

@@ -13,6 +13,11 @@ sized together (``API_CONCURRENCY``): the client's own default (``5 * cpu_count`
 2-core node) would otherwise make the threads beyond it open and drop a TLS connection per
 request ("Connection pool is full, discarding connection") under a burst of reconciles.
 Watches get a thread of their own (``cdi.kube.informer``) because they block for minutes.
+
+A ``Kube`` may be *fenced* (``Kube.fenced``) by its leader election: every request that is not
+a GET first asks the fence how long this process may still act as leader, is refused
+(``NotLeading``) when that is nothing, and otherwise carries that time as its timeout, so no
+write of an old leader can land after a successor may have taken over (``cdi.kube.leader``).
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ import urllib3
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from cdi.kube.errors import Gone, KubeError, NotFound, Unavailable, from_status
+from cdi.kube.errors import Gone, KubeError, NotFound, NotLeading, Unavailable, from_status
 
 JSON = dict[str, Any]
 T = TypeVar("T")
@@ -151,9 +156,28 @@ def load_user_client(kubeconfig: str, context: str | None = None) -> tuple[clien
 class Kube:
     """Synchronous JSON requests with one identity. Thread-safe (urllib3 pools are)."""
 
-    def __init__(self, api: client.ApiClient, timeout: float = 30.0) -> None:
+    def __init__(
+        self,
+        api: client.ApiClient,
+        timeout: float = 30.0,
+        fence: Callable[[], float] | None = None,
+    ) -> None:
         self.api = api
         self.timeout = timeout
+        self.fence = fence
+
+    def fenced(self, fence: Callable[[], float]) -> Kube:
+        """This client, with writes bounded by ``fence``: the seconds a write may still take
+        (0: none may be sent). The same connections; reads are not fenced."""
+        return Kube(self.api, self.timeout, fence)
+
+    def _write_timeout(self, method: str, path: str, timeout: float) -> float:
+        if self.fence is None or method == "GET":
+            return timeout
+        left = self.fence()
+        if left <= 0:
+            raise NotLeading(f"{method} {path}: not sent, this process is not the leader")
+        return min(timeout, left)
 
     # -- the one place requests are made and errors mapped -----------------------------------
     def _call(
@@ -169,6 +193,7 @@ class Kube:
     ) -> Any:
         headers = {"Accept": "application/json", "Content-Type": content_type}
         params = [(k, v) for k, v in (query or {}).items() if v is not None]
+        timeout = self._write_timeout(method, path, timeout or self.timeout)
         try:
             method_, url, hdrs, body_, post = self.api.param_serialize(
                 method=method,
@@ -184,7 +209,7 @@ class Kube:
                 header_params=hdrs,
                 body=body_,
                 post_params=post,
-                _request_timeout=timeout or self.timeout,
+                _request_timeout=timeout,
             )
             if resp.status >= 400:
                 raise from_status(resp.status, resp.read())

@@ -60,6 +60,12 @@ class Unavailable(KubeError):
     transient = True
 
 
+class NotLeading(KubeError):
+    """A write refused before it was sent: this process no longer holds its leader Lease, or
+    holds it for too short a time to be sure the write lands before a successor may act
+    (``cdi.kube.leader``)."""
+
+
 _BY_STATUS: dict[int, type[KubeError]] = {
     400: Invalid,
     401: Unauthorized,

@@ -12,6 +12,20 @@ DataVolume. The rules are client-go's:
   lost the lease and must stop acting (``LeadershipLost``);
 - on graceful shutdown the holder releases the Lease (empty holder, 1 s duration) so a
   successor need not wait for expiry.
+
+Losing the Lease is decided on our own clock, even when the API server does not answer: a
+renewal that hangs (etcd down: the API server holds requests until its own timeout) is given up
+at the renew deadline, counted from when the last successful renewal was *sent*. The fence
+(``fence``, applied by ``cdi.kube.client.Kube.fenced`` to every write of the reconcilers) makes
+that decision binding for writes too: a write may start only before the renew deadline, and
+carries as its timeout what is left of ``lease_duration``. A standby takes the Lease only after
+it has seen the record unchanged for ``lease_duration`` on its own clock, starting no earlier
+than our last renewal was sent, so no write of ours can still be in flight, as a client request,
+when a successor starts acting. (The API server itself may hold a request a client gave up on
+for a moment longer; the controller's reconcilers check the claim afresh before the decisions
+that a stale view could get wrong.) The Lease's own requests use a client that is not fenced
+and, in the manager, a thread pool of their own, so renewals never queue behind a burst of
+reconciles.
 """
 
 from __future__ import annotations
@@ -19,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -48,55 +63,85 @@ def micro_time(now: datetime | None = None) -> str:
 
 
 class LeaderElector:
-    def __init__(self, kube: AsyncKube, config: LeaderConfig) -> None:
+    def __init__(
+        self,
+        kube: AsyncKube,
+        config: LeaderConfig,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.kube = kube
         self.config = config
+        self.clock = clock
         self._observed: tuple[str, str] | None = None  # (holder, renewTime) last seen
         self._observed_at = 0.0
+        # our clock when the last successful acquire or renewal was sent; None: not leading
+        self._renewed_at: float | None = None
 
     @property
     def identity(self) -> str:
         return self.config.identity
 
     async def acquire(self) -> None:
-        """Return once we hold the Lease."""
+        """Return once we hold the Lease, with time left to act on it (an acquisition whose
+        request the API server held past the renew deadline is renewed first)."""
         while True:
-            if await self.try_acquire_or_renew():
+            if await self.try_acquire_or_renew() and self.fence() > 0:
                 break
             await asyncio.sleep(self.config.retry_period)
         log.info(
             "acquired lease %s/%s as %s", self.config.namespace, self.config.name, self.identity
         )
 
+    def fence(self) -> float:
+        """Seconds a write sent now may take: until the Lease could pass to a successor.
+        0 once the renew deadline has passed without a renewal (or before leading)."""
+        if self._renewed_at is None:
+            return 0.0
+        elapsed = self.clock() - self._renewed_at
+        if elapsed >= self.config.renew_deadline:
+            return 0.0
+        return self.config.lease_duration - elapsed
+
     async def hold(self) -> None:
-        """Renew until the Lease is lost; then raise ``LeadershipLost``."""
-        last_ok = time.monotonic()
+        """Renew until the Lease is lost; then raise ``LeadershipLost``. Lost means: no
+        renewal succeeded within ``renew_deadline`` of the last one (a renewal the API server
+        does not answer is given up then), or another holder has it."""
+        cfg = self.config
         while True:
-            await asyncio.sleep(self.config.retry_period)
+            await asyncio.sleep(cfg.retry_period)
+            left = (self._renewed_at or 0.0) + cfg.renew_deadline - self.clock()
+            if left <= 0:
+                raise LeadershipLost(f"could not renew lease {cfg.name} in {cfg.renew_deadline}s")
             try:
-                ok = await self.try_acquire_or_renew()
+                async with asyncio.timeout(left):
+                    ok = await self.try_acquire_or_renew()
+            except TimeoutError:
+                raise LeadershipLost(
+                    f"could not renew lease {cfg.name} in {cfg.renew_deadline}s: "
+                    "the API server did not answer"
+                ) from None
             except KubeError as exc:
                 log.warning("renewing lease: %s", exc)
                 ok = False
-            if ok:
-                last_ok = time.monotonic()
-            elif time.monotonic() - last_ok > self.config.renew_deadline:
-                raise LeadershipLost(f"could not renew lease {self.config.name}")
+            holder = self._observed[0] if self._observed else ""
+            if not ok and holder and holder != self.identity:
+                raise LeadershipLost(f"lease {cfg.name} is held by {holder}")
 
     async def try_acquire_or_renew(self) -> bool:
         cfg = self.config
+        sent = self.clock()
         now = micro_time()
         try:
             lease = await self.kube.get(LEASES, cfg.name, cfg.namespace)
         except NotFound:
-            return await self._create(now)
+            return await self._create(now, sent)
         spec: dict[str, Any] = dict(lease.get("spec") or {})
         holder = str(spec.get("holderIdentity") or "")
         record = (holder, str(spec.get("renewTime") or ""))
         if record != self._observed:
-            self._observed, self._observed_at = record, time.monotonic()
+            self._observed, self._observed_at = record, self.clock()
         duration = float(spec.get("leaseDurationSeconds") or cfg.lease_duration)
-        expired = time.monotonic() - self._observed_at > duration
+        expired = self.clock() - self._observed_at > duration
         if holder and holder != self.identity and not expired:
             return False
         if holder != self.identity:
@@ -112,10 +157,11 @@ class LeaderElector:
             await self.kube.replace(LEASES, lease)
         except Conflict:
             return False
-        self._observed, self._observed_at = (self.identity, now), time.monotonic()
+        self._observed, self._observed_at = (self.identity, now), self.clock()
+        self._renewed_at = sent
         return True
 
-    async def _create(self, now: str) -> bool:
+    async def _create(self, now: str, sent: float) -> bool:
         cfg = self.config
         lease = {
             "apiVersion": "coordination.k8s.io/v1",
@@ -133,12 +179,14 @@ class LeaderElector:
             await self.kube.create(LEASES, lease)
         except Conflict:
             return False
-        self._observed, self._observed_at = (self.identity, now), time.monotonic()
+        self._observed, self._observed_at = (self.identity, now), self.clock()
+        self._renewed_at = sent
         return True
 
     async def release(self) -> None:
         """Give the Lease up if we hold it (best effort: shutdown must not hang on it)."""
         cfg = self.config
+        self._renewed_at = None  # no write of ours from here on
         try:
             lease = await self.kube.get(LEASES, cfg.name, cfg.namespace)
             spec = dict(lease.get("spec") or {})

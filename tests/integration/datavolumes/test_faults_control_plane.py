@@ -1,9 +1,10 @@
 """The control plane fails under a running import: etcd or the kube-apiserver is stopped, kept
-down a few seconds and started again while an importer pod is mid-transfer (the image server
-throttles it to 3 MiB/s, so a 24 MiB image takes ~8 s). The DataVolume still completes, with
-exactly one importer pod ever created (the controller re-lists and finds its recorded pod
-instead of making another), no restart, and the volume holds the image byte for byte: nothing
-half-written is marked ready.
+down a few seconds and started again, or etcd is frozen past the controller's renew deadline,
+while an importer pod is mid-transfer (the image server throttles it to 3 MiB/s, so a 24 MiB
+image takes ~8 s). The DataVolume still completes, with exactly one importer pod ever created
+(the controller re-lists and finds its recorded pod instead of making another), no import
+restart and no controller container restart, and the volume holds the image byte for byte:
+nothing half-written is marked ready.
 """
 
 from __future__ import annotations
@@ -58,7 +59,24 @@ class PodWatcher:
         self._thread.join(5)
 
 
-@pytest.mark.parametrize("component", ["kube-apiserver", "etcd"])
+def restarts(controller: Product) -> dict[str, int]:
+    """Each controller container's restart count, by pod."""
+    return {
+        p["metadata"]["name"]: sum(
+            int(c.get("restartCount") or 0) for c in p["status"].get("containerStatuses") or []
+        )
+        for p in controller.pods("cdi-controller")
+    }
+
+
+# The controller's renew deadline (deploy/: 10 s); a frozen etcd for longer takes the Lease away.
+RENEW_DEADLINE = 10.0
+
+
+@pytest.mark.parametrize(
+    "component, fault",
+    [("kube-apiserver", "restart"), ("etcd", "restart"), ("etcd", "frozen")],
+)
 def test_an_import_survives_a_control_plane_restart_mid_transfer(
     cluster: Cluster,
     kube: Kube,
@@ -67,18 +85,33 @@ def test_an_import_survives_a_control_plane_restart_mid_transfer(
     image_server: ImageServer,
     images: Images,
     component: str,
+    fault: str,
 ) -> None:
+    """``restart``: stopped, down 3 s, started again. ``frozen``: SIGSTOPped for longer than
+    the renew deadline, so every request hangs and the leader must give its Lease up on its own
+    clock: its writes are fenced, it stands by again in the same process (no container
+    restart), and whoever leads next finds the importer pod instead of making another."""
     url = image_server.url("slow", "disk.raw")
     kube.create(dv_path(namespace), datavolume("fault", {"http": {"url": url}}, size="64Mi"))
+    before = restarts(controller)
     with PodWatcher(kube, namespace) as watcher:
         wait_phase(kube, namespace, "fault", ("ImportInProgress",), 90)
         wait_until(lambda: watcher.uids, "the importer pod to be seen", 30)
         time.sleep(1.0)  # the body is flowing
-        down = cluster.restart(component, down_for=3.0)
-        print(f"{component} unavailable for {down:.1f} s mid-transfer")
+        holder = controller.lease()["spec"]["holderIdentity"]
+        if fault == "frozen":
+            with cluster.paused(component):
+                time.sleep(RENEW_DEADLINE + 3.0)
+            print(f"{component} frozen for {RENEW_DEADLINE + 3.0:.0f} s mid-transfer")
+        else:
+            down = cluster.restart(component, down_for=3.0)
+            print(f"{component} unavailable for {down:.1f} s mid-transfer")
         dv = wait_phase(kube, namespace, "fault", ("Succeeded", "Failed"), 180)
     assert dv["status"]["phase"] == "Succeeded", dv["status"]
     assert dv["status"].get("restartCount", 0) == 0, dv["status"]
     assert len(watcher.uids) == 1, watcher.uids  # no second importer pod
+    if fault == "frozen":  # the Lease changed hands: a new term, or the standby
+        assert controller.lease()["spec"]["holderIdentity"] != holder
+    assert restarts(controller) == before  # a lost Lease is not a crash
     local = Path(pv_of(kube, namespace, "fault")["spec"]["local"]["path"])
     same_prefix_then_zeros(local / "disk.img", images.reference)
