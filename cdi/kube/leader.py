@@ -111,12 +111,12 @@ class LeaderElector:
             await asyncio.sleep(cfg.retry_period)
             left = (self._renewed_at or 0.0) + cfg.renew_deadline - self.clock()
             if left <= 0:
-                raise LeadershipLost(f"could not renew lease {cfg.name} in {cfg.renew_deadline}s")
+                raise self._lost(f"could not renew lease {cfg.name} in {cfg.renew_deadline}s")
             try:
                 async with asyncio.timeout(left):
                     ok = await self.try_acquire_or_renew()
             except TimeoutError:
-                raise LeadershipLost(
+                raise self._lost(
                     f"could not renew lease {cfg.name} in {cfg.renew_deadline}s: "
                     "the API server did not answer"
                 ) from None
@@ -125,7 +125,11 @@ class LeaderElector:
                 ok = False
             holder = self._observed[0] if self._observed else ""
             if not ok and holder and holder != self.identity:
-                raise LeadershipLost(f"lease {cfg.name} is held by {holder}")
+                raise self._lost(f"lease {cfg.name} is held by {holder}")
+
+    def _lost(self, message: str) -> LeadershipLost:
+        self._renewed_at = None  # the fence closes at once
+        return LeadershipLost(message)
 
     async def try_acquire_or_renew(self) -> bool:
         cfg = self.config
