@@ -175,16 +175,7 @@ def cmd_controller(a: argparse.Namespace) -> int:
     from cdi.kube.leader import LeaderConfig
 
     _logging(a.log_level)
-    leader = None
-    if a.leader_elect:
-        leader = LeaderConfig(
-            name=a.lease_name,
-            namespace=a.lease_namespace,
-            identity="",  # one per term, below
-            lease_duration=a.lease_duration,
-            renew_deadline=a.renew_deadline,
-            retry_period=a.retry_period,
-        )
+    kube = Kube(load_api_client(a.kubeconfig))
     config = ManagerConfig(
         controller=ControllerConfig(
             importer_image=a.importer_image,
@@ -201,23 +192,29 @@ def cmd_controller(a: argparse.Namespace) -> int:
                 poll_interval=a.progress_interval,
             ),
         ),
-        leader=leader,
         workers=a.workers,
         resync=a.resync,
         namespace=a.namespace,
         metrics_host=a.metrics_host,
         metrics_port=a.metrics_port or None,
-        requester_key=_requester_key(a, Kube(load_api_client(a.kubeconfig))),
+        requester_key=_requester_key(a, kube),
     )
-
-    kube = Kube(load_api_client(a.kubeconfig))
 
     def term() -> Manager:
         """A Manager for one term, under an identity of its own: after a lost Lease the
         next one waits for the Lease to run out like any other candidate."""
         identity = f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
-        leading = dataclasses.replace(leader, identity=identity) if leader else None
-        return Manager(kube, dataclasses.replace(config, leader=leading), identity)
+        leader = None
+        if a.leader_elect:
+            leader = LeaderConfig(
+                name=a.lease_name,
+                namespace=a.lease_namespace,
+                identity=identity,
+                lease_duration=a.lease_duration,
+                renew_deadline=a.renew_deadline,
+                retry_period=a.retry_period,
+            )
+        return Manager(kube, dataclasses.replace(config, leader=leader), identity)
 
     async def main() -> None:
         await serve(term)

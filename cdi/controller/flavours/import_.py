@@ -295,10 +295,9 @@ class ImportFlavour:
         ``claim`` may come from the informer cache; deleting a pod is the one decision a stale
         record must never make, so the verdict is checked against a fresh GET (rare: only a
         pod that looks unrecorded costs it)."""
-        meta = claim.pvc.get("metadata") or {}
-        fresh = await self.deps.kube.get_or_none(PVCS, claim.name, meta.get("namespace"))
+        fresh = await self._server_record(claim)
         uid = pod_uid(pod)
-        return fresh is not None and uid is not None and ImportRecord.from_pvc(fresh).pod_uid == uid
+        return fresh is not None and uid is not None and fresh.pod_uid == uid
 
     async def _still_wanted(self, claim: Claim) -> bool:
         """The attempt's recorded pod is not in the pod cache (deleted, or not seen yet): the
@@ -307,9 +306,14 @@ class ImportFlavour:
         or by a leader before it whose writes landed as this one took over), or the attempt
         moved on; a pod made from the stale record would be a second importer. Rare: only a
         recorded pod that has gone from the cache costs this GET."""
+        return await self._server_record(claim) == claim.record
+
+    async def _server_record(self, claim: Claim) -> ImportRecord | None:
+        """The record on the claim as the API server holds it now (a GET, not the cache);
+        None when the claim is gone."""
         meta = claim.pvc.get("metadata") or {}
         fresh = await self.deps.kube.get_or_none(PVCS, claim.name, meta.get("namespace"))
-        return fresh is not None and ImportRecord.from_pvc(fresh) == claim.record
+        return None if fresh is None else ImportRecord.from_pvc(fresh)
 
     def _made_here(self, claim: Claim, pod: Mapping[str, Any]) -> bool:
         """The pod is one this process created (its UID record may not have been written)."""

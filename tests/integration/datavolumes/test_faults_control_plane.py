@@ -69,7 +69,8 @@ def restarts(controller: Product) -> dict[str, int]:
     }
 
 
-# The controller's renew deadline (deploy/: 10 s); a frozen etcd for longer takes the Lease away.
+# The controller's renew deadline (--renew-deadline's default, which deploy/ keeps); a frozen
+# etcd for longer takes the Lease away.
 RENEW_DEADLINE = 10.0
 
 
