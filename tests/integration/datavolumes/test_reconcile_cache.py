@@ -319,8 +319,9 @@ async def test_a_deleted_datavolume_is_not_brought_back_by_the_reconcilers_own_s
     claim_path = ns_path(namespace, "persistentvolumeclaims", "gone")
     claim = kube.get(claim_path)
     kube.delete(dv_path(namespace, "gone"))
-    kube.delete(claim_path)
-    kube.delete(ns_path(namespace, "pods", "importer-gone"))
+    # the garbage collector may delete these first (their owner is gone)
+    kube.delete_ignore_missing(claim_path)
+    kube.delete_ignore_missing(ns_path(namespace, "pods", "importer-gone"))
     del dvs.store[f"{namespace}/gone"]  # the informers' delete events
     r.own_claims.gone(claim)
     since = kube.get(ns_path(namespace, "persistentvolumeclaims"))["metadata"]["resourceVersion"]
