@@ -76,6 +76,7 @@ from cdi.controller.populators.handover import PrimePopulator
 from cdi.controller.populators.import_ import ImportPopulator
 from cdi.controller.populators.upload import UploadPopulator
 from cdi.controller.progress import HttpScraper
+from cdi.controller.seal import Seal
 from cdi.controller.snapshotwatch import SnapshotWatch, datavolume_keys
 from cdi.controller.storageprofile import StorageProfileReconciler
 from cdi.controller.uploadpvc import UploadPVCReconciler, is_upload_target, owned_by_datavolume
@@ -240,7 +241,9 @@ class Manager:
             ),
             i["dv"],
         )
-        deps = FlavourDeps(self.kube, datavolumes.events, self.scraper)
+        # seals the records that authorize acts beyond a tenant's reach (cdi.controller.seal)
+        seal = Seal.from_shared_key(cfg.requester_key)
+        deps = FlavourDeps(self.kube, datavolumes.events, self.scraper, seal=seal)
         uploads = UploadPVCReconciler(
             self.kube,
             UploadWorker(deps, cfg.controller.upload),
@@ -254,6 +257,7 @@ class Manager:
             i["sc"],
             datavolumes.cdi_config,
             self._recorder("import-populator", identity),
+            seal,
             ImportFlavour(deps, import_settings(cfg.controller)),
         )
         upload_populator = UploadPopulator(
@@ -261,6 +265,7 @@ class Manager:
             i["sc"],
             datavolumes.cdi_config,
             self._recorder("upload-populator", identity),
+            seal,
             UploadWorker(deps, cfg.controller.upload),
         )
         clone_populator = ClonePopulator(
@@ -268,6 +273,7 @@ class Manager:
             i["sc"],
             datavolumes.cdi_config,
             self._recorder("clone-populator", identity),
+            seal,
         )
         self.populators: dict[str, PrimePopulator] = {
             "populator": populator,

@@ -20,8 +20,9 @@ reconciler reads this record whatever the flavour; only ``pod_name``
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from cdi.api.constants import (
@@ -30,11 +31,17 @@ from cdi.api.constants import (
     ANN_POD_PHASE,
     ANN_POD_RESTARTS,
 )
+from cdi.controller.seal import Seal, object_uid
 
 ANN_RUNNING_REASON = "cdi.kubevirt.io/storage.condition.running.reason"
 ANN_RUNNING_MESSAGE = "cdi.kubevirt.io/storage.condition.running.message"
 ANN_IMPORT_POD_UID = "cdi.kubevirt.io/storage.import.importPodUID"
 ANN_BYTES_WRITTEN = "cdi.kubevirt.io/storage.import.bytesWritten"
+# Ours: the whole record, sealed by the controller (``cdi.controller.seal``), written in the same
+# patch as CDI's keys above. Where the record authorizes an act beyond the tenant's reach (a
+# populator's PV handover), the controller reads this, never the keys a tenant can rewrite.
+ANN_SEALED_RECORD = "cdi.kubevirt.io/storage.import.sealedRecord"
+SEAL_PURPOSE = "import-record"
 
 OUTCOME_SUCCEEDED = "Succeeded"
 OUTCOME_FAILED = "Failed"
@@ -87,3 +94,48 @@ class ImportRecord:
     def differs_from(self, pvc: Mapping[str, Any] | None) -> bool:
         ann = ((pvc or {}).get("metadata") or {}).get("annotations") or {}
         return any(ann.get(k) != v for k, v in self.annotations().items())
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str) -> ImportRecord | None:
+        """The record ``to_json`` wrote, or None if ``text`` is not one."""
+        try:
+            raw = json.loads(text)
+        except ValueError:
+            return None
+        names = {f.name for f in fields(cls)}
+        if not isinstance(raw, dict) or set(raw) != names:
+            return None
+        try:
+            return cls(**raw)
+        except TypeError:
+            return None
+
+
+def sealed_annotations(seal: Seal | None, pvc: Mapping[str, Any], record: ImportRecord) -> dict:
+    """What to write beside ``record.annotations()`` so the record can be read back sealed."""
+    if seal is None or not object_uid(pvc):
+        return {}
+    return {ANN_SEALED_RECORD: seal.seal(SEAL_PURPOSE, object_uid(pvc), record.to_json())}
+
+
+@dataclass(frozen=True)
+class SealedRead:
+    """The record the controller sealed on a claim, and whether the claim's CDI keys were
+    changed since by someone else (``altered``: they are ignored)."""
+
+    record: ImportRecord
+    altered: bool
+
+
+def read_sealed(seal: Seal, pvc: Mapping[str, Any]) -> SealedRead:
+    """The controller's own record on ``pvc``: a claim it never wrote a record on has a fresh
+    one; a seal that does not verify (forged, copied, altered) counts as none, and says so."""
+    ann = (pvc.get("metadata") or {}).get("annotations") or {}
+    raw = ann.get(ANN_SEALED_RECORD)
+    value = seal.open(SEAL_PURPOSE, object_uid(pvc), raw)
+    record = (ImportRecord.from_json(value) if value is not None else None) or ImportRecord()
+    broken = raw is not None and value is None
+    return SealedRead(record, broken or ImportRecord.from_pvc(pvc) != record)

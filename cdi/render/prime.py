@@ -173,10 +173,13 @@ def import_request(target: Mapping[str, Any], prime: Mapping[str, Any]) -> DataV
     )
 
 
-def rebind_patch(target: Mapping[str, Any]) -> JSON:
-    """Point a PV at ``target``: the PV binder then binds the target to it."""
+def rebind_patch(target: Mapping[str, Any], pv_version: str | None = None) -> JSON:
+    """Point a PV at ``target``: the PV binder then binds the target to it. ``pv_version``:
+    only over that resourceVersion of the PV (the one whose binding was checked)."""
     meta = target["metadata"]
+    guard = {"metadata": {"resourceVersion": pv_version}} if pv_version else {}
     return {
+        **guard,
         "spec": {
             "claimRef": {
                 "apiVersion": "v1",
@@ -186,7 +189,7 @@ def rebind_patch(target: Mapping[str, Any]) -> JSON:
                 "uid": meta["uid"],
                 "resourceVersion": None,
             }
-        }
+        },
     }
 
 

@@ -31,6 +31,7 @@ from cdi.api.constants import KIND_DATASOURCE, SourceKind
 from cdi.api.types import DataVolume
 from cdi.controller.progress import Scraper
 from cdi.controller.record import ImportRecord
+from cdi.controller.seal import Seal
 from cdi.controller.status import FlavourPhases, View
 from cdi.kube.client import AsyncKube
 from cdi.kube.events import EventRecorder
@@ -62,6 +63,9 @@ class Claim:
     record: ImportRecord
     pods: Mapping[str, JSON] = field(default_factory=dict)
     cdi_config: CDIConfig = field(default_factory=CDIConfig)
+    # the record is the controller's sealed one (``cdi.controller.record.read_sealed``), not the
+    # claim's CDI keys: a populator's prime, whose outcome authorizes a PV handover
+    sealed: bool = False
 
     @property
     def name(self) -> str:
@@ -86,6 +90,8 @@ class FlavourDeps:
     # follow-up do (the import flavour's pod UID record, kept in memory until written)
     burst: Callable[[], bool] = field(default=lambda: False)
     storage_class: Callable[[str], Mapping[str, Any] | None] = field(default=lambda name: None)
+    # seals every record written beside CDI's keys (``cdi.controller.seal``); None: unsealed
+    seal: Seal | None = None
 
 
 class Flavour(Protocol):

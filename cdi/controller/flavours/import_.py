@@ -45,7 +45,13 @@ from cdi.controller.flavours import JSON, Claim, FlavourDeps, PhaseEvent
 from cdi.controller.pods import claim_pod, pod_uid
 from cdi.controller.policy import Decision, FailurePolicy, Outcome, pod_outcome, pod_problem
 from cdi.controller.progress import Progress, parse_metrics
-from cdi.controller.record import OUTCOME_FAILED, OUTCOME_SUCCEEDED, ImportRecord
+from cdi.controller.record import (
+    OUTCOME_FAILED,
+    OUTCOME_SUCCEEDED,
+    ImportRecord,
+    read_sealed,
+    sealed_annotations,
+)
 from cdi.controller.registry_result import result_patch, with_node_digest
 from cdi.controller.status import ClaimProblem, FlavourPhases, View
 from cdi.kube.client import PODS, PVCS, SECRETS
@@ -313,7 +319,11 @@ class ImportFlavour:
         None when the claim is gone."""
         meta = claim.pvc.get("metadata") or {}
         fresh = await self.deps.kube.get_or_none(PVCS, claim.name, meta.get("namespace"))
-        return None if fresh is None else ImportRecord.from_pvc(fresh)
+        if fresh is None:
+            return None
+        if claim.sealed and self.deps.seal is not None:
+            return read_sealed(self.deps.seal, fresh).record
+        return ImportRecord.from_pvc(fresh)
 
     def _made_here(self, claim: Claim, pod: Mapping[str, Any]) -> bool:
         """The pod is one this process created (its UID record may not have been written)."""
@@ -352,7 +362,8 @@ class ImportFlavour:
         if not record.differs_from(pvc):
             return pvc
         meta = pvc["metadata"]
-        patch: JSON = {"metadata": {"annotations": record.annotations()}}
+        annotations = {**record.annotations(), **sealed_annotations(self.deps.seal, pvc, record)}
+        patch: JSON = {"metadata": {"annotations": annotations}}
         if guarded:
             patch["metadata"]["resourceVersion"] = meta.get("resourceVersion")
         written = await self.deps.kube.patch(PVCS, meta["name"], patch, meta.get("namespace"))

@@ -50,7 +50,12 @@ from cdi.api.termination import REASON_COMPLETED
 from cdi.controller.flavours import JSON, Claim, FlavourDeps, PhaseEvent
 from cdi.controller.pods import pod_uid
 from cdi.controller.policy import Outcome, pod_outcome
-from cdi.controller.record import OUTCOME_FAILED, OUTCOME_SUCCEEDED, ImportRecord
+from cdi.controller.record import (
+    OUTCOME_FAILED,
+    OUTCOME_SUCCEEDED,
+    ImportRecord,
+    sealed_annotations,
+)
 from cdi.controller.status import ClaimProblem, FlavourPhases, View
 from cdi.kube.client import PODS, PVCS, SECRETS, SERVICES, Resource
 from cdi.kube.errors import Conflict, NotFound
@@ -325,6 +330,7 @@ class UploadWorker:
         meta = pvc["metadata"]
         wanted: dict[str, str | None] = {
             **record.annotations(),
+            **sealed_annotations(self.deps.seal, pvc, record),
             ANN_POD_READY: str(ready).lower(),
             **(extra or {}),
         }

@@ -37,6 +37,7 @@ from cdi.controller.flavours.import_ import IMPORT_PHASES, ImportFlavour
 from cdi.controller.pods import owned_pods
 from cdi.controller.populators.handover import PrimePopulator
 from cdi.controller.record import ImportRecord
+from cdi.controller.seal import Seal
 from cdi.controller.status import View
 from cdi.kube.client import VOLUME_IMPORT_SOURCES, AsyncKube
 from cdi.kube.events import WARNING, EventRecorder
@@ -66,9 +67,10 @@ class ImportPopulator(PrimePopulator):
         storage_classes: Store,
         cdi_config: Callable[[], CDIConfig],
         events: EventRecorder,
+        seal: Seal,
         flavour: ImportFlavour,
     ) -> None:
-        super().__init__(kube, storage_classes, cdi_config, events)
+        super().__init__(kube, storage_classes, cdi_config, events, seal)
         self.pods = pods
         self.flavour = flavour
 
@@ -87,7 +89,7 @@ class ImportPopulator(PrimePopulator):
             await self.event_once(target, WARNING, exc.reason, exc.message)
             return Result()
         pods = owned_pods(self.pods.items(), target["metadata"]["uid"])
-        claim = Claim(request, target, prime, record, pods, self.cdi_config())
+        claim = Claim(request, target, prime, record, pods, self.cdi_config(), sealed=True)
         view = View(claim_name=target["metadata"]["name"], phases=IMPORT_PHASES)
         view, result = await self.flavour.sync(claim, view)
         await self.mirror(target, view.record, view.pod_phase, view.progress)

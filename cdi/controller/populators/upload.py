@@ -36,6 +36,7 @@ from cdi.controller.flavours.upload import Target, UploadWorker, phase_for
 from cdi.controller.populators.datavolume import Store
 from cdi.controller.populators.handover import PrimePopulator
 from cdi.controller.record import ImportRecord
+from cdi.controller.seal import Seal
 from cdi.kube.client import VOLUME_UPLOAD_SOURCES, AsyncKube
 from cdi.kube.events import NORMAL, EventRecorder
 from cdi.kube.workqueue import Result
@@ -61,9 +62,10 @@ class UploadPopulator(PrimePopulator):
         storage_classes: Store,
         cdi_config: Callable[[], CDIConfig],
         events: EventRecorder,
+        seal: Seal,
         worker: UploadWorker,
     ) -> None:
-        super().__init__(kube, storage_classes, cdi_config, events)
+        super().__init__(kube, storage_classes, cdi_config, events, seal)
         self.worker = worker
 
     async def read_source(self, target: JSON) -> JSON | None:
