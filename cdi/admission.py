@@ -49,7 +49,7 @@ from cdi.kube.client import (
     Resource,
 )
 from cdi.kube.errors import Conflict, KubeError, NotFound
-from cdi.kube.informer import Informer
+from cdi.kube.informer import keys_cache
 from cdi.lifecycle import run_until_stopped
 from cdi.webhooks.certs import Bundle, KeyPair, rotate, service_names
 from cdi.webhooks.claims import CachedClaims, ClaimCache
@@ -242,7 +242,7 @@ async def serve_webhook(kube: Kube, config: WebhookConfig) -> None:
     files.load(ctx, bundle.serving)
 
     # the existing-claim check of every DataVolume create, answered from a claim informer
-    claims = Informer(kube, PVCS)
+    claims = keys_cache(kube, PVCS)  # asked only whether a claim exists
     claims.start()
     lookup = KubeLookup(kube, claims)
     signer = RequesterSigner(config.requester_key) if config.requester_key else None

@@ -85,6 +85,7 @@ from cdi.controller.status import ClaimProblem, View, compute_status
 from cdi.kube.client import DATAVOLUMES, JSON, PVCS, AsyncKube, split_key
 from cdi.kube.errors import Conflict
 from cdi.kube.events import NORMAL, WARNING, EventRecorder
+from cdi.kube.informer_slim import is_partial
 from cdi.kube.own_writes import OwnWrites
 from cdi.kube.workqueue import Result
 from cdi.render import RenderError
@@ -236,7 +237,11 @@ class DataVolumeReconciler:
                 # bring it back: that made claims and pods for a deleted DataVolume until the
                 # write's memory expired
                 return None
-            return self.own_dvs.freshest(key, cached)
+            seen = self.own_dvs.freshest(key, cached)
+            if not is_partial(seen):
+                return seen
+            # the cache dropped labels or annotations this DataVolume has (an oversized one,
+            # cdi.kube.informer_slim): its claim is rendered from all of them, so read it whole
         namespace, name = split_key(key)
         return await self.kube.get_or_none(DATAVOLUMES, name, namespace)
 
@@ -379,7 +384,7 @@ class Step:
             seen = r.own_claims.freshest(key, cache.get(key))
             if seen is None:
                 return None
-            if isinstance(self.flavour, CACHED_CLAIM_FLAVOURS):
+            if isinstance(self.flavour, CACHED_CLAIM_FLAVOURS) and not is_partial(seen):
                 self.cached_claim = True
                 return seen
         return await r.kube.get_or_none(PVCS, dv.name, dv.namespace)

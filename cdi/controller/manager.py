@@ -51,6 +51,7 @@ from aiohttp import web
 
 from cdi.api.constants import (
     ANN_CREATED_FOR_DATAVOLUME,
+    ANN_SELECTED_NODE,
     CDICONFIG_NAME,
     KIND_DATAVOLUME,
     LABEL_COMPONENT,
@@ -94,8 +95,10 @@ from cdi.kube.client import (
 )
 from cdi.kube.events import EventQueue, EventRecorder
 from cdi.kube.informer import Informer, wait_all_synced
+from cdi.kube.informer_slim import SLIM_PAGE, Slim, keys_only, kubevirt_and
 from cdi.kube.leader import LeaderConfig, LeaderElector, LeadershipLost
 from cdi.kube.workqueue import Backoff, Reconcile, WorkQueue, run_workers
+from cdi.render.clone import ANN_CLONE_OF, ANN_CLONE_REQUEST
 from cdi.render.prime import is_prime
 from cdi.render.upload_pod import UPLOAD_COMPONENT, upload_pod_name
 
@@ -170,6 +173,29 @@ def cron_key(obj: dict[str, Any]) -> str | None:
     return f"{meta.get('namespace')}/{cron}" if cron else None
 
 
+# What the caches of tenant-written kinds keep (cdi.kube.informer_slim, security review N8):
+# DataVolumes whole but bounded (their labels and annotations are copied to the claim; the
+# reconciler reads a partial one fresh), claims and DataSources only the keys the controller
+# reads of them, DataImportCrons only their keys (the reconciler GETs the cron).
+CLAIM_KEYS = kubevirt_and({ANN_SELECTED_NODE, ANN_CLONE_REQUEST, ANN_CLONE_OF})
+
+
+def controller_informers(kube: Kube, resync: float) -> dict[str, Informer]:
+    slim = SLIM_PAGE  # objects per list page where tenants write the objects
+    return {
+        "dv": Informer(kube, DATAVOLUMES, resync=resync, transform=Slim(), page_size=slim),
+        "pvc": Informer(kube, PVCS, resync=resync, transform=Slim(CLAIM_KEYS), page_size=slim),
+        "pod": Informer(kube, PODS, label_selector=WORKER_PODS, resync=resync),
+        "sc": Informer(kube, STORAGE_CLASSES, resync=resync),
+        "profile": Informer(kube, STORAGE_PROFILES, resync=resync),
+        "config": Informer(kube, CDI_CONFIGS, resync=resync),
+        "cron": Informer(kube, DATAIMPORTCRONS, resync=resync, transform=keys_only, page_size=slim),
+        "ds": Informer(
+            kube, DATA_SOURCES, resync=resync, transform=Slim(CLAIM_KEYS), page_size=slim
+        ),
+    }
+
+
 class Manager:
     def __init__(self, kube: Kube, config: ManagerConfig, identity: str = "cdi-controller"):
         self.config = config
@@ -180,18 +206,8 @@ class Manager:
             self.elector = LeaderElector(AsyncKube(kube, max_threads=2), config.leader)
             kube = kube.fenced(self.elector.fence)
         self.kube = AsyncKube(kube)
-        r = config.resync
-        self.informers = {
-            "dv": Informer(kube, DATAVOLUMES, resync=r),
-            "pvc": Informer(kube, PVCS, resync=r),
-            "pod": Informer(kube, PODS, label_selector=WORKER_PODS, resync=r),
-            "sc": Informer(kube, STORAGE_CLASSES, resync=r),
-            "profile": Informer(kube, STORAGE_PROFILES, resync=r),
-            "config": Informer(kube, CDI_CONFIGS, resync=r),
-            "cron": Informer(kube, DATAIMPORTCRONS, resync=r),
-            "ds": Informer(kube, DATA_SOURCES, resync=r),
-        }
-        self.snapshots = SnapshotWatch(kube, self.kube, r, config.config_recheck)
+        self.informers = controller_informers(kube, config.resync)
+        self.snapshots = SnapshotWatch(kube, self.kube, config.resync, config.config_recheck)
         self.scraper = HttpScraper()
         # every recorder's events, written off the reconciles, after new DataVolumes' claims
         # and pods while a burst of them waits (bounded delay)

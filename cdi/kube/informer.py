@@ -13,6 +13,10 @@ Shape (client-go's reflector + store, minus the parts we do not need):
   mishandled event costs at most one resync period (level-triggered controllers rely on it).
 
 Handlers get only the object (to compute a key); reconcilers re-read state from the store.
+
+An informer may *transform* each object before it is stored (client-go's ``SetTransform``):
+on the reflector thread, page by page, so only one page of whole objects is ever held
+(``cdi.kube.informer_slim``: what the controller's and the webhook's caches keep).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from typing import Any
 
 from cdi.kube.client import JSON, Kube, Resource, object_key
 from cdi.kube.errors import Gone, KubeError
+from cdi.kube.informer_slim import SLIM_PAGE, Transform, keys_only
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +47,8 @@ class Informer:
         label_selector: str | None = None,
         resync: float = 300.0,
         watch_timeout: int = 60,
+        transform: Transform | None = None,
+        page_size: int = 500,
     ) -> None:
         self.kube = kube
         self.resource = resource
@@ -49,6 +56,8 @@ class Informer:
         self.label_selector = label_selector
         self.resync = resync
         self.watch_timeout = watch_timeout
+        self.transform = transform
+        self.page_size = page_size
         self.store: dict[str, JSON] = {}
         self.handlers: list[Handler] = []
         self.relists = 0  # how many times a full list was needed (first one included)
@@ -126,17 +135,18 @@ class Informer:
                 self.resource,
                 self.namespace,
                 label_selector=self.label_selector,
-                limit=500,
+                limit=self.page_size,
                 continue_=cont,
             )
             kind = self.resource.kind
             for obj in page.get("items") or []:
                 obj.setdefault("kind", kind)
                 obj.setdefault("apiVersion", self.resource.api_version)
-                items.append(obj)
+                items.append(self._shape(obj))
             meta = page.get("metadata") or {}
             rv = str(meta.get("resourceVersion") or "")
             cont = meta.get("continue")
+            del page  # whole objects: gone before the next page is read
             if not cont:
                 break
         self.relists += 1
@@ -156,8 +166,11 @@ class Informer:
             rv = str((obj.get("metadata") or {}).get("resourceVersion") or rv)
             if kind == "BOOKMARK":
                 continue
-            self._post(self._apply, kind, obj)
+            self._post(self._apply, kind, self._shape(obj))
         return rv
+
+    def _shape(self, obj: JSON) -> JSON:
+        return obj if self.transform is None else self.transform(obj)
 
     def _post(self, fn: Callable[..., None], *args: Any) -> None:
         loop = self._loop
@@ -196,3 +209,9 @@ class Informer:
 async def wait_all_synced(informers: list[Informer]) -> None:
     """Until every informer has listed once (callers bound it with ``asyncio.timeout``)."""
     await asyncio.gather(*(i.wait_synced() for i in informers))
+
+
+def keys_cache(kube: Kube, resource: Resource, *, resync: float = 300.0) -> Informer:
+    """An informer that holds each object's identity only (``keys_only``), listed in small
+    pages: for a cache asked only whether an object exists (the webhook's claims)."""
+    return Informer(kube, resource, resync=resync, transform=keys_only, page_size=SLIM_PAGE)

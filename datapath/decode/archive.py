@@ -9,8 +9,9 @@ Checks made member by member cannot see the future: ``a -> b/..`` is inside the 
 ``b`` does not exist, and escapes once a later member makes ``b`` a link to ``.``. So when the
 extraction ends, successfully or not, every symlink in the tree is resolved and any that leads
 outside is removed; on success that fails the import (``UnsafeImage``). Members are also
-bounded in number, and pax / GNU long-name headers in size (tarfile reads those whole into
-memory, so an attacker-declared 8 GB header would be an 8 GB allocation). File data is copied
+bounded in number and name bytes, and pax / GNU long-name headers in size (tarfile reads those
+whole into memory, so an attacker-declared 8 GB header would be an 8 GB allocation; the bounds
+are ``decode.tarbounds``', shared with the registry layer walk). File data is copied
 in large pieces straight from the stream's chunks (``decode.tarcopy``). Every failure is a
 typed error: a hard link to a missing member or an ``OSError`` while writing is ``InvalidImage``.
 """
@@ -24,28 +25,9 @@ import tarfile
 from collections.abc import Iterator
 
 from cdi.api.errors import InsufficientSpace, InvalidImage, UnsafeImage
+from datapath.decode.tarbounds import MAX_MEMBERS, BoundedTarInfo, TarBudget
 from datapath.decode.tarcopy import StreamingTar
 from datapath.streams import IterReader
-
-# tarfile keeps every member's TarInfo (~350 bytes plus its names) until the end, for hard
-# links: members and the bytes of their names are both bounded (docs/importer.md, memory table).
-MAX_MEMBERS = 250_000  # a distribution's root has ~100,000 files; a million tiny ones is an attack
-MAX_NAME_BYTES = 32 * 1024 * 1024  # names, link names and pax records of all members together
-MAX_HEADER_BYTES = 1 << 20  # pax and GNU long-name headers (names, xattrs), held in memory
-
-
-class _BoundedTarInfo(tarfile.TarInfo):
-    """Refuses extended headers larger than ``MAX_HEADER_BYTES`` before tarfile reads them."""
-
-    def _proc_member(self, tarfile_: tarfile.TarFile) -> tarfile.TarInfo:
-        extended = (tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK, tarfile.XHDTYPE)
-        if (self.type in extended or self.type in (tarfile.XGLTYPE, tarfile.SOLARIS_XHDTYPE)) and (
-            self.size > MAX_HEADER_BYTES
-        ):
-            raise UnsafeImage(
-                f"archive header of {self.size} bytes exceeds the {MAX_HEADER_BYTES}-byte limit"
-            )
-        return super()._proc_member(tarfile_)  # type: ignore[misc]
 
 
 def _inside(root: str, relative: str) -> bool:
@@ -94,17 +76,13 @@ def extract_tar(
 def _extract_members(
     chunks: Iterator[bytes], dest: str, capacity: int | None, max_members: int
 ) -> int:
-    total = count = names = 0
+    total = 0
+    budget = TarBudget(max_members)
     try:
         reader = IterReader(chunks)
-        with StreamingTar.open(fileobj=reader, mode="r|", tarinfo=_BoundedTarInfo) as tar:
+        with StreamingTar.open(fileobj=reader, mode="r|", tarinfo=BoundedTarInfo) as tar:
             for member in tar:
-                count += 1
-                if count > max_members:
-                    raise UnsafeImage(f"archive has more than {max_members} members")
-                names += _name_bytes(member)
-                if names > MAX_NAME_BYTES:
-                    raise UnsafeImage(f"archive member names exceed {MAX_NAME_BYTES} bytes")
+                budget.count(member)
                 check_member(member)
                 total += member.size if member.isfile() else 0
                 if capacity is not None and total > capacity:
@@ -118,12 +96,6 @@ def _extract_members(
     except tarfile.TarError as exc:
         raise InvalidImage(f"archive is corrupt or truncated: {exc}") from exc
     return total
-
-
-def _name_bytes(member: tarfile.TarInfo) -> int:
-    """What a member's names keep in memory until the extraction ends."""
-    pax = sum(len(k) + len(v) for k, v in member.pax_headers.items())
-    return len(member.name) + len(member.linkname) + pax
 
 
 def _extract_one(tar: tarfile.TarFile, member: tarfile.TarInfo, dest: str) -> None:

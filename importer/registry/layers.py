@@ -10,6 +10,13 @@ skipped by reading it) so that a second visible file, or a directory, under ``di
 import with CDI's message, as the unpacked tree would have shown it. Lower layers are not read
 once ``disk/`` is opaque or deleted above them: nothing there can be visible.
 
+Memory is bounded as in archive extraction (``datapath.decode.tarbounds``, security review
+N11): a pax or GNU long-name header over ``MAX_HEADER_BYTES`` is refused before tarfile reads
+it (a 200 MiB pax record is a 0.2 MiB gzip layer), tarfile's list of every member read is
+emptied member by member (nothing here looks back), and the paths the overlay keeps over all
+layers are bounded in number and bytes (``MAX_LAYER_PATHS``, ``MAX_LAYER_NAME_BYTES``). Past a
+bound the import fails with ``UnsafeImage``.
+
 Every blob is checked as it streams: more bytes than its descriptor's size fail at once, and the
 hash is compared when the blob ends (each layer is read to its end), before the source reports
 its last byte, so a tampered layer fails the import and nothing is marked complete.
@@ -25,6 +32,7 @@ from dataclasses import dataclass, field
 
 from cdi.api.errors import InvalidImage
 from datapath.decode.decompress import decompress
+from datapath.decode.tarbounds import BoundedTarInfo, TarBudget
 from datapath.formats import SNIFF_BYTES, sniff
 from datapath.streams import CHUNK_SIZE, IterReader, Peekable
 from importer.registry.errors import DigestMismatch, RegistryImageInvalid
@@ -36,6 +44,11 @@ OPAQUE = ".wh..wh..opq"
 EMPTY = "image file does not exist in image directory - directory is empty"
 SEVERAL = "image directory contains more than one file"
 SUBDIR = "image directory contains another directory"
+# Entries of all layers together (a containerDisk has a handful; one built on a base image its
+# files, ~10,000 for a minimal distribution) and their names, link names and pax records:
+# ~240 B per path kept (docs/importer.md, memory table).
+MAX_LAYER_PATHS = 50_000
+MAX_LAYER_NAME_BYTES = 4 * 1024 * 1024
 
 Opener = Callable[[Descriptor], Generator[bytes, None, None]]  # a blob's bytes, as served
 
@@ -64,6 +77,10 @@ class Overlay:
     hidden: set[str] = field(default_factory=set)  # deleted, or replaced by a non-directory
     opaque: set[str] = field(default_factory=set)  # directories whose lower content is hidden
     present: set[str] = field(default_factory=set)  # entries upper layers provide
+    # every entry read counts, in every layer: what the sets above (and _Layer's) can hold
+    budget: TarBudget = field(
+        default_factory=lambda: TarBudget(MAX_LAYER_PATHS, MAX_LAYER_NAME_BYTES)
+    )
 
     def visible(self, path: str) -> bool:
         if path in self.present:
@@ -129,8 +146,12 @@ def _walk(
     tar: Iterator[bytes], overlay: Overlay, layer: _Layer, found: list[str]
 ) -> Iterator[bytes]:
     try:
-        with tarfile.open(fileobj=IterReader(tar), mode="r|") as archive:
-            for member in archive:
+        reader = IterReader(tar)
+        with tarfile.open(fileobj=reader, mode="r|", tarinfo=BoundedTarInfo) as archive:
+            while (member := archive.next()) is not None:
+                # tarfile keeps every TarInfo it read (undeclared in typeshed); we never look back
+                archive.members.clear()  # type: ignore[attr-defined]
+                overlay.budget.count(member)
                 path = _normal(member.name)
                 if path is None:
                     continue

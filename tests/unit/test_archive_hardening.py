@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from cdi.api.errors import InvalidImage, UnsafeImage
-from datapath.decode.archive import MAX_HEADER_BYTES, extract_tar
+from datapath.decode.archive import extract_tar
+from datapath.decode.tarbounds import MAX_HEADER_BYTES
 
 
 def _tar(*members: tuple[str, bytes, str, bytes]) -> bytes:

@@ -29,7 +29,7 @@ import pytest
 from cdi.api.config import DEFAULT_POD_RESOURCES
 from cdi.api.errors import InvalidImage, UnsafeImage, UnsupportedFormat
 from datapath.decode import peel
-from datapath.decode.archive import MAX_HEADER_BYTES, MAX_MEMBERS, MAX_NAME_BYTES, extract_tar
+from datapath.decode.archive import extract_tar
 from datapath.decode.decompress import ZSTD_MAX_WINDOW, decompress
 from datapath.decode.mapped import MAX_EXTENTS
 from datapath.decode.qcow2.decoder import (
@@ -40,6 +40,7 @@ from datapath.decode.qcow2.decoder import (
 )
 from datapath.decode.qcow2.header import MAX_CLUSTER_BITS, MAX_L1_BYTES
 from datapath.decode.rawpieces import FLUSH_AT, MAX_WRITE
+from datapath.decode.tarbounds import MAX_HEADER_BYTES, MAX_MEMBERS, MAX_NAME_BYTES
 from datapath.decode.xz_parallel import (
     MAX_PARALLEL_BLOCK,
     ORDERED_WORKERS,
@@ -53,6 +54,7 @@ from datapath.plan import SPILL_MEMORY_LIMIT
 from datapath.stage import ThreadStage
 from datapath.streams import CHUNK_SIZE
 from datapath.target.writer import RawWriter
+from importer.registry.layers import MAX_LAYER_NAME_BYTES, MAX_LAYER_PATHS, Overlay, _Layer
 from importer.sources.http import HttpOptions
 
 MiB = 1 << 20
@@ -61,6 +63,7 @@ RUN_BYTES = 220  # one pending qcow2 run: a tuple of four ints in a list
 TABLE_BYTES = 400  # one pending L2 table: a _Table in the heap
 EXTENT_BYTES = 200  # one vmdk/vdi extent
 TARINFO_BYTES = 450  # one tar member kept by tarfile (names counted apart)
+LAYER_PATH_BYTES = 240  # one path the registry layer walk keeps (names counted apart)
 RUNTIME = 48 * MiB  # Python and the importer's modules: 30 MB measured, plus thread stacks
 XZ_POSITIONED_WORKERS = 4  # default_workers(): at most 4 threads, each writing its block
 
@@ -129,13 +132,19 @@ def image() -> dict[str, int]:
     }
 
 
+def registry_walk() -> int:
+    """A registry source's layer walk: the overlay's paths, their names, one header. Counted
+    for every import (a registry image's disk goes through any chain)."""
+    return MAX_LAYER_PATHS * LAYER_PATH_BYTES + MAX_LAYER_NAME_BYTES + MAX_HEADER_BYTES
+
+
 def worst_case() -> int:
     block = MAX_PARALLEL_BLOCK
     positioned = XZ_POSITIONED_WORKERS * (
         max_compressed(block) + min(XZ_MEMLIMIT, block) + 2 * PIECE + 2 * MiB  # + lane buffers
     )
     chains = [c + i for c in compression().values() for i in image().values()]
-    return RUNTIME + sum(common().values()) + max(*chains, positioned)
+    return RUNTIME + sum(common().values()) + registry_walk() + max(*chains, positioned)
 
 
 def test_the_worst_case_stays_under_the_importer_pods_memory_limit() -> None:
@@ -168,7 +177,24 @@ def test_the_documented_per_item_costs_hold() -> None:
     assert run + 8 <= RUN_BYTES and run + 8 <= EXTENT_BYTES  # + the list slot
     assert tables <= TABLE_BYTES
     assert tar <= TARINFO_BYTES
+    assert _layer_path_cost() <= LAYER_PATH_BYTES
     assert _Runs([]).index == 0  # the wrapper is one per L2 table, counted in TABLE_BYTES
+
+
+def _layer_path_cost(n: int = MAX_LAYER_PATHS) -> float:
+    """A path in the layer walk at its peak: in the current layer's sets and the overlay's.
+    Measured at the cap (set tables grow in steps: fewer paths cost more each, less in all)."""
+    tracemalloc.start()
+    overlay, layer, names = Overlay(), _Layer(), 0
+    for i in range(n):
+        path = f"usr/lib/python3/site-packages/pkg/mod{i}.py"
+        names += len(path)
+        layer.present.add(path)
+        layer.hidden.add(path)
+    layer.apply(overlay)
+    size, _ = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    return (size - names) / n
 
 
 def _xz_with_dictionary(dict_byte: int) -> bytes:

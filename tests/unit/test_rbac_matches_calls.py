@@ -115,6 +115,7 @@ INDIRECT: dict[tuple[str, str], tuple[Resource, ...]] = {
     ("cdi.controller.flavours.upload", "remove"): (PODS, SERVICES),
 }
 Grant = tuple[str, str, str]  # (apiGroup, resource[/subresource], verb)
+INFORMERS = ("Informer", "keys_cache")  # (kube, RESOURCE, ...): list + watch
 
 
 Function = ast.FunctionDef | ast.AsyncFunctionDef
@@ -152,7 +153,7 @@ def _resource_names(node: ast.Call, mod: Any, where: tuple[str, str]) -> list[Re
 
 def _grants_of_call(node: ast.Call, mod: Any, where: tuple[str, str]) -> set[Grant]:
     func = node.func
-    if isinstance(func, ast.Name) and func.id == "Informer":
+    if isinstance(func, ast.Name) and func.id in INFORMERS:
         res = getattr(mod, ast.unparse(node.args[1]))
         return {(res.group, res.plural, verb) for verb in ("list", "watch")}
     if not (isinstance(func, ast.Attribute) and func.attr in VERBS):
