@@ -12,7 +12,18 @@ Three cluster-facing pieces, each through the one gateway (``cdi.kube.client``):
   (compare-and-swap on the Secret's resourceVersion, so two replicas never fork the CA) and
   writes the CA bundle into our Validating/MutatingWebhookConfigurations;
 - ``serve_webhook``: HTTPS with an ``SSLContext`` reloaded in place after a rotation (new
-  handshakes use the new certificate), a periodic rotation check, graceful stop on SIGTERM.
+  handshakes use the new certificate), a periodic rotation check, graceful stop on SIGTERM;
+  ``/healthz`` also on a plain-HTTP port of its own for the kubelet's probe;
+- ``ApiServerTrust``: whom the webhook answers (security review finding N2). By default
+  (``client_auth="certificate"``) the TLS layer requires a client certificate signed by the
+  CA the API server's front proxy uses, published by the API server itself in ConfigMap
+  ``kube-system/extension-apiserver-authentication`` (``requestheader-client-ca-file``), and
+  ``cdi.webhooks.callers`` checks its CN against ``requestheader-allowed-names``; the API server
+  presents its front-proxy client certificate to the webhook when its admission configuration
+  says so (``docs/security.md``). ``client_ca_file``/``client_names`` name another CA and CNs
+  instead. Both are read again at every rotation check. ``client_auth="network"`` asks for no
+  certificate: only for a cluster whose API server cannot present one, with the NetworkPolicy
+  of ``deploy/optional/`` in force.
 """
 
 from __future__ import annotations
@@ -20,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import datetime as dt
+import json
 import logging
 import ssl
 import tempfile
@@ -38,6 +50,7 @@ from cdi.api.requester import RequesterSigner
 from cdi.kube.client import (
     API_CONCURRENCY,
     CDI_CONFIGS,
+    CONFIG_MAPS,
     DATA_SOURCES,
     JSON_PATCH,
     MUTATING_WEBHOOKS,
@@ -51,15 +64,19 @@ from cdi.kube.client import (
 from cdi.kube.errors import Conflict, KubeError, NotFound
 from cdi.kube.informer import keys_cache
 from cdi.lifecycle import run_until_stopped
+from cdi.webhooks.callers import ApiServerCaller
 from cdi.webhooks.certs import Bundle, KeyPair, rotate, service_names
 from cdi.webhooks.claims import CachedClaims, ClaimCache
+from cdi.webhooks.fairness import FairLookups
 from cdi.webhooks.mutation import UserInfo
-from cdi.webhooks.server import make_app
+from cdi.webhooks.server import make_app, make_health_app
 from cdi.webhooks.visibility import access_review
 
 log = logging.getLogger(__name__)
 
 CLAIM_ADOPTION_GATE = "DataVolumeClaimAdoption"
+AUTH_CONFIG_MAP = ("kube-system", "extension-apiserver-authentication")
+CLIENT_AUTH_MODES = ("certificate", "network")
 
 
 @dataclass(frozen=True)
@@ -74,6 +91,10 @@ class WebhookConfig:
     mutating_config: str = "cdi-datavolume-mutator"
     cert_check_interval: float = 3600.0
     requester_key: bytes | None = None  # signs storage.requester.* (cdi.api.requester)
+    client_auth: str = "certificate"  # or "network": no client certificate (NetworkPolicy)
+    client_ca_file: Path | None = None  # None: the API server's requestheader CA
+    client_names: tuple[str, ...] | None = None  # None: requestheader-allowed-names
+    health_port: int = 0  # plain-HTTP /healthz for the kubelet; 0: none
 
 
 class KubeLookup:
@@ -102,7 +123,7 @@ class KubeLookup:
         return CLAIM_ADOPTION_GATE in ((config.get("spec") or {}).get("featureGates") or [])
 
     def allows(self, user: UserInfo, namespace: str, check: AccessCheck) -> bool:
-        body = access_review_body(user.username, user.groups, namespace, check)
+        body = access_review_body(user, namespace, check)
         review = self.kube.create(SUBJECT_ACCESS_REVIEWS, body)
         return bool((review.get("status") or {}).get("allowed"))
 
@@ -225,7 +246,60 @@ class TLSFiles:
         self._dir.cleanup()
 
 
+class ClientTrustMissing(RuntimeError):
+    """No CA to verify the API server's client certificate with (the message says where)."""
+
+
+class ApiServerTrust:
+    """The CA and CNs of the API server's client certificate, from ``config`` or as the API
+    server publishes them (``AUTH_CONFIG_MAP``)."""
+
+    def __init__(self, kube: Kube, config: WebhookConfig) -> None:
+        self.kube = kube
+        self.config = config
+
+    def read(self) -> tuple[bytes, tuple[str, ...]]:
+        if self.config.client_ca_file is not None:
+            ca = self.config.client_ca_file.read_bytes()
+            names: tuple[str, ...] = ()
+        else:
+            ca, names = self._published()
+        if not ca.strip():
+            raise ClientTrustMissing(
+                f"{self.config.client_ca_file or '/'.join(AUTH_CONFIG_MAP)}: no client CA"
+            )
+        if self.config.client_names is not None:
+            names = self.config.client_names
+        return ca, names
+
+    def _published(self) -> tuple[bytes, tuple[str, ...]]:
+        cm = self.kube.get(CONFIG_MAPS, AUTH_CONFIG_MAP[1], AUTH_CONFIG_MAP[0])
+        data = cm.get("data") or {}
+        ca = str(data.get("requestheader-client-ca-file") or "").encode()
+        try:
+            names = json.loads(data.get("requestheader-allowed-names") or "[]")
+        except ValueError:
+            names = None
+        if not isinstance(names, list):
+            raise ClientTrustMissing(f"{'/'.join(AUTH_CONFIG_MAP)}: bad requestheader names")
+        return ca, tuple(str(n) for n in names)
+
+
+def serving_context(pair: KeyPair, files: TLSFiles, client_ca: bytes | None) -> ssl.SSLContext:
+    """TLS 1.2+ with our serving certificate; with ``client_ca``, no handshake completes
+    without a client certificate that CA signed."""
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    files.load(ctx, pair)
+    if client_ca is not None:
+        ctx.load_verify_locations(cadata=client_ca.decode())
+        ctx.verify_mode = ssl.CERT_REQUIRED
+    return ctx
+
+
 async def serve_webhook(kube: Kube, config: WebhookConfig) -> None:
+    if config.client_auth not in CLIENT_AUTH_MODES:
+        raise ValueError(f"client_auth must be one of {CLIENT_AUTH_MODES}")
     # as many cluster lookups in flight as the API client keeps connections (API_CONCURRENCY):
     # with 4, a burst of DataVolume creates queued here behind each other's PVC GETs
     pool = ThreadPoolExecutor(API_CONCURRENCY, thread_name_prefix="admission")
@@ -236,33 +310,54 @@ async def serve_webhook(kube: Kube, config: WebhookConfig) -> None:
 
     store = CertStore(kube, config)
     bundle: Bundle = await run_blocking(store.ensure)
-    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    trust = ApiServerTrust(kube, config) if config.client_auth == "certificate" else None
+    client_ca, names = await run_blocking(trust.read) if trust else (None, ())
+    caller = ApiServerCaller(names) if trust else None
     files = TLSFiles()
-    files.load(ctx, bundle.serving)
+    ctx = serving_context(bundle.serving, files, client_ca)
 
     # the existing-claim check of every DataVolume create, answered from a claim informer
     claims = keys_cache(kube, PVCS)  # asked only whether a claim exists
     claims.start()
     lookup = KubeLookup(kube, claims)
     signer = RequesterSigner(config.requester_key) if config.requester_key else None
-    runner = web.AppRunner(make_app(lookup, run_blocking, lookup, signer, lookup))
-    await runner.setup()
-    await web.TCPSite(runner, config.host, config.port, ssl_context=ctx).start()
-    log.info("serving admission webhooks on %s:%d", config.host, config.port)
+    lookups = FairLookups(run_blocking, API_CONCURRENCY)
+    app = make_app(lookup, run_blocking, lookup, signer, lookup, caller, lookups)
+    runners = [web.AppRunner(app)]
+    if config.health_port:
+        runners.append(web.AppRunner(make_health_app()))
+    for runner in runners:
+        await runner.setup()
+    await web.TCPSite(runners[0], config.host, config.port, ssl_context=ctx).start()
+    if config.health_port:
+        await web.TCPSite(runners[1], config.host, config.health_port).start()
+    log.info(
+        "serving admission webhooks on %s:%d (client certificates: %s)",
+        config.host,
+        config.port,
+        f"required, CN in {list(names) or 'any'}" if caller else "not asked for",
+    )
 
     async def rotate() -> None:
-        nonlocal bundle
+        nonlocal bundle, client_ca
         fresh: Bundle = await run_blocking(store.ensure)
         if fresh.serving != bundle.serving:
             files.load(ctx, fresh.serving)
             bundle = fresh
             log.info("serving the rotated certificate")
+        if trust is not None and caller is not None:
+            ca, allowed = await run_blocking(trust.read)
+            if ca != client_ca:  # a new CA is added: handshakes verify against both
+                ctx.load_verify_locations(cadata=ca.decode())
+                client_ca = ca
+                log.info("client CA changed: trusting the new one too")
+            caller.update(allowed)
 
     try:
         await run_until_stopped(config.cert_check_interval, rotate)
     finally:
         claims.stop()
-        await runner.cleanup()
+        for runner in runners:
+            await runner.cleanup()
         files.close()
         pool.shutdown(wait=False)

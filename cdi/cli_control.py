@@ -114,6 +114,25 @@ def add_webhook_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore
     p.add_argument("--mutating-config", default="cdi-datavolume-mutator")
     p.add_argument("--cert-check-interval", type=float, default=3600.0)
     _requester_key_flags(p, "to sign the recorded requester (neither flag: unsigned)")
+    p.add_argument(
+        "--client-auth",
+        choices=("certificate", "network"),
+        default="certificate",
+        help="certificate: answer only callers with the API server's client certificate; "
+        "network: ask for none (only behind deploy/optional/webhook-networkpolicy.yaml)",
+    )
+    p.add_argument(
+        "--client-ca-file",
+        type=Path,
+        help="CA of the API server's client certificate "
+        "(default: the requestheader CA in kube-system/extension-apiserver-authentication)",
+    )
+    p.add_argument(
+        "--client-allowed-names",
+        help="comma-separated CNs of the API server's client certificate (default: "
+        "requestheader-allowed-names, or any CN the --client-ca-file CA signed)",
+    )
+    p.add_argument("--health-port", type=int, default=0, help="plain-HTTP /healthz; 0: none")
     p.set_defaults(func=cmd_webhook)
 
 
@@ -240,6 +259,12 @@ def cmd_webhook(a: argparse.Namespace) -> int:
         mutating_config=a.mutating_config,
         cert_check_interval=a.cert_check_interval,
         requester_key=_requester_key(a, kube),
+        client_auth=a.client_auth,
+        client_ca_file=a.client_ca_file,
+        client_names=None
+        if a.client_allowed_names is None
+        else tuple(n for n in a.client_allowed_names.split(",") if n),
+        health_port=a.health_port,
     )
     asyncio.run(serve_webhook(kube, config))
     return 0

@@ -1,7 +1,9 @@
 """Start and stop a real Kubernetes cluster on loopback for integration tests.
 
 Order: etcd, kube-apiserver (secure port on 127.0.0.1, RBAC, a static token file, service-
-account signing keys, admission webhooks, aggregation with a front-proxy client certificate),
+account signing keys, admission webhooks, aggregation with a front-proxy client certificate,
+which it also presents to the admission webhook ``cdi-webhook.cdi.svc``, as
+``docs/security.md`` tells an operator to: an admission configuration file),
 kube-controller-manager, the VolumeSnapshot CRDs and the upstream CSI snapshot-controller
 (both built by hack/kube/build.sh from kubernetes-csi/external-snapshotter), kube-scheduler,
 then the local node agent and the local provisioner (``testkit.node``, ``testkit.provisioner``,
@@ -19,6 +21,7 @@ From pytest: ``tests/integration/conftest.py`` holds one :class:`Cluster` per se
 from __future__ import annotations
 
 import argparse
+import base64
 import contextlib
 import fcntl
 import os
@@ -63,6 +66,8 @@ NET_LOCK_DIR = Path(tempfile.gettempdir())
 # Shared by every cluster on the machine: host paths containers had to create as mount points.
 MOUNT_POINT_RECORD = NET_LOCK_DIR / "testkit-created-mount-points"
 FRONT_PROXY_CLIENT = "front-proxy-client"
+# Webhook hosts the API server authenticates to with its front-proxy client certificate
+WEBHOOK_CLIENT_HOSTS = ("cdi-webhook.cdi.svc",)
 BINARIES = (
     "etcd",
     "kube-apiserver",
@@ -377,6 +382,7 @@ class Cluster:
         # aggregated API servers (our UploadTokenRequest API) trust requests it forwards.
         front_proxy = ca.issue(FRONT_PROXY_CLIENT, client=True)
         front_proxy.write(d / "front-proxy-client.crt", d / "front-proxy-client.key")
+        _write_admission_config(d / "admission.yaml", d / "webhook-clients.kubeconfig", front_proxy)
         pki.signing_key_pair().write(d / "sa.pub", d / "sa.key")
         write_token_file(d / "tokens.csv", self.identities)
         self.api_port = free_port()
@@ -450,6 +456,7 @@ class Cluster:
                 "--enable-admission-plugins=NamespaceLifecycle,ServiceAccount,DefaultStorageClass,"
                 "StorageObjectInUseProtection,PersistentVolumeClaimResize,ResourceQuota,"
                 "MutatingAdmissionWebhook,ValidatingAdmissionWebhook,ValidatingAdmissionPolicy",
+                f"--admission-control-config-file={d / 'admission.yaml'}",
                 "--endpoint-reconciler-type=none",  # a loopback address is no valid endpoint
                 "--allow-privileged=true",
                 "--profiling=false",
@@ -629,6 +636,37 @@ class Cluster:
             time.sleep(0.1)
         tails = "\n".join(f"--- {p.name}\n{p.log_tail()}" for p in self.processes)
         raise ClusterStartFailed(f"timed out waiting for {what}\n{tails}")
+
+
+def _write_admission_config(path: Path, kubeconfig: Path, client: pki.KeyPair) -> None:
+    """The kube-apiserver's ``--admission-control-config-file``: both webhook admission plugins
+    read ``kubeconfig``, whose users (named for the webhook's host) carry ``client``."""
+    users = [
+        {
+            "name": host,
+            "user": {
+                "client-certificate-data": base64.b64encode(client.cert_pem).decode(),
+                "client-key-data": base64.b64encode(client.key_pem).decode(),
+            },
+        }
+        for host in WEBHOOK_CLIENT_HOSTS
+    ]
+    kubeconfig.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "Config", "users": users}))
+    kubeconfig.chmod(0o600)
+    plugin = {
+        "apiVersion": "apiserver.config.k8s.io/v1",
+        "kind": "WebhookAdmissionConfiguration",
+        "kubeConfigFile": str(kubeconfig),
+    }
+    config = {
+        "apiVersion": "apiserver.config.k8s.io/v1",
+        "kind": "AdmissionConfiguration",
+        "plugins": [
+            {"name": name, "configuration": plugin}
+            for name in ("ValidatingAdmissionWebhook", "MutatingAdmissionWebhook")
+        ],
+    }
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
 
 
 def _http_ok(url: str) -> bool:

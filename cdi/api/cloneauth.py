@@ -9,8 +9,9 @@ pods`` and ``create persistentvolumeclaims`` for a snapshot source.
 The rule is a list of alternatives, each a list of ``AccessCheck`` that must all pass, so the
 admission webhook (at creation, for the request's user) and the controller (before it touches
 the source, for the user the webhook recorded and signed) ask the same SubjectAccessReviews and
-refuse with the same message. The answer comes from the cluster's authorizer through a callable,
-so this module stays pure.
+refuse with the same message. Each review carries the whole subject the API server authenticated
+(name, groups, uid, extra: ``review_subject``), as the API server's own authorization would.
+The answer comes from the cluster's authorizer through a callable, so this module stays pure.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cdi.api.constants import GROUP, KIND_DATASOURCE
+from cdi.api.requester import Requester
 from cdi.api.types import DataVolumeSpec
 
 
@@ -65,10 +67,20 @@ def denial_message(username: str, namespace: str) -> str:
     return f"User {username} has insufficient permissions in clone source namespace {namespace}"
 
 
-def access_review_body(
-    username: str, groups: Sequence[str], namespace: str, check: AccessCheck
-) -> dict[str, Any]:
-    """The SubjectAccessReview asking whether the user may do ``check`` in ``namespace``."""
+def review_subject(user: Requester) -> dict[str, Any]:
+    """A SubjectAccessReview's subject as the API server gives it to its authorizers: name,
+    groups, and ``uid`` and ``extra`` when the request had them (scoped tokens and
+    impersonation with extras are judged with their scopes, not as the bare user)."""
+    subject: dict[str, Any] = {"user": user.username, "groups": list(user.groups)}
+    if user.uid:
+        subject["uid"] = user.uid
+    if user.extra:
+        subject["extra"] = user.extra_dict()
+    return subject
+
+
+def access_review_body(user: Requester, namespace: str, check: AccessCheck) -> dict[str, Any]:
+    """The SubjectAccessReview asking whether ``user`` may do ``check`` in ``namespace``."""
     attributes = {
         "namespace": namespace,
         "verb": check.verb,
@@ -82,7 +94,7 @@ def access_review_body(
     return {
         "apiVersion": "authorization.k8s.io/v1",
         "kind": "SubjectAccessReview",
-        "spec": {"user": username, "groups": list(groups), "resourceAttributes": attributes},
+        "spec": {**review_subject(user), "resourceAttributes": attributes},
     }
 
 

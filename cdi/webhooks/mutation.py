@@ -2,10 +2,11 @@
 
 Who created a DataVolume matters later: a clone from another namespace is allowed only if that
 user may read the source (reference §4.5). CDI decides at admission and stores a signed token;
-we also keep the requester's username and groups in two annotations the controller can re-check
-with a SubjectAccessReview (``ANN_REQUESTER_USERNAME`` / ``ANN_REQUESTER_GROUPS``, groups as a
-JSON list). The webhook owns those keys: on create it overwrites whatever the user wrote, on
-update it restores the values recorded at creation, so nobody can claim to be someone else.
+we also keep the requester in annotations the controller can re-check with a
+SubjectAccessReview (``cdi.api.requester.Requester.record``: username, groups as a JSON list,
+and the ``uid`` and ``extra`` the API server authenticated, when there are any). The webhook
+owns those keys: on create it overwrites whatever the user wrote, on update it restores the
+values recorded at creation, so nobody can claim to be someone else.
 With a signing key (``cdi.api.requester``) it also writes ``storage.requester.signature``, so
 the controller can tell a record the webhook wrote from one a tenant wrote while the webhook
 was not in the path; without a key it removes any signature the user supplied.
@@ -13,40 +14,25 @@ was not in the path; without a key it removes any signature the user supplied.
 Defaults filled (on create and update alike, so an update that omits them is no spec change):
 ``spec.contentType: kubevirt`` and, for a registry URL source, ``pullMethod: pod``.
 
-Pure: the caller passes the decoded objects and the request's ``userInfo``; what comes back is
-the patch list for ``AdmissionResponse.patch`` (empty when nothing changes).
+Pure: the caller passes the decoded objects, the request's ``userInfo`` and namespace (both set
+by the API server; the server only gets here for an authenticated caller,
+``cdi.webhooks.callers``); what comes back is the patch list for ``AdmissionResponse.patch``
+(empty when nothing changes).
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
-from cdi.api.constants import (
-    ANN_REQUESTER_GROUPS,
-    ANN_REQUESTER_USERNAME,
-    ContentType,
-    RegistryPullMethod,
-)
-from cdi.api.requester import ANN_REQUESTER_SIGNATURE, signed_name
+from cdi.api.constants import ContentType, RegistryPullMethod
+from cdi.api.requester import ANN_REQUESTER_SIGNATURE, RECORD_KEYS, Requester, signed_name
 
 Patch = list[dict[str, Any]]
-Signer = Callable[[str, str, str, str], str]  # (namespace, name, username, groups) -> signature
-REQUESTER_KEYS = (ANN_REQUESTER_USERNAME, ANN_REQUESTER_GROUPS, ANN_REQUESTER_SIGNATURE)
-
-
-@dataclass(frozen=True)
-class UserInfo:
-    """``AdmissionRequest.userInfo``."""
-
-    username: str
-    groups: tuple[str, ...] = ()
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> UserInfo:
-        return cls(str(data.get("username", "")), tuple(data.get("groups") or ()))
+Signer = Callable[[str, str, Mapping[str, str]], str]  # (namespace, name, record) -> signature
+REQUESTER_KEYS = (*RECORD_KEYS, ANN_REQUESTER_SIGNATURE)
+UserInfo = Requester  # ``AdmissionRequest.userInfo``: ``UserInfo.from_dict``
 
 
 def escape(key: str) -> str:
@@ -61,7 +47,7 @@ def mutate_datavolume(
     signer: Signer | None = None,
     namespace: str = "",
 ) -> Patch:
-    """``namespace``: the admission request's, for an object that does not name its own."""
+    """``namespace``: the admission request's (the API server's word, not the object's)."""
     return _requester_patch(new, old, user, signer, namespace) + _defaults_patch(new)
 
 
@@ -75,15 +61,12 @@ def _requester_patch(
     meta = new.get("metadata") or {}
     annotations = meta.get("annotations")
     current = dict(annotations or {})
+    wanted: dict[str, str | None]
     if old is None:
-        groups = json.dumps(list(user.groups))
-        ns = str(meta.get("namespace") or namespace)
-        signature = signer(ns, signed_name(meta), user.username, groups) if signer else None
-        wanted: dict[str, str | None] = {
-            ANN_REQUESTER_USERNAME: user.username,
-            ANN_REQUESTER_GROUPS: groups,
-            ANN_REQUESTER_SIGNATURE: signature,
-        }
+        record = user.record()
+        signature = signer(namespace, signed_name(meta), record) if signer else None
+        wanted = {key: record.get(key) for key in RECORD_KEYS}
+        wanted[ANN_REQUESTER_SIGNATURE] = signature
     else:
         recorded = (old.get("metadata") or {}).get("annotations") or {}
         wanted = {key: recorded.get(key) for key in REQUESTER_KEYS}

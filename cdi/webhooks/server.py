@@ -12,7 +12,15 @@
 - ``POST /populator-validate``: ``validate_populator`` (``cdi.webhooks.populators``) on a
   ``VolumeImportSource`` being created or updated;
 - ``POST /dataimportcron-validate``: ``validate_dataimportcron`` (``cdi.webhooks.dataimportcron``);
-- ``GET /healthz``.
+- ``GET /healthz`` (and the same on its own plain-HTTP app, ``make_health_app``: the kubelet's
+  probe has no client certificate).
+
+Every request first passes ``caller`` (``cdi.webhooks.callers.ApiServerCaller``: the API
+server's client certificate), else 403 before the body is read. The review's ``userInfo`` and
+``namespace`` are then the API server's word; the object's ``metadata.namespace`` is not used.
+A review that needs the cluster goes through ``FairLookups`` (``cdi.webhooks.fairness``) keyed
+by the requesting user: one user's flood is refused (429 in the review's status), nobody else's
+review waits behind it.
 
 Nothing here knows Kubernetes clients or TLS files: cluster lookups come through the
 ``ClusterLookup`` protocol (they may block, so they run via ``run_blocking`` off the event
@@ -32,6 +40,7 @@ from aiohttp import web
 
 from cdi.webhooks.clone_auth import AccessReviewer, NoCrossNamespaceClones, authorize_clone
 from cdi.webhooks.dataimportcron import validate_dataimportcron
+from cdi.webhooks.fairness import CallerBusy, FairLookups
 from cdi.webhooks.mutation import Signer, UserInfo, mutate_datavolume
 from cdi.webhooks.populators import validate_populator
 from cdi.webhooks.validation import ClusterLookup, validate_datavolume
@@ -41,7 +50,9 @@ from cdi.webhooks.visibility import Authorizer, NoCrossNamespaceReads, Requester
 log = logging.getLogger(__name__)
 
 RunBlocking = Callable[..., Awaitable[Any]]
+CallerCheck = Callable[[web.Request], bool]
 MAX_REVIEW_BYTES = 3 * 1024 * 1024
+LOOKUP_WORKERS = 4  # make_app's default; cdi.admission passes its pool's size
 
 
 def review_response(uid: str, **response: Any) -> dict[str, Any]:
@@ -85,16 +96,22 @@ def validate_review(
         return review_response(uid, allowed=True)
     new = request.get("object") or {}
     old = request.get("oldObject") if request.get("operation") == "UPDATE" else None
-    namespace = (new.get("metadata") or {}).get("namespace") or request.get("namespace") or ""
+    namespace = str(request.get("namespace") or "")  # the API server's, not the object's
     user = UserInfo.from_dict(request.get("userInfo") or {})
-    seen = RequesterLookup(lookup, authorizer or NoCrossNamespaceReads(), user, str(namespace))
+    seen = RequesterLookup(lookup, authorizer or NoCrossNamespaceReads(), user)
     if old is None:  # clone authorization first, as CDI's mutating webhook answers it first
         clones = reviewer or NoCrossNamespaceClones()
-        denied = authorize_clone(new, str(namespace), user, seen, clones)
+        denied = authorize_clone(new, namespace, user, seen, clones)
         if not denied.allowed:
             return verdict_response(uid, denied)
-    verdict = validate_datavolume(new, old, seen, namespace=request.get("namespace"))
+    verdict = validate_datavolume(new, old, seen, namespace=namespace)
     return verdict_response(uid, verdict)
+
+
+def busy_response(uid: str, busy: CallerBusy) -> dict[str, Any]:
+    """The review's answer when its user already has too many in progress."""
+    status = {"status": "Failure", "code": 429, "reason": "TooManyRequests", "message": str(busy)}
+    return review_response(uid, allowed=False, status=status)
 
 
 def validate_cron_review(request: Mapping[str, Any]) -> dict[str, Any]:
@@ -152,14 +169,31 @@ def make_app(
     authorizer: Authorizer | None = None,
     signer: Signer | None = None,
     reviewer: AccessReviewer | None = None,
+    caller: CallerCheck | None = None,
+    lookups: FairLookups | None = None,
 ) -> web.Application:
-    """``authorizer`` None: no requester may see objects in other namespaces. ``signer`` None:
-    the requester record is written unsigned (the controller will not trust it for clones).
-    ``reviewer`` None: no cross-namespace clone is admitted."""
+    """``authorizer`` None: no requester may see any object. ``signer`` None: the requester
+    record is written unsigned (the controller will not trust it for clones). ``reviewer``
+    None: no cross-namespace clone is admitted. ``caller`` None: every caller is the API
+    server (tests, and a webhook fenced by a NetworkPolicy instead, ``cdi.admission``).
+    ``lookups`` None: a ``FairLookups`` of ``LOOKUP_WORKERS`` over ``run_blocking``."""
+    fair = lookups or FairLookups(run_blocking, LOOKUP_WORKERS)
+
+    @web.middleware
+    async def api_server_only(request: web.Request, handler: Any) -> web.StreamResponse:
+        if caller is not None and not caller(request):
+            raise web.HTTPForbidden(text="this webhook answers the API server only\n")
+        return await handler(request)
 
     async def validate(request: web.Request) -> web.Response:
         review = await _read_review(request)
-        verdict = await run_blocking(validate_review, review, lookup, authorizer, reviewer)
+        user = UserInfo.from_dict(review.get("userInfo") or {})
+        try:
+            verdict = await fair.run(
+                user.username, validate_review, review, lookup, authorizer, reviewer
+            )
+        except CallerBusy as busy:
+            verdict = busy_response(str(review.get("uid", "")), busy)
         return web.json_response(verdict)
 
     async def mutate(request: web.Request) -> web.Response:
@@ -172,13 +206,21 @@ def make_app(
     async def populator(request: web.Request) -> web.Response:
         return web.json_response(populator_review(await _read_review(request)))
 
-    async def healthz(_: web.Request) -> web.Response:
-        return web.Response(text="ok")
-
-    app = web.Application(client_max_size=MAX_REVIEW_BYTES)
+    app = web.Application(client_max_size=MAX_REVIEW_BYTES, middlewares=[api_server_only])
     app.router.add_post("/datavolume-validate", validate)
     app.router.add_post("/datavolume-mutate", mutate)
     app.router.add_post("/dataimportcron-validate", validate_cron)
     app.router.add_post("/populator-validate", populator)
-    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/healthz", _healthz)
+    return app
+
+
+async def _healthz(_: web.Request) -> web.Response:
+    return web.Response(text="ok")
+
+
+def make_health_app() -> web.Application:
+    """``GET /healthz`` alone, for the kubelet's probe on a port of its own."""
+    app = web.Application()
+    app.router.add_get("/healthz", _healthz)
     return app

@@ -119,13 +119,13 @@ def validate_datavolume(
     *,
     namespace: str | None = None,
 ) -> ValidationResult:
-    """Judge a DataVolume CREATE (``old`` is None) or UPDATE. ``namespace`` defaults to the
-    object's own (the admission request's namespace wins when the object has none)."""
+    """Judge a DataVolume CREATE (``old`` is None) or UPDATE in ``namespace``: the admission
+    request's, set by the API server; without one, the object's own."""
     try:
         dv = DataVolume.from_dict(new)
     except SchemaError as exc:
         return _reject([Cause(str(exc), exc.path)])
-    ns = dv.namespace or namespace or ""
+    ns = namespace or dv.namespace or ""
     if old is not None:
         verdict = _check_update(dv, old)
         if verdict is not None:

@@ -7,20 +7,24 @@ the webhook's own rights, and CDI's messages differ with what they find ("not fo
 source"), so without care a tenant could probe any namespace for which PVCs exist, their
 content type and their size.
 
-``RequesterLookup`` wraps the webhook's ``ClusterLookup``: an object in another namespace is
-looked up only when a SubjectAccessReview says the requester may ``get`` it; otherwise it is
-"absent", before the webhook even reads it, so the answer is the same whether it exists or
-not. Objects in the DataVolume's own namespace are looked up as before (the requester is
-creating there, and the rules about them are CDI's). An authorizer that fails (API error)
-counts as "may not read": the safe answer is the one that reveals nothing.
+``RequesterLookup`` wraps the webhook's ``ClusterLookup``: an object is looked up only when a
+SubjectAccessReview says the requester may ``get`` it; otherwise it is "absent", before the
+webhook even reads it, so the answer is the same whether it exists or not. That holds for the
+DataVolume's own namespace too: the right to create DataVolumes somewhere is not the right to
+read its claims (a role may grant one without the other), so "own namespace" earns no
+shortcut. The namespace is the admission request's, set by the API server, never the object's
+``metadata.namespace``. An authorizer that fails (API error) counts as "may not read": the safe
+answer is the one that reveals nothing. Answers are kept for the one review (a lookup repeated
+by two rules asks once).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from cdi.api.cloneauth import review_subject
 from cdi.api.constants import GROUP
 from cdi.webhooks.mutation import UserInfo
 from cdi.webhooks.validation import ClusterLookup
@@ -35,7 +39,7 @@ class Authorizer(Protocol):
 
 
 class NoCrossNamespaceReads:
-    """The authorizer when none is wired: nobody may see another namespace's objects."""
+    """The authorizer when none is wired: nobody may see any object through the webhook."""
 
     def can_read(
         self, user: UserInfo, namespace: str, group: str, resource: str, name: str
@@ -45,16 +49,20 @@ class NoCrossNamespaceReads:
 
 @dataclass(frozen=True)
 class RequesterLookup:
-    """A ``ClusterLookup`` that shows other namespaces' objects only to those who may read them."""
+    """A ``ClusterLookup`` that shows objects only to those who may read them."""
 
     inner: ClusterLookup
     authorizer: Authorizer
     user: UserInfo
-    namespace: str  # the DataVolume's
+    answers: dict[tuple[str, str, str, str], bool] = field(default_factory=dict, compare=False)
 
     def _visible(self, namespace: str, group: str, resource: str, name: str) -> bool:
-        if namespace == self.namespace:
-            return True
+        key = (namespace, group, resource, name)
+        if key not in self.answers:
+            self.answers[key] = self._ask(*key)
+        return self.answers[key]
+
+    def _ask(self, namespace: str, group: str, resource: str, name: str) -> bool:
         try:
             return self.authorizer.can_read(self.user, namespace, group, resource, name)
         except Exception:
@@ -82,8 +90,7 @@ def access_review(
         "apiVersion": "authorization.k8s.io/v1",
         "kind": "SubjectAccessReview",
         "spec": {
-            "user": user.username,
-            "groups": list(user.groups),
+            **review_subject(user),
             "resourceAttributes": {
                 "namespace": namespace,
                 "verb": "get",

@@ -1,17 +1,22 @@
-"""Admission answers reveal nothing about other namespaces' objects the requester cannot read:
-the message is the same whether the clone source or DataSource exists or not, and the webhook
-does not even look it up; a requester who may read it gets CDI's full answer."""
+"""Admission answers reveal nothing about objects the requester cannot read: the message is the
+same whether the clone source or DataSource exists or not, and the webhook does not even look
+it up; a requester who may read it gets CDI's full answer. The namespace is the admission
+request's (the API server's), and the own namespace is checked like any other (N2)."""
 
 from __future__ import annotations
 
+import base64
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
-from cdi.webhooks.mutation import UserInfo
-from cdi.webhooks.server import validate_review
+from cdi.api.requester import RequesterSigner, trusted_requester
+from cdi.webhooks.mutation import UserInfo, apply_patch
+from cdi.webhooks.server import mutate_review, validate_review
 from cdi.webhooks.validation import StaticLookup
 from cdi.webhooks.visibility import access_review
 
@@ -55,6 +60,7 @@ class CountingLookup:
         return False
 
 
+NOW = datetime(2026, 12, 1, 22, 0, 0, tzinfo=UTC)
 SECRET_PVC = {
     "metadata": {
         "name": "payroll",
@@ -127,7 +133,7 @@ def test_no_authorizer_or_a_failing_one_reveals_nothing() -> None:
     assert answer(validate_review(review(CLONE, "alice"), lookup)) == denied
     broken = Grants({("alice", "finance", "persistentvolumeclaims", "payroll")}, broken=True)
     assert answer(validate_review(review(CLONE, "alice"), lookup, broken, broken)) == (True, "")
-    assert set(lookup.reads) == {("tenant", "dv")}  # only the target claim, in the DV's namespace
+    assert lookup.reads == []  # not even the target claim in the DV's own namespace
 
 
 def test_the_access_review_asks_about_get_on_that_object() -> None:
@@ -143,3 +149,45 @@ def test_the_access_review_asks_about_get_on_that_object() -> None:
             "name": "p",
         },
     }
+
+
+# --- N2 (issue 23): the API server's namespace, and no shortcut for it ----------------------
+
+
+def test_a_review_is_judged_in_the_request_namespace_not_the_objects() -> None:
+    # The object claims to live in "finance"; the API server says the request is in "tenant".
+    forged = review({"source": {"blank": {}}}, "mallory")
+    forged["object"]["metadata"] = {"name": "payroll", "namespace": "finance"}
+    lookup = CountingLookup(pvcs={("finance", "payroll"): SECRET_PVC})
+    grants = Grants({("mallory", "tenant", "persistentvolumeclaims", "payroll")})
+    assert answer(validate_review(forged, lookup, grants, grants)) == (True, "")
+    assert lookup.reads == [("tenant", "payroll")]  # finance's claim was never looked at
+    assert all(ns == "tenant" for _, ns, _, _ in grants.asked)
+
+
+def test_the_own_namespace_is_checked_by_an_access_review_too() -> None:
+    # mallory may create DataVolumes in "tenant" but not read its claims: the existing claim
+    # stays invisible to her, exactly as one in another namespace.
+    lookup = CountingLookup(pvcs={("tenant", "dv"): {"metadata": {"name": "dv"}}})
+    grants = Grants()
+    assert answer(validate_review(review({"source": {"blank": {}}}), lookup, grants, grants)) == (
+        True,
+        "",
+    )
+    assert ("mallory", "tenant", "persistentvolumeclaims", "dv") in grants.asked
+    assert lookup.reads == []
+    reader = Grants({("mallory", "tenant", "persistentvolumeclaims", "dv")})
+    allowed, message = answer(validate_review(review({"source": {"blank": {}}}), lookup, reader))
+    assert (allowed, message) == (False, "Destination PVC tenant/dv already exists")
+
+
+def test_the_requester_is_signed_for_the_request_namespace() -> None:
+    signer = RequesterSigner(b"k" * 32, clock=lambda: NOW)
+    forged = review({"source": {"blank": {}}}, "mallory")
+    forged["object"]["metadata"] = {"name": "dv", "namespace": "finance"}
+    patch = mutate_review(forged, signer)["response"]["patch"]
+    stored = apply_patch(forged["object"], json.loads(base64.b64decode(patch)))
+    stored["metadata"]["creationTimestamp"] = NOW.strftime("%Y-%m-%dT%H:%M:%SZ")
+    assert trusted_requester(stored, b"k" * 32) is None  # not valid in "finance"
+    stored["metadata"]["namespace"] = "tenant"
+    assert trusted_requester(stored, b"k" * 32) == UserInfo("mallory", ("system:authenticated",))

@@ -98,12 +98,13 @@ def test_a_sourceref_is_authorized_against_the_namespace_of_the_pvc_it_names() -
 
 def test_the_explicit_review_names_the_source_and_the_subresource() -> None:
     explicit = clone_checks(False, "fedora")[0][0]
-    body = access_review_body("alice", ["devs"], "golden", explicit)
+    body = access_review_body(UserInfo("alice", ("devs",)), "golden", explicit)
     assert body["spec"]["resourceAttributes"] == {
         "namespace": "golden", "verb": "create", "group": "cdi.kubevirt.io",
         "resource": "datavolumes", "subresource": "source", "name": "fedora",
     }  # fmt: skip
     assert body["spec"]["user"] == "alice" and body["spec"]["groups"] == ["devs"]
+    assert "uid" not in body["spec"] and "extra" not in body["spec"]  # none to pass
 
 
 def test_a_datasource_the_requester_cannot_read_is_authorized_against_its_namespace() -> None:

@@ -6,10 +6,11 @@ outage, a restore from backup), and a DataVolume's annotations are its creator's
 before it reads or clones a source in another namespace, the controller
 
 1. takes the requester only from a record the webhook signed (``cdi.api.requester``
-   ``trusted_requester``: HMAC over namespace, name, user, groups and time); no signed record,
-   or no key configured, means no cross-namespace clone;
+   ``trusted_requester``: HMAC over namespace, name, user, groups, uid, extra and time); no
+   signed record, or no key configured, means no cross-namespace clone;
 2. asks the API server the same SubjectAccessReviews as the webhook (``cdi.api.cloneauth``) for
-   that user and groups, in the source namespace, now (rights may have been revoked since).
+   that user (name, groups, uid and extra, as recorded and signed), in the source namespace,
+   now (rights may have been revoked since).
 
 Same-namespace clones need neither. The answer is a message (CDI's for a denial) or None.
 A cross-namespace answer is remembered for ``REMEMBER`` seconds per DataVolume (by UID and
@@ -84,7 +85,7 @@ class CloneAuthorizer:
         return denial_message(requester.username, source.namespace)
 
     async def _allowed(self, requester: Requester, namespace: str, check: AccessCheck) -> bool:
-        body = access_review_body(requester.username, requester.groups, namespace, check)
+        body = access_review_body(requester, namespace, check)
         try:
             review = await self.kube.create(SUBJECT_ACCESS_REVIEWS, body)
         except KubeError:

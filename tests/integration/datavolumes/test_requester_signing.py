@@ -43,7 +43,7 @@ def test_a_datavolume_created_through_the_webhook_has_a_valid_signed_requester(
     dv = wait_phase(kube, namespace, "signed", ("Succeeded",))
     annotations = dv["metadata"]["annotations"]
     assert annotations[ANN_REQUESTER_USERNAME] == ADMIN
-    assert annotations[ANN_REQUESTER_SIGNATURE].startswith("v1:")
+    assert annotations[ANN_REQUESTER_SIGNATURE].startswith("v2:")
     requester = trusted_requester(dv, key)
     assert requester is not None and requester.username == ADMIN
     assert trusted_requester(dv, b"0" * 64) is None  # the record is bound to this key
