@@ -157,7 +157,7 @@ class TlsFront:
             finally:
                 deadline.cancel()
                 self.handshakes.give(address)
-            if tls is not None and self.connections.acquire(timeout=HAND_OVER_TIMEOUT):
+            if tls is not None and self._connection_slot():
                 try:
                     self._connect(tls)
                 finally:
@@ -168,6 +168,14 @@ class TlsFront:
                 self.handshaking.discard(client)
                 self.threads.discard(threading.current_thread())
             client.close()
+
+    def _connection_slot(self) -> bool:
+        """One of ``max_connections``, waiting up to ``HAND_OVER_TIMEOUT`` (not past a stop)."""
+        give_up = time.monotonic() + HAND_OVER_TIMEOUT
+        while not self.closing and time.monotonic() < give_up:
+            if self.connections.acquire(timeout=0.2):
+                return True
+        return False
 
     def _handshake(self, client: socket.socket) -> TlsStream | None:
         """The TLS handshake, the client's certificate verified (``CERT_REQUIRED``)."""
