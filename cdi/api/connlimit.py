@@ -26,6 +26,8 @@ import threading
 import time
 from collections import Counter
 
+COMPACT_FROM = 1024  # armed deadlines kept before cancelled ones are swept out
+
 
 class AddressSlots:
     """At most ``total`` slots, at most ``per_address`` of them for one client address
@@ -85,17 +87,27 @@ class Deadlines:
         self._order = itertools.count()
         self._wake = threading.Condition()
         self._thread: threading.Thread | None = None
+        self._compact_at = COMPACT_FROM
 
     def arm(self, sock: socket.socket, seconds: float) -> Deadline:
         """Shut ``sock`` (both ways) ``seconds`` from now."""
         deadline = Deadline(sock, time.monotonic() + seconds)
         with self._wake:
+            if len(self._heap) >= self._compact_at:
+                self._compact()
             heapq.heappush(self._heap, (deadline.when, next(self._order), deadline))
             if self._thread is None:
                 self._thread = threading.Thread(target=self._watch, name=self.name, daemon=True)
                 self._thread.start()
             self._wake.notify()
         return deadline
+
+    def _compact(self) -> None:
+        """Drop cancelled deadlines (and their sockets) before they come due: a busy server
+        cancels nearly every one it arms. Amortised: the heap has doubled since the last."""
+        self._heap = [entry for entry in self._heap if not entry[2].cancelled]
+        heapq.heapify(self._heap)
+        self._compact_at = max(COMPACT_FROM, 2 * len(self._heap))
 
     def _watch(self) -> None:
         while True:
@@ -115,3 +127,9 @@ class Deadlines:
         """Armed deadlines not yet cancelled or fired."""
         with self._wake:
             return sum(not d.cancelled and not d.fired for _, _, d in self._heap)
+
+    @property
+    def kept(self) -> int:
+        """Entries kept, cancelled ones not yet swept out included (memory held)."""
+        with self._wake:
+            return len(self._heap)
