@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import socket
 import ssl
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
@@ -166,6 +167,50 @@ async def test_the_proxy_frees_slots_held_by_trickling_clients_at_the_total_dead
         assert max(a.lifetimes) < config.handshake_timeout + 1.5
         assert max(b.lifetimes) < config.head_timeout + 1.5
         assert held == proxy.slots.in_use == 0
+    finally:
+        await proxy.stop()
+
+
+def _pipeline_without_reading(port: int, ctx: ssl.SSLContext) -> ssl.SSLSocket:
+    """Pipelined ``GET /healthz`` requests until the proxy stops taking them (its answers
+    fill this client's small receive buffer, which is never read); the open connection."""
+    raw = socket.socket()
+    raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    raw.connect(("127.0.0.1", port))
+    sock = ctx.wrap_socket(raw, server_hostname="127.0.0.1")
+    sock.settimeout(2)
+    batch = b"GET /healthz HTTP/1.1\r\nHost: p\r\n\r\n" * 1000
+    try:
+        for _ in range(2000):
+            sock.sendall(batch)
+    except (TimeoutError, OSError):
+        pass  # the proxy stopped reading: it is blocked writing answers, or gave up
+    return sock
+
+
+async def test_a_client_that_stops_reading_answers_holds_its_slot_only_for_the_write_timeout(
+    pki: Pki, server: Running
+) -> None:
+    config = ProxyConfig(write_timeout=1.0)
+    proxy_ca = new_ca("test-proxy-ca", NOW)
+
+    async def keys() -> Mapping[str, bytes]:
+        return {}
+
+    upstream = upstream_context(pki.server_ca.cert_pem, pki.client)
+    proxy = UploadProxy(TableTargets(), Verifier(keys), upstream, config)
+    serving = serving_context(issue_serving(proxy_ca, ("127.0.0.1",), NOW))
+    port = await proxy.start("127.0.0.1", 0, serving)
+    client = ssl.create_default_context(cadata=proxy_ca.cert_pem.decode())
+    try:
+        sock = await asyncio.to_thread(_pipeline_without_reading, port, client)
+        with sock:
+            for _ in range(100):  # 10 s
+                if not proxy.connections:
+                    break
+                await asyncio.sleep(0.1)
+            held = len(proxy.connections)
+        assert held == 0  # the thread gave the answer up and the connection ended
     finally:
         await proxy.stop()
 
