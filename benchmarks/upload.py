@@ -52,6 +52,7 @@ if __package__ in (None, ""):  # run as a script: the repository root (tests/) i
 from cdi.upload.client import ClientSettings, upload_file  # noqa: E402
 from cdi.upload.token import UploadGrant, issue  # noqa: E402
 from tests.component.upload_peers import Pki, make_pki  # noqa: E402
+from tests.component.upload_proxy_process import process_config  # noqa: E402
 
 DD_SPARSE = "dd of={out} bs=1M iflag=fullblock conv=sparse,fsync status=none"
 
@@ -195,17 +196,7 @@ async def _proxy(
 ) -> tuple[subprocess.Popen[str], int]:
     """One proxy process for every upload: PVC ``disk<n>`` lives on server ``n``."""
     peers = {f"disk{n}": f"https://127.0.0.1:{port}" for n, port in enumerate(server_ports)}
-    config = {
-        "proxy_cert": pki.proxy.cert_pem.decode(),
-        "proxy_key": pki.proxy.key_pem.decode(),
-        "server_ca": pki.server_ca.cert_pem.decode(),
-        "client_cert": pki.client.cert_pem.decode(),
-        "client_key": pki.client.key_pem.decode(),
-        "public_keys": {k: v.decode() for k, v in pki.ring.public_keys().items()},
-        "pvcs": [_pvc(name) for name in peers],
-        "peer": peers["disk0"],
-        "peers": peers,
-    }
+    config = process_config(pki, [_pvc(name) for name in peers], peers["disk0"], peers)
     (folder / "proxy.json").write_text(json.dumps(config))
     argv = [
         sys.executable,

@@ -156,6 +156,16 @@ def add_upload_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore
     p.add_argument("--upload-server-port", type=int, default=443)
     p.add_argument("--idle-timeout", type=float, default=300.0, help="s without body bytes")
     p.add_argument("--ready-timeout", type=float, default=10.0, help="s to wait for the pod")
+    p.add_argument("--handshake-timeout", type=float, default=10.0, help="s for a TLS handshake")
+    p.add_argument("--head-timeout", type=float, default=30.0, help="s for a request head")
+    p.add_argument("--write-timeout", type=float, default=30.0, help="s to write an answer")
+    p.add_argument("--max-connections", type=int, default=512, help="connections at once")
+    p.add_argument(
+        "--max-connections-per-address",
+        type=int,
+        default=32,
+        help="connections at once from one client address (0: no cap, e.g. behind an ingress)",
+    )
     p.set_defaults(func=cmd_uploadproxy)
     p = sub.add_parser("upload-apiserver", help="serve the UploadTokenRequest aggregated API")
     _upload_plane(p, "cdi-api", "cdi-apiserver-server-cert")
@@ -297,7 +307,15 @@ def cmd_uploadproxy(a: argparse.Namespace) -> int:
         server_ca_secret=a.server_ca_secret,
         client_ca_secret=a.client_ca_secret,
         upload_server_port=a.upload_server_port,
-        proxy=ProxyConfig(ready_timeout=a.ready_timeout, idle_timeout=a.idle_timeout),
+        proxy=ProxyConfig(
+            ready_timeout=a.ready_timeout,
+            idle_timeout=a.idle_timeout,
+            handshake_timeout=a.handshake_timeout,
+            head_timeout=a.head_timeout,
+            write_timeout=a.write_timeout,
+            max_connections=a.max_connections,
+            max_connections_per_address=a.max_connections_per_address,
+        ),
     )
     asyncio.run(serve_upload_proxy(Kube(load_api_client(a.kubeconfig)), config))
     return 0

@@ -6,10 +6,14 @@ hold thousands of idle or one-byte-a-minute connections open and exhaust the wor
 and memory while it writes a disk. This server keeps the same page (``generate_latest`` of the
 worker's registry, so CDI's metric names are unchanged) but:
 
-- serves at most ``max_connections`` connections at once; one more is closed at accept;
+- serves at most ``max_connections`` connections at once, and at most ``per_address`` of
+  them for one client address; one more is closed at accept. Without the per-address cap
+  one pod holding all the slots starved the controller's scrape: no progress shown and no
+  resume attestation recorded (security review 3, M1). Many pods at once are for the
+  NetworkPolicy in docs/security.md to keep out;
 - gives each connection ``io_timeout`` seconds per read or write and ``deadline`` seconds in
-  total (a watchdog shuts the socket, which ends a slow drip of header bytes), then closes it
-  (HTTP/1.0, one request per connection);
+  total (a watchdog, ``cdi.api.connlimit.Deadlines``, shuts the socket, which ends a slow
+  drip of header bytes), then closes it (HTTP/1.0, one request per connection);
 - answers only ``GET /metrics`` (and ``/``), with a small bounded request (the standard
   library's request line and header limits).
 
@@ -27,10 +31,13 @@ from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from cdi.api.connlimit import AddressSlots, Deadlines
+
 
 @dataclass(frozen=True)
 class ServerLimits:
-    max_connections: int = 8
+    max_connections: int = 16
+    per_address: int = 2  # the controller scrapes one page at a time
     io_timeout: float = 5.0  # per read/write on the socket
     deadline: float = 10.0  # per connection, in total
 
@@ -68,7 +75,8 @@ class BoundedMetricsServer(ThreadingHTTPServer):
     ) -> None:
         self.registry = registry
         self.limits = limits
-        self._slots = threading.BoundedSemaphore(limits.max_connections)
+        self.slots = AddressSlots(limits.max_connections, limits.per_address)
+        self.deadlines = Deadlines("metrics-deadlines")
         family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
         self.address_family = family
         super().__init__(address, _MetricsHandler)
@@ -78,31 +86,22 @@ class BoundedMetricsServer(ThreadingHTTPServer):
         return int(self.server_address[1])
 
     def process_request(self, request: Any, client_address: Any) -> None:
-        if not self._slots.acquire(blocking=False):
-            self.shutdown_request(request)  # over the cap: close at once, spend no thread
+        if not self.slots.take(str(client_address[0])):
+            self.shutdown_request(request)  # over a cap: close at once, spend no thread
             return
         try:
             super().process_request(request, client_address)
         except BaseException:
-            self._slots.release()
+            self.slots.give(str(client_address[0]))
             raise
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
-        watchdog = threading.Timer(self.limits.deadline, _cut, (request,))
-        watchdog.daemon = True
-        watchdog.start()
+        deadline = self.deadlines.arm(request, self.limits.deadline)
         try:
             super().process_request_thread(request, client_address)
         finally:
-            watchdog.cancel()
-            self._slots.release()
-
-
-def _cut(sock: socket.socket) -> None:
-    try:
-        sock.shutdown(socket.SHUT_RDWR)
-    except OSError:
-        pass  # already closed
+            deadline.cancel()
+            self.slots.give(str(client_address[0]))
 
 
 def start_metrics_server(

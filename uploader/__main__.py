@@ -28,7 +28,7 @@ from cdi.api.termination import TerminationMessage
 from uploader.config import TERMINATION_PATH, UploadConfig, from_env
 from uploader.server import make_app, serving_context
 from uploader.session import Uploads
-from uploader.tlsfront import Peers, TlsFrontSite
+from uploader.tlsfront import FrontLimits, Peers, TlsFrontSite
 
 log = logging.getLogger("uploader")
 
@@ -58,7 +58,10 @@ async def serve(config: UploadConfig, clock: Clock = _now) -> TerminationMessage
     app = make_app(uploads, config.tls.client_name, peers)
     runner = web.AppRunner(app, handle_signals=False)
     await runner.setup()
-    site = TlsFrontSite(runner, config.address, config.port, tls, peers)
+    limits = FrontLimits(
+        handshake_timeout=config.handshake_timeout, head_timeout=config.head_timeout
+    )
+    site = TlsFrontSite(runner, config.address, config.port, tls, peers, limits=limits)
     await site.start()
     log.info("upload server listening on %s:%d", config.address, config.port)
     stop = asyncio.Event()

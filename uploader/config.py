@@ -29,6 +29,8 @@ SCRATCH_DIR = "/scratch"
 TERMINATION_PATH = "/dev/termination-log"
 CHECKPOINT_NAME = ".cdi-upload-checkpoint"
 IDLE_TIMEOUT = 300.0  # a cut upload waits this long for its continuation, then is abandoned
+HANDSHAKE_TIMEOUT = 10.0  # a TLS handshake, in total (N4)
+HEAD_TIMEOUT = 30.0  # a verified client's first request head, in total after its handshake
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,8 @@ class UploadConfig:
     checkpoint_path: str | None = None
     checkpoint_interval: int = CHECKPOINT_INTERVAL
     idle_timeout: float = IDLE_TIMEOUT
+    handshake_timeout: float = HANDSHAKE_TIMEOUT
+    head_timeout: float = HEAD_TIMEOUT
 
     def plan_for(self, content_type: ContentType, *, length: int | None) -> ProcessPlan:
         """The data path's plan for one upload of ``content_type``; a raw upload of known
@@ -157,4 +161,6 @@ def from_env(env: Mapping[str, str]) -> UploadConfig:
         checkpoint_path=checkpoint or None,
         checkpoint_interval=int(_number(env, "UPLOAD_CHECKPOINT_INTERVAL", CHECKPOINT_INTERVAL)),
         idle_timeout=_number(env, "UPLOAD_IDLE_TIMEOUT", IDLE_TIMEOUT),
+        handshake_timeout=_number(env, "UPLOAD_HANDSHAKE_TIMEOUT", HANDSHAKE_TIMEOUT),
+        head_timeout=_number(env, "UPLOAD_HEAD_TIMEOUT", HEAD_TIMEOUT),
     )

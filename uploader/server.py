@@ -1,7 +1,9 @@
 """The upload server's HTTP face: CDI's endpoints and statuses, plus tus 1.0 core for resume.
 
 ``make_app(uploads, client_name, peers)`` serves ``GET /healthz`` and, for a client whose
-verified certificate has CN ``client_name`` (else 401, as CDI), the upload paths:
+verified certificate has CN ``client_name`` (else 401, as CDI), the upload paths (the TLS
+layer lets no client without a certificate from the client CA through, see
+``serving_context``; the kubelet's readiness probe is a TCP connect):
 
     POST  /v1beta1|v1alpha1/upload            sync: answers after conversion and resize
     POST  .../upload-async                    answers once the bytes are in, converts after
@@ -251,13 +253,15 @@ def make_app(uploads: Uploads, client_name: str, peers: Peers | None = None) -> 
 
 
 def serving_context(cert: str, key: str, client_ca: str) -> ssl.SSLContext:
-    """TLS 1.2+, our serving pair, client certificates asked for and verified against the
-    client CA; a request without one is answered 401 by the app (CDI)."""
+    """TLS 1.2+, our serving pair, a client certificate required and verified against the
+    client CA: a client without one fails the handshake (CDI asks for it optionally and
+    answers 401 from the app; then anyone who reaches the pod held its connections, N4). A
+    certificate from the client CA with another CN is still answered 401 by the app."""
     ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     ctx.load_cert_chain(cert, key)
     ctx.load_verify_locations(cafile=client_ca)
-    ctx.verify_mode = ssl.CERT_OPTIONAL
+    ctx.verify_mode = ssl.CERT_REQUIRED
     # No TLS 1.3 session tickets: they are the only bytes a server sends unasked, and a
     # client (or relay) that closes with them unread resets the connection, which makes the
     # kernel drop the request bytes this server has not read yet (a cut upload then loses

@@ -25,9 +25,18 @@ Connection ends, each way:
   which also wakes the thread receiving from the client.
 Backpressure holds end to end: each thread forwards one piece (<= 256 KiB) and reads the next
 only once the other side took it; the socket pair's buffers are the kernel's, bounded.
-At most ``MAX_CONNECTIONS`` connections are served at once (the accept waits for a slot), a
-handshake has ``HANDSHAKE_TIMEOUT`` seconds, and ``TlsFrontSite.wait_closed`` joins every
-thread after the app has shut down (forcing the stragglers' sockets shut), so nothing leaks.
+``TlsFrontSite.wait_closed`` joins every thread after the app has shut down (forcing the
+stragglers' sockets shut), so nothing leaks.
+
+What anyone who reaches the pod can hold (security review 3, N4), ``FrontLimits``: the TLS
+layer requires a client certificate from the client CA (``CERT_REQUIRED``: a client without
+one fails the handshake, and nothing of the app is spent on it); a handshake has
+``handshake_timeout`` seconds in total (a watchdog, ``cdi.api.connlimit.Deadlines``, shuts
+the socket: trickled bytes do not extend it), a few KiB of buffer, and one of
+``max_handshakes`` slots, at most ``handshakes_per_address`` per client address (more are
+closed at accept). Only a verified client gets one of the ``max_connections`` connection
+slots (waiting up to ``HAND_OVER_TIMEOUT`` for one) and the large buffers; its first request
+head must be through within ``head_timeout`` seconds of the handshake.
 """
 
 from __future__ import annotations
@@ -42,22 +51,32 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
 
+from cdi.api.connlimit import AddressSlots, Deadline, Deadlines
 from cdi.upload.tlsstream import TlsStream
 
 log = logging.getLogger("uploader")
 
-HANDSHAKE_TIMEOUT = 30.0
-HAND_OVER_TIMEOUT = 30.0  # the loop registering the app's side of a connection
-MAX_CONNECTIONS = 64
+HAND_OVER_TIMEOUT = 30.0  # a connection slot; the loop registering the app's side
 UPSTREAM_PIECE = 256 * 1024  # plaintext forwarded to the app per call (one socket read's worth)
 DOWNSTREAM_PIECE = 64 * 1024  # answers are small
 PAIR_BUFFER = 1024 * 1024  # the socket pair's send buffer: fewer wake-ups of the loop
 DRAIN_GRACE = 10.0  # seconds the last answers get to leave at shutdown
 ProtocolFactory = Callable[[], asyncio.Protocol]
+HEAD_END = b"\r\n\r\n"
+
+
+@dataclass(frozen=True)
+class FrontLimits:
+    handshake_timeout: float = 10.0  # in total, from accept
+    head_timeout: float = 30.0  # in total, from the handshake to the end of the first head
+    max_handshakes: int = 128  # a thread and a few KiB each
+    handshakes_per_address: int = 8  # the proxy and a clone source use one or two at a time
+    max_connections: int = 64  # verified clients
 
 
 def common_name(cert: Any) -> str | None:
@@ -96,30 +115,33 @@ class TlsFront:
         app: ProtocolFactory,
         peers: Peers,
         loop: asyncio.AbstractEventLoop,
+        limits: FrontLimits | None = None,
     ) -> None:
         self.ctx, self.app, self.peers, self.loop = ctx, app, peers, loop
+        self.limits = limits = limits or FrontLimits()
         self.threads: set[threading.Thread] = set()
         self.sockets: set[socket.socket] = set()  # live client and front-side sockets
         self.handshaking: set[socket.socket] = set()  # clients not handed to the app yet
         self._lock = threading.Lock()
-        self._slots = asyncio.Semaphore(MAX_CONNECTIONS)
+        self.handshakes = AddressSlots(limits.max_handshakes, limits.handshakes_per_address)
+        self.connections = threading.BoundedSemaphore(limits.max_connections)
+        self.deadlines = Deadlines("upload-server-deadlines")
         self.closing = False
 
     async def accept(self, listener: socket.socket) -> None:
         """Accept until cancelled; each connection goes to a thread of its own."""
         while True:
-            await self._slots.acquire()
             try:
-                client, _ = await self.loop.sock_accept(listener)
+                client, peer = await self.loop.sock_accept(listener)
             except OSError as exc:  # EMFILE and the like: the next accept may succeed
-                self._slots.release()
                 log.warning("accepting a connection failed: %s", exc)
                 await asyncio.sleep(0.1)
                 continue
-            except BaseException:
-                self._slots.release()
-                raise
-            thread = threading.Thread(target=self._serve, args=(client,), daemon=True)
+            address = str(peer[0])
+            if not self.handshakes.take(address):
+                client.close()
+                continue
+            thread = threading.Thread(target=self._serve, args=(client, address), daemon=True)
             thread.name = f"tlsfront-{client.fileno()}"
             with self._lock:
                 self.threads.add(thread)
@@ -127,23 +149,38 @@ class TlsFront:
                 self.handshaking.add(client)
             thread.start()
 
-    def _serve(self, client: socket.socket) -> None:
+    def _serve(self, client: socket.socket, address: str) -> None:
         try:
-            tls = self._handshake(client)
-            if tls is not None:
-                self._connect(tls)
+            deadline = self.deadlines.arm(client, self.limits.handshake_timeout)
+            try:
+                tls = self._handshake(client)
+            finally:
+                deadline.cancel()
+                self.handshakes.give(address)
+            if tls is not None and self._connection_slot():
+                try:
+                    self._connect(tls)
+                finally:
+                    self.connections.release()
         finally:
             with self._lock:
                 self.sockets.discard(client)
                 self.handshaking.discard(client)
                 self.threads.discard(threading.current_thread())
             client.close()
-            with contextlib.suppress(RuntimeError):  # the loop is closed: nothing to free
-                self.loop.call_soon_threadsafe(self._slots.release)
+
+    def _connection_slot(self) -> bool:
+        """One of ``max_connections``, waiting up to ``HAND_OVER_TIMEOUT`` (not past a stop)."""
+        give_up = time.monotonic() + HAND_OVER_TIMEOUT
+        while not self.closing and time.monotonic() < give_up:
+            if self.connections.acquire(timeout=0.2):
+                return True
+        return False
 
     def _handshake(self, client: socket.socket) -> TlsStream | None:
+        """The TLS handshake, the client's certificate verified (``CERT_REQUIRED``)."""
         try:
-            client.settimeout(HANDSHAKE_TIMEOUT)
+            client.settimeout(self.limits.handshake_timeout)
             client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             tls = TlsStream.accept(client, self.ctx)
             client.settimeout(None)
@@ -154,6 +191,9 @@ class TlsFront:
 
     def _connect(self, tls: TlsStream) -> None:
         """Hand the app its side of a socket pair, recorded with the client's CN, then relay."""
+        if self.closing:
+            return
+        tls.widen()  # a verified client: large socket reads from here on
         app_side, front_side = socket.socketpair()
         front_side.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, PAIR_BUFFER)
         name = common_name(tls.getpeercert())
@@ -171,9 +211,11 @@ class TlsFront:
         with self._lock:
             self.sockets.add(front_side)
             self.handshaking.discard(tls.raw)
+        head = self.deadlines.arm(tls.raw, self.limits.head_timeout)
         try:
-            self._relay(tls, front_side)
+            self._relay(tls, front_side, head)
         finally:
+            head.cancel()
             with self._lock:
                 self.sockets.discard(front_side)
             front_side.close()
@@ -184,8 +226,8 @@ class TlsFront:
         transport, _ = await self.loop.connect_accepted_socket(self.app, app_side)
         self.peers.record(transport, name)  # before the first byte is forwarded
 
-    def _relay(self, tls: TlsStream, front_side: socket.socket) -> None:
-        upstream = threading.Thread(target=_upstream, args=(tls, front_side), daemon=True)
+    def _relay(self, tls: TlsStream, front_side: socket.socket, head: Deadline) -> None:
+        upstream = threading.Thread(target=_upstream, args=(tls, front_side, head), daemon=True)
         upstream.name = threading.current_thread().name + "-up"
         with self._lock:
             self.threads.add(upstream)
@@ -226,11 +268,18 @@ class TlsFront:
             alive[0].join(min(left, 0.1))
 
 
-def _upstream(tls: TlsStream, front_side: socket.socket) -> None:
-    """Client -> app: decrypted pieces until the client ends; then the app sees the end."""
+def _upstream(tls: TlsStream, front_side: socket.socket, head: Deadline) -> None:
+    """Client -> app: decrypted pieces until the client ends; then the app sees the end.
+    The ``head`` deadline is cancelled once the end of the first request head went by."""
     buf = memoryview(bytearray(UPSTREAM_PIECE))
+    tail = b""  # the last bytes before this piece: the head's end may straddle two pieces
     try:
         while n := tls.recv_into(buf):
+            if not head.cancelled:
+                seen = tail + bytes(buf[:n])
+                if HEAD_END in seen:
+                    head.cancel()
+                tail = seen[-(len(HEAD_END) - 1) :]
             front_side.sendall(buf[:n])
     except (OSError, ssl.SSLError) as exc:
         log.debug("client connection ended: %s", exc)
@@ -264,9 +313,11 @@ class TlsFrontSite(web.BaseSite):
         peers: Peers,
         *,
         backlog: int = 128,
+        limits: FrontLimits | None = None,
     ) -> None:
         super().__init__(runner, ssl_context=ssl_context, backlog=backlog)
         self._host, self._port, self._peers = host, port, peers
+        self._limits = limits
         self.front: TlsFront | None = None
         self._listener: socket.socket | None = None
         self._accepting: asyncio.Task[None] | None = None
@@ -291,7 +342,7 @@ class TlsFrontSite(web.BaseSite):
         server = self._runner.server
         assert server is not None and self._ssl_context is not None
         loop = asyncio.get_running_loop()
-        self.front = TlsFront(self._ssl_context, server, self._peers, loop)
+        self.front = TlsFront(self._ssl_context, server, self._peers, loop, self._limits)
         self._accepting = asyncio.ensure_future(self.front.accept(listener))
 
     async def stop(self) -> None:

@@ -13,8 +13,12 @@ Shape, and why:
 - The serving certificate, its key and the client CA certificate come as files from Secret
   ``<pod>-tls``; nothing secret is in the environment. The server binds its pod's own address
   (downward API ``status.podIP``) so pods sharing a host network never collide on 8443.
-- Readiness is ``GET https://<pod>:8443/healthz`` every second: the controller writes
-  ``storage.pod.ready`` from it, and the proxy only forwards once that says ``true``.
+- Readiness is a TCP connect to 8443 every second (the server listens once its app is set
+  up): the controller writes ``storage.pod.ready`` from it, and the proxy only forwards once
+  that says ``true``. Not ``GET /healthz``: the server requires a client certificate in the
+  TLS handshake (security review 3, N4), which the kubelet does not have; and the kernel
+  completes a TCP connect even while every connection slot is held, so the probe never
+  competes with uploads for them.
 - The same restricted security as every worker pod (``cdi.render.worker_pod``), no service
   account token, no service links; the target is ``/data`` (``/data/disk.img``) or the device
   ``/dev/cdi-block-volume`` (then with an emptyDir ``/scratch`` for spill and the raw
@@ -186,7 +190,7 @@ def _container(pvc: Mapping[str, Any], config: UploadPodConfig) -> dict[str, Any
         "env": _env(pvc, block, config),
         "ports": [{"name": "https", "containerPort": config.port, "protocol": "TCP"}],
         "readinessProbe": {
-            "httpGet": {"path": "/healthz", "port": config.port, "scheme": "HTTPS"},
+            "tcpSocket": {"port": config.port},
             "initialDelaySeconds": 2,
             "periodSeconds": 1,
         },

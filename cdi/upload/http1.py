@@ -29,7 +29,9 @@ from typing import Protocol
 
 MAX_HEAD = 64 * 1024  # bytes of request line and headers (aiohttp's and Go's limits are near)
 MAX_HEADERS = 128
-_RECV = 64 * 1024
+# A head is read in pieces of this; the piece is allocated before the receive waits, so a
+# client that trickles its head holds one (N3): about one TLS record, not more.
+_RECV = 16 * 1024
 CRLF = b"\r\n"
 
 

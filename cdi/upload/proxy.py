@@ -73,9 +73,13 @@ class ProxyConfig:
     connect_timeout: float = 10.0
     dial_retry: float = 10.0  # how long a refused or reset dial of the upload server is retried
     dial_retry_interval: float = 0.5
-    head_timeout: float = 75.0  # a request head (or the next one on a kept-alive connection)
+    # Totals, not per receive (security review 3, N3): a watchdog shuts the socket.
+    handshake_timeout: float = 10.0  # the TLS handshake
+    head_timeout: float = 30.0  # a request head (or the next one on a kept-alive connection)
+    write_timeout: float = 30.0  # each answer the proxy writes to a client that stops reading
     shutdown_grace: float = 20.0  # uploads in flight may finish this long after SIGTERM
-    max_connections: int = 512
+    max_connections: int = 512  # sized to the pod's 256Mi limit: docs/security.md, N3
+    max_connections_per_address: int = 32  # 0: no cap (one address for all: an ingress)
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,14 @@ makes ``stop`` clean), and it runs ``Gate.admit`` for the connection threads
 (``run_coroutine_threadsafe``). Each connection's thread does the TLS handshake
 (``TlsStream``), reads heads, and relays; a refusal is written by the thread, HTML-escaped,
 with the CORS header when the request had an ``Origin``.
+
+What a client that has not shown a token can hold (security review 3, N3): one of
+``max_connections`` slots, at most ``max_connections_per_address`` of them per client
+address (more are closed at accept); for ``handshake_timeout`` seconds in total for the
+TLS handshake and ``head_timeout`` seconds in total for each request head (a watchdog,
+``cdi.api.connlimit.Deadlines``, shuts the socket: a byte now and then does not extend
+either); a few KiB of TLS buffer (``TlsStream`` widens it for an admitted upload only); and
+each answer it does not read blocks its thread for ``write_timeout`` seconds at most.
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ import ssl
 import threading
 import time
 
+from cdi.api.connlimit import AddressSlots, Deadlines
 from cdi.upload.errors import UploadError, UploadInterrupted
 from cdi.upload.http1 import (
     NO_BODY,
@@ -100,6 +109,8 @@ class UploadProxy:
         self.listener: socket.socket | None = None
         self.connections: dict[threading.Thread, socket.socket] = {}
         self.busy: set[threading.Thread] = set()
+        self.slots = AddressSlots(config.max_connections, config.max_connections_per_address)
+        self.deadlines = Deadlines("upload-proxy-deadlines")
 
     async def start(self, host: str, port: int, tls: ssl.SSLContext) -> int:
         """Listen on ``host:port`` (0: any free port) with ``tls``; the port listened on."""
@@ -140,28 +151,31 @@ class UploadProxy:
         assert self.listener is not None
         while True:
             try:
-                raw, _ = self.listener.accept()
+                raw, peer = self.listener.accept()
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:  # out of descriptors, say: keep serving the others
                 log.warning("accepting a connection failed: %s", exc)
                 return
-            if len(self.connections) >= self.config.max_connections:
+            address = str(peer[0])
+            if not self.slots.take(address):
                 raw.close()
                 continue
             raw.setblocking(True)
-            thread = threading.Thread(target=self._connection, args=(raw,), daemon=True)
+            thread = threading.Thread(target=self._connection, args=(raw, address), daemon=True)
             self.connections[thread] = raw
             thread.start()
 
-    def _connection(self, raw: socket.socket) -> None:
+    def _connection(self, raw: socket.socket, address: str) -> None:
         me = threading.current_thread()
         tls = self.tls
+        handshake = self.deadlines.arm(raw, self.config.handshake_timeout)
         try:
             assert tls is not None
             tune(raw)
-            raw.settimeout(self.config.head_timeout)
+            raw.settimeout(self.config.handshake_timeout)
             with TlsStream.accept(raw, tls) as sock:
+                handshake.cancel()
                 wire = Wire(sock)
                 while self._exchange(sock, wire, me):
                     pass
@@ -170,16 +184,28 @@ class UploadProxy:
         except Exception:  # never a traceback to a tenant; the connection just ends
             log.exception("the upload proxy failed on a connection")
         finally:
+            handshake.cancel()
             self.busy.discard(me)
             self.connections.pop(me, None)
             raw.close()
+            self.slots.give(address)
+
+    def _read_head(self, sock: TlsStream, wire: Wire) -> Head | None:
+        """The next request head, within ``head_timeout`` seconds in total; afterwards every
+        write to the client may take ``write_timeout`` seconds at most."""
+        deadline = self.deadlines.arm(sock.raw, self.config.head_timeout)
+        sock.settimeout(self.config.head_timeout)
+        try:
+            return wire.read_head()
+        finally:
+            deadline.cancel()
+            sock.settimeout(self.config.write_timeout)
 
     def _exchange(self, sock: TlsStream, wire: Wire, me: threading.Thread) -> bool:
         """Serve one request; whether the connection stays open for another."""
         self.busy.discard(me)
-        sock.settimeout(self.config.head_timeout)
         try:
-            head = wire.read_head()
+            head = self._read_head(sock, wire)
         except HttpError as exc:
             sock.sendall(_Answer(exc.status, str(exc).encode()).encode(False, None, True))
             return False
@@ -188,7 +214,6 @@ class UploadProxy:
         if head is None:
             return False
         self.busy.add(me)
-        sock.settimeout(None)
         origin = head.get("Origin")
         try:
             if head.start[2] not in ("HTTP/1.1", "HTTP/1.0"):

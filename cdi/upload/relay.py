@@ -17,7 +17,8 @@ Why it is shaped so:
   ``idle_timeout`` seconds (the socket's timeout; the TLS state survives it, so the 408 can
   still be written); only time spent waiting for the uploader counts, never a slow upload
   server (backpressure: the proxy then waits in ``sendall``, which has no timeout). The
-  answer may take up to ``response_timeout`` (a sync upload answers after conversion, T6).
+  answer may take up to ``response_timeout`` (a sync upload answers after conversion, T6);
+  writing it to the uploader, ``write_timeout`` (a client that stops reading lets go).
 - A body cut by the uploader is cut towards the upload server too (its socket is closed
   without a TLS close), so the server sees an incomplete upload, as it would directly.
 - An upload server that answers before taking the whole body (busy, too large) and closes is
@@ -151,6 +152,7 @@ class Relay:
         """Copy the uploader's body; False if the upload server stopped taking it early."""
         sock = client.sock
         assert isinstance(sock, TlsStream)
+        sock.widen()  # an admitted upload: large socket reads from here on
         sock.settimeout(self.config.idle_timeout)  # per receive: only waiting for the uploader
         try:
             relay_body(client, upstream.sock, framing, memoryview(bytearray(PIECE)))
@@ -165,7 +167,7 @@ class Relay:
             log.info("the upload server stopped taking the body: %s", exc)
             return False
         finally:
-            sock.settimeout(None)
+            sock.settimeout(self.config.write_timeout)  # the answer, to a client not reading
 
     def _answer(self, upstream: Wire, method: str, complete: bool) -> Head:
         """The upload server's final answer (informational ones skipped)."""

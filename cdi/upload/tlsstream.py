@@ -14,6 +14,12 @@ delivered (not one record), so the relay's ``sendall`` encrypts them all into me
 writes them with one call. The price is one memory copy each way, which costs less than
 the calls it saves. OpenSSL still encrypts and decrypts with the GIL released.
 
+Memory: until ``widen`` is called the stream reads the socket in pieces of ``SMALL``
+(one TLS record and its header), so a connection that has not proven anything yet (a
+handshake, a request head) costs a few KiB, not ``RECEIVE`` (security review 3, N3): the
+owner widens it for an admitted upload (the proxy) or an authenticated peer (the upload
+server's front).
+
 A sender with many small pieces (frame headers before a large chunk) may ``write`` them into
 memory and ``flush`` once: one socket write for all their records.
 
@@ -33,6 +39,7 @@ import threading
 from typing import cast
 
 RECEIVE = 256 * 1024
+SMALL = 16 * 1024 + 256 + 5  # the largest TLS record and its header
 
 
 class TlsStream:
@@ -42,7 +49,7 @@ class TlsStream:
         self.raw = sock  # the TCP socket: timeouts and shutdown apply to it
         self.incoming, self.outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
         self.tls = ctx.wrap_bio(self.incoming, self.outgoing, server_side, hostname)
-        self.buffer = memoryview(bytearray(RECEIVE))
+        self.buffer = memoryview(bytearray(SMALL))
         self.ended = False
         self._tls_lock = threading.Lock()
         self._send_lock = threading.Lock()
@@ -75,6 +82,12 @@ class TlsStream:
                 raise ssl.SSLEOFError("the peer closed the connection during the handshake")
         self._flush()
 
+    def widen(self, size: int = RECEIVE) -> None:
+        """Read the socket in pieces of ``size`` from now on (the large socket reads that
+        make this stream fast); call it once the peer is trusted with that much memory."""
+        if len(self.buffer) < size:
+            self.buffer = memoryview(bytearray(size))
+
     def _flush(self) -> None:
         with self._send_lock:
             with self._tls_lock:
@@ -88,7 +101,7 @@ class TlsStream:
 
     def _receive(self) -> bool:
         """One socket read into OpenSSL's input; False at the end of the stream."""
-        n = self.raw.recv_into(self.buffer, RECEIVE)
+        n = self.raw.recv_into(self.buffer)
         with self._tls_lock:
             if not n:
                 self.incoming.write_eof()

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from cdi.upload.tlsstream import TlsStream
+from cdi.upload.tlsstream import RECEIVE, SMALL, TlsStream
 from tests.component.upload_peers import Pki, make_pki
 
 
@@ -65,12 +65,25 @@ def test_bytes_cross_intact_and_a_receive_takes_many_records(
     streams: tuple[TlsStream, TlsStream],
 ) -> None:
     client, server = streams
+    server.widen()  # what its owner does for a trusted peer
     data = bytes(range(256)) * 16 * 1024  # 4 MiB: 256 records of 16 KiB
     sender, _ = _in_thread(lambda: client.sendall(data))
     got, calls = _read(server, len(data))
     sender.join(10)
     assert got == data
     assert calls < 128  # at least two records per receive on average
+
+
+def test_a_stream_holds_one_record_of_buffer_until_it_is_widened(
+    streams: tuple[TlsStream, TlsStream],
+) -> None:
+    client, server = streams
+    assert len(server.buffer) == len(client.buffer) == SMALL  # a handshake costs little (N3)
+    server.widen()
+    assert len(server.buffer) == RECEIVE
+    client.sendall(b"x" * 100_000)
+    got, _ = _read(server, 100_000)
+    assert got == b"x" * 100_000
 
 
 def test_the_peer_presents_its_client_certificate(streams: tuple[TlsStream, TlsStream]) -> None:

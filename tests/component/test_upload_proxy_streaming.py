@@ -17,6 +17,7 @@ from aiohttp import web
 from cdi.upload.token import UploadGrant, issue
 from tests.component.test_upload_proxy import pvc
 from tests.component.upload_peers import UploadPeer, make_pki
+from tests.component.upload_proxy_process import process_config
 
 GiB = 1 << 30
 PIECE = b"\xa5" * (1 << 20)
@@ -37,16 +38,7 @@ async def test_one_gib_streams_through_the_proxy_in_flat_memory(tmp_path: Path) 
     site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=pki.peer_serving())
     await site.start()
     peer_port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    config = {
-        "proxy_cert": pki.proxy.cert_pem.decode(),
-        "proxy_key": pki.proxy.key_pem.decode(),
-        "server_ca": pki.server_ca.cert_pem.decode(),
-        "client_cert": pki.client.cert_pem.decode(),
-        "client_key": pki.client.key_pem.decode(),
-        "public_keys": {k: v.decode() for k, v in pki.ring.public_keys().items()},
-        "pvcs": [pvc("disk")],
-        "peer": f"https://127.0.0.1:{peer_port}",
-    }
+    config = process_config(pki, [pvc("disk")], f"https://127.0.0.1:{peer_port}")
     (tmp_path / "proxy.json").write_text(json.dumps(config))
     proc = subprocess.Popen(
         [

@@ -53,22 +53,6 @@ async def call(
         return resp.status, await resp.text(), dict(resp.headers)
 
 
-async def test_healthz_answers_ok_without_a_client_certificate(
-    pki: Pki, env: dict[str, str]
-) -> None:
-    anonymous = ssl.create_default_context(cadata=pki.server_ca.cert_pem.decode())
-    async with running_server(env) as srv:
-        status, text, _ = await call("GET", srv.url + "/healthz", anonymous)
-    assert (status, text) == (200, "OK")
-
-
-async def test_upload_without_client_certificate_is_401(pki: Pki, env: dict[str, str]) -> None:
-    anonymous = ssl.create_default_context(cadata=pki.server_ca.cert_pem.decode())
-    async with running_server(env) as srv:
-        status, _, _ = await call("POST", srv.url + "/v1beta1/upload", anonymous, b"x")
-    assert status == 401
-
-
 async def test_client_certificate_with_another_cn_is_401(pki: Pki, env: dict[str, str]) -> None:
     async with running_server(env) as srv:
         ctx = pki.client_context(pki.stranger)

@@ -22,6 +22,24 @@ from cdi.upload.token import Verifier
 from cdi.webhooks.certs import KeyPair
 
 
+def process_config(
+    pki: Any, pvcs: list[dict[str, Any]], peer: str, peers: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    """The CONFIG.json for ``pki`` (``tests.component.upload_peers.Pki``): the proxy's serving
+    pair, the upload servers' CA, the proxy's client pair, the token keys, the PVC table."""
+    config = {
+        "proxy_cert": pki.proxy.cert_pem.decode(),
+        "proxy_key": pki.proxy.key_pem.decode(),
+        "server_ca": pki.server_ca.cert_pem.decode(),
+        "client_cert": pki.client.cert_pem.decode(),
+        "client_key": pki.client.key_pem.decode(),
+        "public_keys": {k: v.decode() for k, v in pki.ring.public_keys().items()},
+        "pvcs": pvcs,
+        "peer": peer,
+    }
+    return config | ({"peers": dict(peers)} if peers else {})
+
+
 class FixedTargets:
     def __init__(
         self, pvcs: list[dict[str, Any]], peer: str, peers: Mapping[str, str] | None = None

@@ -97,3 +97,36 @@ def test_a_slow_drip_of_header_bytes_is_cut_at_the_deadline(
         assert time.monotonic() - start < LIMITS.deadline + 1.0
     finally:
         sock.close()
+
+
+def _scrape_from(source: str, port: int) -> bytes:
+    """One scrape with the client socket bound to ``source`` (another loopback address)."""
+    with socket.create_connection(
+        ("127.0.0.1", port), timeout=5, source_address=(source, 0)
+    ) as sock:
+        sock.sendall(b"GET /metrics HTTP/1.0\r\nHost: importer\r\n\r\n")
+        answer = b""
+        while piece := sock.recv(65536):
+            answer += piece
+    return answer
+
+
+def test_one_peer_holding_many_connections_cannot_starve_a_scrape_from_another_address() -> None:
+    srv = serve_metrics(Progress(), "uid-1", 0, "127.0.0.1", ServerLimits())  # the pod's limits
+    held = []
+    try:
+        for _ in range(3 * ServerLimits().max_connections):  # idle, one pod, all it can open
+            sock = socket.create_connection(
+                ("127.0.0.1", srv.port), source_address=("127.0.0.2", 0)
+            )
+            held.append(sock)
+        time.sleep(0.3)  # let the server accept them all
+        answer = _scrape_from("127.0.0.3", srv.port)  # the controller, long before any deadline
+        assert answer.startswith(b"HTTP/1.0 200 "), answer[:200]
+        assert b"kubevirt_cdi_import_progress_total" in answer
+        assert srv.slots.held_by("127.0.0.2") == ServerLimits().per_address
+    finally:
+        for sock in held:
+            sock.close()
+        srv.shutdown()
+        srv.server_close()

@@ -33,6 +33,7 @@ PLURALS = {
         False,
     ),
     "Deployment": ("/apis/apps/v1", "deployments", True),
+    "NetworkPolicy": ("/apis/networking.k8s.io/v1", "networkpolicies", True),
     "APIService": ("/apis/apiregistration.k8s.io/v1", "apiservices", False),
     "ClusterRole": ("/apis/rbac.authorization.k8s.io/v1", "clusterroles", False),
     "ClusterRoleBinding": ("/apis/rbac.authorization.k8s.io/v1", "clusterrolebindings", False),
@@ -118,6 +119,13 @@ def can(
     }
     out = kube.create("/apis/authorization.k8s.io/v1/subjectaccessreviews", review)
     return bool(out["status"].get("allowed"))
+
+
+def test_the_example_tenant_network_policies_pass_a_server_side_dry_run(kube: Kube) -> None:
+    text = (DEPLOY / "examples" / "tenant-networkpolicies.yaml").read_text()
+    docs = [d for d in yaml.safe_load_all(text.replace("TENANT", "default")) if d]
+    names = [apply(kube, doc, dry_run=True)["metadata"]["name"] for doc in docs]
+    assert names == ["cdi-upload-server", "cdi-worker-metrics"]
 
 
 @pytest.fixture(scope="module")
