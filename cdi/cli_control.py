@@ -132,8 +132,16 @@ def _upload_plane(p: argparse.ArgumentParser, service: str, cert_secret: str) ->
 def add_upload_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("uploadproxy", help="serve the upload proxy (CDI's cdi-uploadproxy)")
     _upload_plane(p, "cdi-uploadproxy", "cdi-uploadproxy-server-cert")
-    p.add_argument("--server-ca-secret", default="cdi-uploadserver-ca")
-    p.add_argument("--client-ca-secret", default="cdi-uploadserver-client-ca")
+    p.add_argument(
+        "--client-cert-secret",
+        default="cdi-uploadserver-client-cert",
+        help="the client certificate for upload servers, issued by the controller",
+    )
+    p.add_argument(
+        "--server-ca-config-map",
+        default="cdi-uploadserver-signer-bundle",
+        help="the upload servers' CA certificate, published by the controller",
+    )
     p.add_argument("--upload-server-port", type=int, default=443)
     p.add_argument("--idle-timeout", type=float, default=300.0, help="s without body bytes")
     p.add_argument("--ready-timeout", type=float, default=10.0, help="s to wait for the pod")
@@ -269,8 +277,8 @@ def cmd_uploadproxy(a: argparse.Namespace) -> int:
         plane=_plane(a),
         service=a.service,
         cert_secret=a.cert_secret,
-        server_ca_secret=a.server_ca_secret,
-        client_ca_secret=a.client_ca_secret,
+        client_cert_secret=a.client_cert_secret,
+        server_ca_config_map=a.server_ca_config_map,
         upload_server_port=a.upload_server_port,
         proxy=ProxyConfig(ready_timeout=a.ready_timeout, idle_timeout=a.idle_timeout),
     )

@@ -36,6 +36,7 @@ from cdi.kube.client import (
     VALIDATING_WEBHOOKS,
     Resource,
 )
+from cdi.upload.servercert import CONFIG_MAPS
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -79,12 +80,12 @@ COMPONENTS = {
     # the upload proxy (cdi.upload.serve.serve_upload_proxy)
     "cdi-uploadproxy": (
         "cdi/upload/serve.py::serve_upload_proxy",
-        "cdi/upload/serve.py::_ClientCert",
+        "cdi/upload/serve.py::_Upstream",
         "cdi/upload/serve.py::_ServingCert",
         "cdi/upload/kubestore.py::read_public_keys",
         "cdi/upload/kubestore.py::KubeUploadTargets",
         "cdi/upload/kubestore.py::SecretOnlyCertStore",
-        "cdi/upload/servercert.py::ensure_ca",
+        "cdi/upload/kubestore.py::read_upstream_credentials",
         "cdi/admission.py::CertStore._read",  # SecretOnlyCertStore publishes nowhere
         "cdi/admission.py::CertStore._write",
         "cdi/upload/proxy.py",
@@ -113,6 +114,8 @@ INDIRECT: dict[tuple[str, str], tuple[Resource, ...]] = {
     ("cdi.controller.flavours.upload", "_create_ignoring_conflict"): (SERVICES,),
     ("cdi.controller.flavours.upload", "_delete"): (PODS, SERVICES, SECRETS),
     ("cdi.controller.flavours.upload", "remove"): (PODS, SERVICES),
+    # the upload proxy's client certificate and server CA bundle, kept by the controller
+    ("cdi.upload.servercert", "_store"): (SECRETS, CONFIG_MAPS),
 }
 Grant = tuple[str, str, str]  # (apiGroup, resource[/subresource], verb)
 
