@@ -77,6 +77,8 @@ COMPONENTS = {
         "cdi/upload/token.py",
         "cdi/upload/keys.py",
     ),
+    # the import proxy relay (cdi.importproxy, deploy/60-import-proxy.yaml)
+    "cdi-import-proxy": ("cdi/importproxy", "cdi/kube/shared_key.py"),
     # the upload proxy (cdi.upload.serve.serve_upload_proxy)
     "cdi-uploadproxy": (
         "cdi/upload/serve.py::serve_upload_proxy",
@@ -106,7 +108,7 @@ UPLOAD_SERVER_MODULES = (
     "cdi/upload/readiness.py",
     "cdi/upload/tls.py",
 )
-RBAC_FILES = ("1*-rbac-*.yaml", "50-upload.yaml")
+RBAC_FILES = ("1*-rbac-*.yaml", "50-upload.yaml", "60-import-proxy.yaml")
 # (module, function) -> the resources its variable-resource calls reach
 INDIRECT: dict[tuple[str, str], tuple[Resource, ...]] = {
     ("cdi.admission", "_publish_to"): (VALIDATING_WEBHOOKS, MUTATING_WEBHOOKS),
@@ -236,7 +238,7 @@ def test_the_webhook_is_granted_exactly_what_it_calls() -> None:
     assert not unused, f"RBAC no code uses: {sorted(unused)}"
 
 
-@pytest.mark.parametrize("component", ["cdi-apiserver", "cdi-uploadproxy"])
+@pytest.mark.parametrize("component", ["cdi-apiserver", "cdi-uploadproxy", "cdi-import-proxy"])
 def test_the_upload_token_api_and_proxy_are_granted_exactly_what_they_call(component: str) -> None:
     missing, unused = _diff(component)
     assert not missing, f"calls without RBAC: {sorted(missing)}"
