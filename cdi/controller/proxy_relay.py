@@ -3,8 +3,9 @@
 When CDIConfig ``importProxy`` URLs carry credentials, the importer is pointed at the import
 proxy relay (Service ``cdi/cdi-import-proxy``, ``cdi.importproxy``) instead, and its proxy
 userinfo is a ticket the relay accepts until it expires (``cdi.importproxy.ticket``), one per
-attempt, signed with the key in Secret ``cdi/cdi-import-proxy-key`` (made by whichever of the
-controller and the relay needs it first). The password itself never leaves the ``cdi``
+attempt (valid 24 hours from the start of the 10-minute slot it was issued in), signed with
+the key in Secret ``cdi/cdi-import-proxy-key`` (made by whichever of the controller and the
+relay needs it first). The password itself never leaves the ``cdi``
 namespace (S4, ``docs/security.md``). Without credentials nothing changes: the importer dials
 the operator's proxy directly, and no Secret is made.
 
@@ -33,6 +34,7 @@ from cdi.render.proxy_auth import (
 )
 
 REASON_RELAY_UNAVAILABLE = "ImportProxyRelayUnavailable"
+TICKET_GRID = 600.0  # s
 
 
 @dataclass(frozen=True)
@@ -58,9 +60,10 @@ class ProxyRelay:
             return None, config
         url = await self._relay_url()
         key = await self._ticket_key()
-        ticket = issue(
-            claim.dv.namespace, claim.name, self.deps.clock(), self.settings.ticket_lifetime
-        )
+        # issued on a 10-minute grid: the reconciles of one attempt that race its pod's
+        # create make the same ticket, so the same Secret (its name is a digest of it)
+        issued = self.deps.clock() // TICKET_GRID * TICKET_GRID
+        ticket = issue(claim.dv.namespace, claim.name, issued, self.settings.ticket_lifetime)
         secret = render_proxy_auth_secret(claim.dv, claim.name, config, ticket.userinfo(key))
         assert secret is not None  # there are credentials
         try:
