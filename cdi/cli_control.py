@@ -151,8 +151,16 @@ def _upload_plane(p: argparse.ArgumentParser, service: str, cert_secret: str) ->
 def add_upload_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("uploadproxy", help="serve the upload proxy (CDI's cdi-uploadproxy)")
     _upload_plane(p, "cdi-uploadproxy", "cdi-uploadproxy-server-cert")
-    p.add_argument("--server-ca-secret", default="cdi-uploadserver-ca")
-    p.add_argument("--client-ca-secret", default="cdi-uploadserver-client-ca")
+    p.add_argument(
+        "--client-cert-secret",
+        default="cdi-uploadserver-client-cert",
+        help="the client certificate for upload servers, issued by the controller",
+    )
+    p.add_argument(
+        "--server-ca-config-map",
+        default="cdi-uploadserver-signer-bundle",
+        help="the upload servers' CA certificate, published by the controller",
+    )
     p.add_argument("--upload-server-port", type=int, default=443)
     p.add_argument("--idle-timeout", type=float, default=300.0, help="s without body bytes")
     p.add_argument("--ready-timeout", type=float, default=10.0, help="s to wait for the pod")
@@ -181,10 +189,25 @@ def add_upload_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore
     p.set_defaults(func=cmd_upload_apiserver)
 
 
+def add_import_proxy_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser(
+        "import-proxy", help="relay importers to the credentialed importProxy (docs/security.md)"
+    )
+    _common(p)
+    p.add_argument("--host", default="0.0.0.0")
+    p.add_argument("--port", type=int, default=3128)
+    p.add_argument("--namespace", default="cdi", help="where the ticket key Secret lives")
+    p.add_argument("--key-secret", default="cdi-import-proxy-key", help="ticket key Secret")
+    p.add_argument("--refresh", type=float, default=5.0, help="s between CDIConfig reads")
+    p.add_argument("--idle-timeout", type=float, default=300.0, help="s with nothing moved")
+    p.set_defaults(func=cmd_import_proxy)
+
+
 def add_control_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     add_controller_parser(sub)
     add_webhook_parser(sub)
     add_upload_parsers(sub)
+    add_import_proxy_parser(sub)
 
 
 def _logging(level: str) -> None:
@@ -304,8 +327,8 @@ def cmd_uploadproxy(a: argparse.Namespace) -> int:
         plane=_plane(a),
         service=a.service,
         cert_secret=a.cert_secret,
-        server_ca_secret=a.server_ca_secret,
-        client_ca_secret=a.client_ca_secret,
+        client_cert_secret=a.client_cert_secret,
+        server_ca_config_map=a.server_ca_config_map,
         upload_server_port=a.upload_server_port,
         proxy=ProxyConfig(
             ready_timeout=a.ready_timeout,
@@ -341,4 +364,22 @@ def cmd_upload_apiserver(a: argparse.Namespace) -> int:
         requestheader=RequestHeaderConfig(allowed_names=names) if ca else None,
     )
     asyncio.run(serve_upload_api(Kube(load_api_client(a.kubeconfig)), config))
+    return 0
+
+
+def cmd_import_proxy(a: argparse.Namespace) -> int:
+    from cdi.importproxy.relay import RelayConfig
+    from cdi.importproxy.serve import ImportProxyServeConfig, serve_import_proxy
+    from cdi.kube.client import Kube, load_api_client
+
+    _logging(a.log_level)
+    config = ImportProxyServeConfig(
+        host=a.host,
+        port=a.port,
+        namespace=a.namespace,
+        key_secret=a.key_secret,
+        refresh=a.refresh,
+        relay=RelayConfig(idle_timeout=a.idle_timeout),
+    )
+    asyncio.run(serve_import_proxy(Kube(load_api_client(a.kubeconfig)), config))
     return 0

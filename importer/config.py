@@ -196,7 +196,7 @@ def _secret_headers(env: Mapping[str, str]) -> list[tuple[str, str]]:
         for sub in sorted(os.listdir(root)):
             for path in mounted_files(os.path.join(root, sub)):
                 origin = f"secret header {sub}/{os.path.basename(path)}"
-                out.append(split_header(read_file(path) or "", origin))
+                out.append(split_header(read_file(path) or "", origin, secret=True))
     return out
 
 
@@ -228,18 +228,26 @@ FORBIDDEN_HEADERS = frozenset(
 )
 
 
-def split_header(text: str, origin: str = "header") -> tuple[str, str]:
-    """``Name: value`` checked for injection; ``origin`` names it in errors (never the value)."""
+def split_header(text: str, origin: str = "header", *, secret: bool = False) -> tuple[str, str]:
+    """``Name: value`` checked for injection; ``origin`` names it in errors, never the value.
+
+    A ``secret`` header (a file of a mounted Secret) is not even named: its messages become
+    the DataVolume's condition and events, which ``view`` reads, and in a malformed file the
+    "name" may well be the secret itself (``Bearer s3cret:x``), so they say only which file
+    and what is wrong (N10, ``docs/security.md``)."""
     name, sep, value = text.partition(":")
     name, value = name.strip(), value.strip()
     if not sep or not name:
         raise InvalidConfig(f"{origin} is not 'Name: value' (no header name)")
     if not _TOKEN.fullmatch(name):
+        if secret:
+            raise InvalidConfig(f"{origin} has no valid header name")
         raise InvalidConfig(f"{origin}: {name[:40]!r} is not a valid header name")
     if name.lower() in FORBIDDEN_HEADERS:
-        raise InvalidConfig(f"{origin}: the {name} header may not be set")
+        raise InvalidConfig(f"{origin}: {'its' if secret else f'the {name}'} header may not be set")
     if any(c in value for c in "\r\n\0"):
-        raise InvalidConfig(f"{origin}: the value of {name} holds CR, LF or NUL")
+        value_of = "its header's value" if secret else f"the value of {name}"
+        raise InvalidConfig(f"{origin}: {value_of} holds CR, LF or NUL")
     return name, value
 
 

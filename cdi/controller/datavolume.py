@@ -80,6 +80,7 @@ from cdi.controller.populators.datavolume import (
     population_view,
 )
 from cdi.controller.progress import Scraper
+from cdi.controller.proxy_relay import RelaySettings
 from cdi.controller.record import OUTCOME_SUCCEEDED, ImportRecord
 from cdi.controller.status import ClaimProblem, View, compute_status
 from cdi.kube.client import DATAVOLUMES, JSON, PVCS, AsyncKube, split_key
@@ -151,6 +152,7 @@ def import_settings(config: ControllerConfig) -> ImportSettings:
         pull_policy=config.pull_policy,
         policy=config.policy,
         progress_interval=config.progress_interval,
+        relay=RelaySettings(namespace=config.upload.namespace),
     )
 
 

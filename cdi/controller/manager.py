@@ -77,6 +77,7 @@ from cdi.controller.populators.handover import PrimePopulator
 from cdi.controller.populators.import_ import ImportPopulator
 from cdi.controller.populators.upload import UploadPopulator
 from cdi.controller.progress import HttpScraper
+from cdi.controller.proxycreds import keep_proxy_credentials
 from cdi.controller.seal import Seal
 from cdi.controller.snapshotwatch import SnapshotWatch, datavolume_keys
 from cdi.controller.storageprofile import StorageProfileReconciler
@@ -465,11 +466,14 @@ class Manager:
     async def _run_until_stopped(self) -> None:
         workers = asyncio.create_task(self._run_loops())
         snapshots = asyncio.create_task(self.snapshots.run())  # returns once it watches
+        proxy_credentials = asyncio.create_task(
+            keep_proxy_credentials(self.kube, self.config.controller.upload.namespace)
+        )
         watchers: list[asyncio.Task[Any]] = [asyncio.create_task(self._stop.wait())]
         if self.elector is not None:
             watchers.append(asyncio.create_task(self.elector.hold()))
         done, _ = await asyncio.wait([workers, *watchers], return_when=asyncio.FIRST_COMPLETED)
-        for task in [*watchers, snapshots]:
+        for task in [*watchers, snapshots, proxy_credentials]:
             task.cancel()
         for task in done:
             if task is not workers and not task.cancelled() and task.exception():

@@ -10,9 +10,9 @@
   address: the ClusterIP of Service ``cdi-upload-<pvc>`` in the PVC's namespace (``naming.
   upload_service_name``, created by the upload flavour of the controller), its certificate
   verified for ``cdi-upload-<pvc>.<ns>.svc``: no cluster DNS needed, the name still checked;
-- ``ensure_ca`` (from ``cdi.upload.servercert``, which the controller shares): a CA key pair
-  kept in a Secret, created once by whoever comes first (the upload servers' CA and the CA of
-  the proxy's client certificates);
+- ``read_upstream_credentials``: the proxy's side of mutual TLS to upload servers, as the
+  controller keeps it (``cdi.upload.servercert.ProxyCredentials``): its client key pair from a
+  Secret and the upload servers' CA certificate from a ConfigMap. The proxy holds no CA key;
 - ``requestheader_settings``: the front-proxy settings the kube-apiserver publishes in
   ConfigMap ``kube-system/extension-apiserver-authentication``;
 - ``ApiServiceCertStore`` / ``SecretOnlyCertStore``: the webhook's ``CertStore`` (serving
@@ -47,12 +47,12 @@ from cdi.render.naming import upload_service_name
 from cdi.upload.errors import UploadNotReady, UploadServerUnreachable
 from cdi.upload.keys import KeyRing, SigningKey, StoreConflict, key_id
 from cdi.upload.readiness import UploadServer
-from cdi.upload.servercert import ensure_ca as ensure_ca  # re-exported for the proxy
+from cdi.upload.servercert import CA_BUNDLE_KEY, CONFIG_MAPS
 from cdi.upload.tokenapi import Decision, LookupFailed, RequestHeaderConfig, User, access_review
+from cdi.webhooks.certs import KeyPair
 
 log = logging.getLogger(__name__)
 
-CONFIG_MAPS = Resource("", "v1", "configmaps", "ConfigMap")
 API_SERVICES = Resource("apiregistration.k8s.io", "v1", "apiservices", "APIService", False)
 AUTH_CONFIG_MAP = ("kube-system", "extension-apiserver-authentication")
 MAX_PUBLISHED_KEYS = 3
@@ -138,6 +138,19 @@ def read_public_keys(kube: Kube, namespace: str, name: str) -> dict[str, bytes]:
         for k, v in (cm.get("data") or {}).items()
         if k.endswith(".pem")
     }
+
+
+def read_upstream_credentials(
+    kube: Kube, namespace: str, secret: str, config_map: str
+) -> tuple[bytes, KeyPair] | None:
+    """(upload servers' CA certificate, the proxy's client pair); None while the controller
+    has not issued them yet."""
+    bundle = ((kube.get_or_none(CONFIG_MAPS, config_map, namespace) or {}).get("data")) or {}
+    data = _secret_data(kube.get_or_none(SECRETS, secret, namespace) or {})
+    ca, cert, key = str(bundle.get(CA_BUNDLE_KEY) or ""), data.get("tls.crt"), data.get("tls.key")
+    if not (ca and cert and key):
+        return None
+    return ca.encode(), KeyPair(cert, key)
 
 
 class KubeAccessReviewer:

@@ -10,8 +10,12 @@ pairs into the live ``SSLContext`` objects (new handshakes use them):
 
 - the token API: the serving certificate, and the signing ring (``keys.ensure_ring``: a new
   key after ``key_rotation``; the previous key stays valid) whose public keys it publishes;
-- the proxy: its serving certificate and its client certificate for the upload servers
-  (issued by our own client CA, kept in a Secret, re-issued when 80 % of its life is gone).
+- the proxy: its serving certificate, and its side of the mutual TLS to upload servers: the
+  client certificate and the servers' CA certificate the controller issues and publishes
+  (Secret ``cdi-uploadserver-client-cert``, ConfigMap ``cdi-uploadserver-signer-bundle``,
+  ``cdi.upload.servercert.ProxyCredentials``), reloaded when the controller renews them. The
+  proxy parses untrusted HTTP from outside the cluster, so it holds no CA key and may only read
+  these two objects (N5, ``docs/security.md``); it waits for them before it serves.
 """
 
 from __future__ import annotations
@@ -38,17 +42,18 @@ from cdi.upload.kubestore import (
     KubeUploadTargets,
     SecretKeyStore,
     SecretOnlyCertStore,
-    ensure_ca,
     publish_public_keys,
     read_public_keys,
+    read_upstream_credentials,
     requestheader_settings,
 )
 from cdi.upload.proxy import ProxyConfig
 from cdi.upload.proxyserver import UploadProxy
-from cdi.upload.tls import UPLOAD_CLIENT_NAME, load_pair, serving_context, upstream_context
+from cdi.upload.servercert import PROXY_CLIENT_SECRET, SERVER_CA_BUNDLE
+from cdi.upload.tls import load_pair, serving_context, upstream_context
 from cdi.upload.token import Verifier
 from cdi.upload.tokenapi import RequestHeaderConfig, TokenApi
-from cdi.webhooks.certs import RENEW_BEFORE, Bundle, KeyPair, issue_client
+from cdi.webhooks.certs import Bundle, KeyPair
 
 log = logging.getLogger(__name__)
 
@@ -82,8 +87,9 @@ class UploadProxyConfig:
     plane: UploadPlaneConfig = UploadPlaneConfig()
     service: str = "cdi-uploadproxy"
     cert_secret: str = "cdi-uploadproxy-server-cert"
-    server_ca_secret: str = "cdi-uploadserver-ca"
-    client_ca_secret: str = "cdi-uploadserver-client-ca"
+    client_cert_secret: str = PROXY_CLIENT_SECRET  # issued by the controller; read only
+    server_ca_config_map: str = SERVER_CA_BUNDLE  # the upload servers' CA certificate alone
+    credentials_poll: float = 2.0  # s between looks while the controller has not issued them
     upload_server_port: int = 443
     proxy: ProxyConfig = field(default_factory=ProxyConfig)
 
@@ -171,40 +177,56 @@ async def serve_upload_api(kube: Kube, config: ApiServerConfig) -> None:
         async_kube.close()
 
 
-class _ClientCert:
-    """The proxy's client certificate, issued from our client CA, renewed near expiry."""
+class _Upstream:
+    """The proxy's side of mutual TLS to upload servers, read from what the controller keeps;
+    a new context whenever it changes (renewed certificate)."""
 
     def __init__(self, kube: Kube, config: UploadProxyConfig) -> None:
         self.kube, self.config = kube, config
-        self.pair: KeyPair | None = None
+        self.seen: tuple[bytes, KeyPair] | None = None
 
-    def ensure(self) -> tuple[KeyPair, bool]:
-        """The pair to present, and whether it was (re-)issued just now."""
-        now = dt.datetime.now(dt.UTC)
-        plane = self.config.plane
-        ca = ensure_ca(
-            self.kube, plane.namespace, self.config.client_ca_secret, "cdi-uploadproxy-client-ca"
+    def _read(self) -> tuple[bytes, KeyPair] | None:
+        c = self.config
+        return read_upstream_credentials(
+            self.kube, c.plane.namespace, c.client_cert_secret, c.server_ca_config_map
         )
-        if self.pair is not None and not self._stale(ca, now):
-            return self.pair, False
-        self.pair = issue_client(ca, UPLOAD_CLIENT_NAME, now)
-        return self.pair, True
 
-    def _stale(self, ca: KeyPair, now: dt.datetime) -> bool:
-        assert self.pair is not None
-        cert = self.pair.cert
-        start, end = cert.not_valid_before_utc, cert.not_valid_after_utc
-        return cert.issuer != ca.cert.subject or now >= end - (end - start) * RENEW_BEFORE
+    async def first(self) -> ssl.SSLContext:
+        """The first context: waits until the controller has issued the credentials."""
+        while True:
+            try:
+                fresh = await asyncio.to_thread(self._read)
+            except KubeError as exc:
+                log.warning("the upload client credentials cannot be read: %s", exc)
+                fresh = None
+            if fresh is not None:
+                self.seen = fresh
+                return upstream_context(*fresh)
+            log.info(
+                "waiting for the controller to issue %s and publish %s",
+                self.config.client_cert_secret,
+                self.config.server_ca_config_map,
+            )
+            await asyncio.sleep(self.config.credentials_poll)
+
+    async def changed(self) -> ssl.SSLContext | None:
+        """A context for renewed credentials; None when they are unchanged (or unreadable:
+        the current ones stay in use)."""
+        try:
+            fresh = await asyncio.to_thread(self._read)
+        except KubeError as exc:
+            log.warning("the upload client credentials cannot be read: %s", exc)
+            return None
+        if fresh is None or fresh == self.seen:
+            return None
+        self.seen = fresh
+        return upstream_context(*fresh)
 
 
 async def serve_upload_proxy(kube: Kube, config: UploadProxyConfig) -> None:
     plane = config.plane
-    server_ca = await asyncio.to_thread(
-        ensure_ca, kube, plane.namespace, config.server_ca_secret, "cdi-uploadserver-ca"
-    )
-    client = _ClientCert(kube, config)
-    pair, _ = await asyncio.to_thread(client.ensure)
-    upstream = upstream_context(server_ca.cert_pem, pair)
+    credentials = _Upstream(kube, config)
+    upstream = await credentials.first()
     cert_store = SecretOnlyCertStore(kube, _cert_config(plane, config.service, config.cert_secret))
     serving = _ServingCert(cert_store)
     ctx = serving_context(await serving.refresh())
@@ -228,9 +250,9 @@ async def serve_upload_proxy(kube: Kube, config: UploadProxyConfig) -> None:
         pair = await serving.refresh()
         if before is None or pair != before.serving:
             proxy.use(serving=serving_context(pair))
-        fresh, renewed = await asyncio.to_thread(client.ensure)
-        if renewed:
-            proxy.use(upstream=upstream_context(server_ca.cert_pem, fresh))
+        renewed = await credentials.changed()
+        if renewed is not None:
+            proxy.use(upstream=renewed)
 
     try:
         port = await proxy.start(plane.host, plane.port, ctx)

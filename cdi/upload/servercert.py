@@ -8,10 +8,13 @@ controller issues a serving certificate from the first CA for exactly that name,
 pod the second CA's certificate (never its key) to verify clients with. They travel in one
 Secret, ``<pod>-tls`` (``tls.crt``, ``tls.key``, ``ca.crt``), mounted into the pod as files.
 
-``ensure_ca`` (a CA key pair in a Secret, created by whichever process comes first: the
-controller, or the proxy) lives here rather than beside the proxy's stores because the
-controller needs it too and must not depend on the admission process's modules; the proxy's
-``cdi.upload.kubestore`` re-exports it.
+``ensure_ca`` (a CA key pair in a Secret, created by the controller when absent) lives here
+because both CAs and their keys are the controller's alone. The upload proxy, the component
+users reach from outside the cluster, holds neither key (N5, ``docs/security.md``): the
+controller issues the proxy's client certificate into Secret ``cdi-uploadserver-client-cert``
+(``tls.crt``, ``tls.key``; the proxy may only read it) and publishes the server CA's
+certificate alone in ConfigMap ``cdi-uploadserver-signer-bundle`` (``ca-bundle.crt``), CDI's
+names, through ``ProxyCredentials``, and renews the certificate when 80 % of its life is gone.
 
 A server certificate lives ``lifetime``; the pod is told to stop taking uploads before that
 (``deadline``: 80 % of the lifetime, CDI's renew-before share), exits saying ``deadlinePassed``
@@ -28,15 +31,25 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from cdi.kube.client import SECRETS, Kube
+from cryptography import x509
+
+from cdi.kube.client import SECRETS, Kube, Resource
 from cdi.kube.errors import Conflict
-from cdi.webhooks.certs import RENEW_BEFORE, KeyPair, issue_serving, new_ca
+from cdi.render.upload_pod import UPLOAD_CLIENT_NAME
+from cdi.webhooks.certs import RENEW_BEFORE, KeyPair, issue_client, issue_serving, new_ca
 
 log = logging.getLogger(__name__)
 
 SERVER_CA_SECRET = "cdi-uploadserver-ca"
 CLIENT_CA_SECRET = "cdi-uploadserver-client-ca"
 SERVER_CERT_LIFETIME = dt.timedelta(hours=24)
+# The upload proxy's client certificate and the server CA's certificate, issued and published
+# by the controller for the proxy to read (CDI's names).
+PROXY_CLIENT_SECRET = "cdi-uploadserver-client-cert"
+SERVER_CA_BUNDLE = "cdi-uploadserver-signer-bundle"
+CA_BUNDLE_KEY = "ca-bundle.crt"
+PROXY_CLIENT_LIFETIME = dt.timedelta(days=30)
+CONFIG_MAPS = Resource("", "v1", "configmaps", "ConfigMap")
 
 
 def _b64(data: bytes) -> str:
@@ -132,6 +145,83 @@ class UploadCAs:
         """(server CA pair, client CA certificate PEM); blocking: call on a worker thread."""
         if self._server is None:
             self._server = ensure_ca(self.kube, self.namespace, SERVER_CA_SECRET, SERVER_CA_SECRET)
+        return self._server, self.client_ca().cert_pem
+
+    def client_ca(self) -> KeyPair:
+        """The client CA's key pair (the controller issues the proxy's and clone sources'
+        client certificates with it); blocking."""
         if self._client is None:
             self._client = ensure_ca(self.kube, self.namespace, CLIENT_CA_SECRET, CLIENT_CA_SECRET)
-        return self._server, self._client.cert_pem
+        return self._client
+
+
+def _due(cert_pem: bytes, issuer: KeyPair, now: dt.datetime) -> bool:
+    """A certificate to (re-)issue: unreadable, not from ``issuer``, or with less than
+    ``RENEW_BEFORE`` of its life left."""
+    try:
+        cert = x509.load_pem_x509_certificate(cert_pem)
+    except ValueError:
+        return True
+    start, end = cert.not_valid_before_utc, cert.not_valid_after_utc
+    return cert.issuer != issuer.cert.subject or now >= end - (end - start) * RENEW_BEFORE
+
+
+def _store(kube: Kube, resource: Resource, body: dict[str, Any], found: Any) -> None:
+    """Create ``body``, or replace ``found`` with it; a conflict means another writer (a
+    previous leader) got there first, and the next check looks again."""
+    try:
+        if found is None:
+            kube.create(resource, body)
+        else:
+            body["metadata"]["resourceVersion"] = found["metadata"]["resourceVersion"]
+            kube.replace(resource, body)
+    except Conflict:
+        name = body["metadata"]["name"]
+        log.info("%s %s changed under us; checked again next time", resource.kind, name)
+
+
+class ProxyCredentials:
+    """What the upload proxy needs for mutual TLS to upload servers, kept by the controller:
+    its client certificate (Secret ``PROXY_CLIENT_SECRET``) and the server CA's certificate
+    (ConfigMap ``SERVER_CA_BUNDLE``). ``ensure`` is idempotent and cheap when nothing is due;
+    blocking: call it on a worker thread."""
+
+    def __init__(self, cas: UploadCAs, lifetime: dt.timedelta = PROXY_CLIENT_LIFETIME) -> None:
+        self.cas, self.lifetime = cas, lifetime
+
+    def ensure(self, now: dt.datetime) -> bool:
+        """Publish and issue what is due; whether anything was written."""
+        server_ca, _ = self.cas.load()
+        published = self._publish_server_ca(server_ca.cert_pem.decode())
+        return self._issue_client(now) or published
+
+    def _publish_server_ca(self, pem: str) -> bool:
+        kube, ns = self.cas.kube, self.cas.namespace
+        found = kube.get_or_none(CONFIG_MAPS, SERVER_CA_BUNDLE, ns)
+        if ((found or {}).get("data") or {}).get(CA_BUNDLE_KEY) == pem:
+            return False
+        body = {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": SERVER_CA_BUNDLE, "namespace": ns},
+            "data": {CA_BUNDLE_KEY: pem},
+        }
+        _store(kube, CONFIG_MAPS, body, found)
+        return True
+
+    def _issue_client(self, now: dt.datetime) -> bool:
+        kube, ns, client_ca = self.cas.kube, self.cas.namespace, self.cas.client_ca()
+        found = kube.get_or_none(SECRETS, PROXY_CLIENT_SECRET, ns)
+        if not _due(secret_data(found or {}).get("tls.crt", b""), client_ca, now):
+            return False
+        pair = issue_client(client_ca, UPLOAD_CLIENT_NAME, now, self.lifetime)
+        body = {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "type": "kubernetes.io/tls",
+            "metadata": {"name": PROXY_CLIENT_SECRET, "namespace": ns},
+            "data": {"tls.crt": _b64(pair.cert_pem), "tls.key": _b64(pair.key_pem)},
+        }
+        _store(kube, SECRETS, body, found)
+        log.info("issued the upload proxy's client certificate %s/%s", ns, PROXY_CLIENT_SECRET)
+        return True

@@ -24,12 +24,12 @@ from cdi.upload.kubestore import (
     KubeAccessReviewer,
     KubeUploadTargets,
     SecretKeyStore,
-    ensure_ca,
     publish_public_keys,
     read_public_keys,
     requestheader_settings,
 )
 from cdi.upload.readiness import upload_target
+from cdi.upload.servercert import ensure_ca
 from cdi.upload.token import verify
 from cdi.upload.tokenapi import TokenApi, User
 from testkit.cluster import Cluster

@@ -74,6 +74,40 @@ def test_a_secret_header_file_without_a_name_is_named_by_its_file(tmp_path: Path
     assert "s3cret" not in info.value.message
 
 
+@pytest.mark.parametrize(
+    "content",
+    [
+        "Bearer TOPSECRET:xyz",  # a value with a colon: the "name" is the secret
+        "tokn QWRTY:zxcvb",
+        "Bea\u00dfer SEKRIT: v",  # not ASCII
+        "Bearer TOPSECRET",  # no colon at all
+        ": ONLYVALUE",
+        "Hoost Qzx-Secret: v",
+        "Host: internal-SECRET",  # a name the importer may not send
+        "Proxy-Authorization: Basic c2VjcmV0",
+        "X-Api-Kee: abc\rXSECRET",  # CR/LF/NUL in the value
+        "X-Api-Kee: abc\x00XSECRET",
+    ],
+)
+def test_a_malformed_secret_header_file_echoes_none_of_its_content(
+    tmp_path: Path, content: str
+) -> None:
+    """N10: the message becomes the DataVolume's condition and events (readable by ``view``,
+    which may not read Secrets), so it names the file and the problem, never a byte of it."""
+    secret = tmp_path / "extraheaders" / "0"
+    secret.mkdir(parents=True)
+    (secret / "auth").write_text(content + "\n")
+    with pytest.raises(InvalidConfig) as info:
+        from_env(_env(tmp_path))
+    message = info.value.message
+    assert "secret header 0/auth" in message
+    said = message.replace("secret header 0/auth", "")
+    leaked = {content[i : i + 4] for i in range(len(content) - 3)} & {
+        said[i : i + 4] for i in range(len(said) - 3)
+    }
+    assert not leaked, message
+
+
 def test_pod_policy_comes_from_env_and_defaults_to_public_only(tmp_path: Path) -> None:
     default = from_env(_env(tmp_path))
     assert default.source is not None and default.source.policy == NetPolicy()

@@ -36,6 +36,7 @@ from cdi.kube.client import (
     VALIDATING_WEBHOOKS,
     Resource,
 )
+from cdi.upload.servercert import CONFIG_MAPS
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -76,15 +77,17 @@ COMPONENTS = {
         "cdi/upload/token.py",
         "cdi/upload/keys.py",
     ),
+    # the import proxy relay (cdi.importproxy, deploy/60-import-proxy.yaml)
+    "cdi-import-proxy": ("cdi/importproxy", "cdi/kube/shared_key.py"),
     # the upload proxy (cdi.upload.serve.serve_upload_proxy)
     "cdi-uploadproxy": (
         "cdi/upload/serve.py::serve_upload_proxy",
-        "cdi/upload/serve.py::_ClientCert",
+        "cdi/upload/serve.py::_Upstream",
         "cdi/upload/serve.py::_ServingCert",
         "cdi/upload/kubestore.py::read_public_keys",
         "cdi/upload/kubestore.py::KubeUploadTargets",
         "cdi/upload/kubestore.py::SecretOnlyCertStore",
-        "cdi/upload/servercert.py::ensure_ca",
+        "cdi/upload/kubestore.py::read_upstream_credentials",
         "cdi/admission.py::CertStore._read",  # SecretOnlyCertStore publishes nowhere
         "cdi/admission.py::CertStore._write",
         "cdi/upload/proxy.py",
@@ -105,7 +108,7 @@ UPLOAD_SERVER_MODULES = (
     "cdi/upload/readiness.py",
     "cdi/upload/tls.py",
 )
-RBAC_FILES = ("1*-rbac-*.yaml", "50-upload.yaml")
+RBAC_FILES = ("1*-rbac-*.yaml", "50-upload.yaml", "60-import-proxy.yaml")
 # (module, function) -> the resources its variable-resource calls reach
 INDIRECT: dict[tuple[str, str], tuple[Resource, ...]] = {
     ("cdi.admission", "_publish_to"): (VALIDATING_WEBHOOKS, MUTATING_WEBHOOKS),
@@ -113,6 +116,8 @@ INDIRECT: dict[tuple[str, str], tuple[Resource, ...]] = {
     ("cdi.controller.flavours.upload", "_create_ignoring_conflict"): (SERVICES,),
     ("cdi.controller.flavours.upload", "_delete"): (PODS, SERVICES, SECRETS),
     ("cdi.controller.flavours.upload", "remove"): (PODS, SERVICES),
+    # the upload proxy's client certificate and server CA bundle, kept by the controller
+    ("cdi.upload.servercert", "_store"): (SECRETS, CONFIG_MAPS),
 }
 Grant = tuple[str, str, str]  # (apiGroup, resource[/subresource], verb)
 INFORMERS = ("Informer", "keys_cache")  # (kube, RESOURCE, ...): list + watch
@@ -234,7 +239,7 @@ def test_the_webhook_is_granted_exactly_what_it_calls() -> None:
     assert not unused, f"RBAC no code uses: {sorted(unused)}"
 
 
-@pytest.mark.parametrize("component", ["cdi-apiserver", "cdi-uploadproxy"])
+@pytest.mark.parametrize("component", ["cdi-apiserver", "cdi-uploadproxy", "cdi-import-proxy"])
 def test_the_upload_token_api_and_proxy_are_granted_exactly_what_they_call(component: str) -> None:
     missing, unused = _diff(component)
     assert not missing, f"calls without RBAC: {sorted(missing)}"

@@ -13,7 +13,7 @@ from cdi.api.types import DataVolume
 from cdi.render import RenderError
 from cdi.render.importer_pod import ImporterPodConfig, render_importer_pod
 from cdi.render.naming import fnv32a, get_name, importer_pod_name, scratch_pvc_name
-from cdi.render.proxy_auth import render_proxy_auth_secret
+from cdi.render.proxy_auth import relayed, render_proxy_auth_secret, with_import_proxy
 from cdi.render.pvc import render_pvc, required_space
 from cdi.render.worker_pod import Metrics
 
@@ -403,7 +403,8 @@ def test_import_policy_reaches_the_importer_env_with_the_controllers_cluster_ran
     )
 
 
-def test_import_proxy_credentials_go_into_a_secret_never_into_the_pod() -> None:
+def test_import_proxy_credentials_stay_out_of_the_pod_and_its_secret() -> None:
+    """S4: the importer gets the relay's address and a ticket, never the proxy's password."""
     cdi = CDIConfig.from_dict(
         {
             "spec": {
@@ -416,19 +417,20 @@ def test_import_proxy_credentials_go_into_a_secret_never_into_the_pod() -> None:
         }
     )
     dv = datavolume(storage())
-    secret = render_proxy_auth_secret(dv, "disk", cdi)
+    secret = render_proxy_auth_secret(dv, "disk", cdi, "vms~disk~99:TICKET")
     assert secret is not None
     assert secret["metadata"]["namespace"] == "vms"
     assert secret["metadata"]["ownerReferences"][0]["uid"] == "dv-uid"
-    assert secret["data"] == {"http": base64.b64encode(b"al%40ice:pw-SECRET").decode()}
+    assert secret["data"] == {"http": base64.b64encode(b"vms~disk~99:TICKET").decode()}
+    relayed_config = with_import_proxy(cdi, relayed(cdi.import_proxy, "http://10.96.0.9:3128"))
     config = ImporterPodConfig(
-        image="i", cdi_config=cdi, proxy_auth_secret=secret["metadata"]["name"]
+        image="i", cdi_config=relayed_config, proxy_auth_secret=secret["metadata"]["name"]
     )
     pod = pod_for(storage(), config=config)
-    assert "SECRET" not in json.dumps(pod)
+    assert "SECRET" not in json.dumps(pod) and "SECRET" not in json.dumps(secret)
     env = env_of(pod)
-    assert env["http_proxy"] == "http://proxy.corp:3128"
-    assert env["https_proxy"] == "http://proxy.corp:3129"
+    assert env["http_proxy"] == "http://10.96.0.9:3128"  # the relay holds the credentials
+    assert env["https_proxy"] == "http://proxy.corp:3129"  # none: dialled directly
     assert env["IMPORTER_PROXY_AUTH_DIR"] == "/var/run/cdi/proxy-auth"
     volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
     assert volumes["cdi-proxy-auth-vol"]["secret"]["secretName"] == secret["metadata"]["name"]
@@ -440,16 +442,16 @@ def test_import_proxy_credentials_go_into_a_secret_never_into_the_pod() -> None:
     } in mounts
 
 
-def test_proxy_auth_secret_name_follows_its_content_and_is_absent_without_credentials() -> None:
+def test_proxy_auth_secret_name_follows_its_ticket_and_is_absent_without_credentials() -> None:
     def config(url: str) -> CDIConfig:
         return CDIConfig.from_dict({"spec": {"importProxy": {"HTTPProxy": url}}})
 
     dv = datavolume(storage())
-    a = render_proxy_auth_secret(dv, "disk", config("http://u:1@p:3128"))
-    b = render_proxy_auth_secret(dv, "disk", config("http://u:2@p:3128"))
+    a = render_proxy_auth_secret(dv, "disk", config("http://u:1@p:3128"), "t1")
+    b = render_proxy_auth_secret(dv, "disk", config("http://u:1@p:3128"), "t2")
     assert a and b and a["metadata"]["name"] != b["metadata"]["name"]
-    assert render_proxy_auth_secret(dv, "disk", config("http://p:3128")) is None
-    assert render_proxy_auth_secret(dv, "disk", CDIConfig()) is None
+    assert render_proxy_auth_secret(dv, "disk", config("http://p:3128"), "t") is None
+    assert render_proxy_auth_secret(dv, "disk", CDIConfig(), "t") is None
 
 
 def test_attempt_labels_and_metrics_are_inputs_of_the_final_pod() -> None:

@@ -5,7 +5,8 @@ On a claim that is ready (bound, or bindable by the pod itself), one ``sync`` ta
 1. no pod for the current attempt: create it (after the retry backoff, for a retry), having
    first recorded its name on the PVC (the first attempt's is on the claim from its creation,
    ``first_record``) and, when CDIConfig importProxy carries credentials,
-   created the Secret that brings them to the pod (``cdi.render.proxy_auth``);
+   created the Secret that brings the pod a ticket for the relay that holds them
+   (``cdi.controller.proxy_relay``);
 2. pod running: scrape progress, come back in ``progress_interval``;
 3. pod finished: the failure policy decides; the decision is recorded on the PVC first
    (``cdi.controller.record``) and acted on after (delete the pods after success, keep a failed
@@ -36,6 +37,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from cdi.api.config import CDIConfig
 from cdi.api.constants import (
     ANN_RETAIN_AFTER_COMPLETION,
     ConditionReason,
@@ -45,6 +47,7 @@ from cdi.controller.flavours import JSON, Claim, FlavourDeps, PhaseEvent
 from cdi.controller.pods import claim_pod, pod_uid
 from cdi.controller.policy import Decision, FailurePolicy, Outcome, pod_outcome, pod_problem
 from cdi.controller.progress import Progress, parse_metrics
+from cdi.controller.proxy_relay import ProxyRelay, RelaySettings
 from cdi.controller.record import (
     OUTCOME_FAILED,
     OUTCOME_SUCCEEDED,
@@ -54,14 +57,13 @@ from cdi.controller.record import (
 )
 from cdi.controller.registry_result import result_patch, with_node_digest
 from cdi.controller.status import ClaimProblem, FlavourPhases, View
-from cdi.kube.client import PODS, PVCS, SECRETS
+from cdi.kube.client import PODS, PVCS
 from cdi.kube.errors import Conflict, NotFound
 from cdi.kube.events import NORMAL, WARNING
 from cdi.kube.workqueue import Result
 from cdi.render import RenderError
 from cdi.render.importer_pod import ImporterPodConfig, render_importer_pod
 from cdi.render.naming import importer_pod_name
-from cdi.render.proxy_auth import render_proxy_auth_secret
 from cdi.render.worker_pod import Metrics
 
 IMPORT_PHASES = FlavourPhases(
@@ -97,6 +99,7 @@ class ImportSettings:
     policy: FailurePolicy = field(default_factory=FailurePolicy)
     progress_interval: float = 2.0
     metrics: Metrics = field(default_factory=lambda: Metrics(on_pod_ip=True))
+    relay: RelaySettings = field(default_factory=RelaySettings)  # credentialed importProxy
 
 
 def parse_time(text: str | None) -> float | None:
@@ -117,6 +120,7 @@ class ImportFlavour:
     def __init__(self, deps: FlavourDeps, settings: ImportSettings) -> None:
         self.deps = deps
         self.settings = settings
+        self.relay = ProxyRelay(deps, settings.relay)
         # PVC UID -> the last resume checkpoint scraped from its recorded importer pod: the
         # only resume point a later attempt may keep (datapath.checkpoint). In memory, so a
         # new leader has none and the next attempt restarts from byte 0 (safe, slower).
@@ -216,17 +220,18 @@ class ImportFlavour:
         if intent.pod_name != name:
             intent = dataclasses.replace(intent, pod_name=name, pod_uid=None)
         pvc = await self._record(claim.pvc, intent)
-        config = ImporterPodConfig(
-            image=settings.image,
-            command=(),
-            pull_policy=settings.pull_policy,
-            attempt=attempt,
-            metrics=settings.metrics,
-            cdi_config=claim.cdi_config,
-            proxy_auth_secret=await self._proxy_auth_secret(claim),
-            checkpoint_attested=self._attested.get(self._claim_uid(claim)),
-        )
         try:
+            proxy_auth_secret, cdi_config = await self._proxy_auth_secret(claim)
+            config = ImporterPodConfig(
+                image=settings.image,
+                command=(),
+                pull_policy=settings.pull_policy,
+                attempt=attempt,
+                metrics=settings.metrics,
+                cdi_config=cdi_config,
+                proxy_auth_secret=proxy_auth_secret,
+                checkpoint_attested=self._attested.get(self._claim_uid(claim)),
+            )
             pod = render_importer_pod(dv, pvc, config)
         except RenderError as exc:
             problem = ClaimProblem(exc.reason, exc.message)
@@ -258,17 +263,11 @@ class ImportFlavour:
         del self._created[(dv.namespace, name)]  # recorded: the PVC vouches for it now
         return view, Result(requeue_after=settings.progress_interval)
 
-    async def _proxy_auth_secret(self, claim: Claim) -> str | None:
-        """Create the Secret with the importProxy credentials (``cdi.render.proxy_auth``);
-        its name. The name is a digest of the content, so one that exists is the same."""
-        secret = render_proxy_auth_secret(claim.dv, claim.name, claim.cdi_config)
-        if secret is None:
-            return None
-        try:
-            await self.deps.kube.create(SECRETS, secret, claim.dv.namespace)
-        except Conflict:
-            pass  # an earlier attempt (or reconcile) created it
-        return str(secret["metadata"]["name"])
+    async def _proxy_auth_secret(self, claim: Claim) -> tuple[str | None, CDIConfig]:
+        """With a credentialed importProxy: the Secret holding this attempt's relay ticket
+        (its name) and the CDIConfig whose proxies point at the relay; the credentials never
+        reach the tenant's namespace (``cdi.controller.proxy_relay``)."""
+        return await self.relay.importer_proxy(claim)
 
     async def _remove_impostor(
         self, claim: Claim, view: View, pod: Mapping[str, Any]

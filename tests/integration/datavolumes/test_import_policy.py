@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import ipaddress
+import json
 import socket
 import threading
 import time
@@ -26,6 +27,7 @@ from tests.integration.datavolumes.cdi_env import (
     dv_path,
     wait_phase,
 )
+from tests.integration.datavolumes.test_upload import User
 
 pytestmark = pytest.mark.integration
 
@@ -89,15 +91,10 @@ def auth_proxy() -> Iterator[str]:
     server.server_close()
 
 
-def test_proxy_credentials_reach_the_importer_through_a_secret_not_the_pod_spec(
-    kube: Kube,
-    namespace: str,
-    controller: ControllerProcess,
-    image_server: ImageServer,
-    auth_proxy: str,
-) -> None:
+def _import_through(kube: Kube, namespace: str, image_server: ImageServer, proxy: str) -> None:
+    """An import through the authenticating proxy succeeds, the proxy seeing its credentials."""
     config = f"{DV_API}/cdiconfigs/config"
-    kube.patch(config, {"spec": {"importProxy": {"HTTPProxy": auth_proxy}}})
+    kube.patch(config, {"spec": {"importProxy": {"HTTPProxy": proxy}}})
     time.sleep(2)  # the controller reads CDIConfig from its informer cache
     try:
         source = {"http": {"url": image_server.url("ok", "disk.raw.gz")}}
@@ -107,7 +104,51 @@ def test_proxy_credentials_reach_the_importer_through_a_secret_not_the_pod_spec(
         kube.patch(config, {"spec": {"importProxy": None}})
     assert dv["status"]["phase"] == "Succeeded", dv["status"]
     assert _Proxy.seen and all(seen == _Proxy.expected for seen in _Proxy.seen)
+
+
+def test_proxy_credentials_reach_the_proxy_through_the_relay_not_the_pod_spec(
+    kube: Kube,
+    namespace: str,
+    controller: ControllerProcess,
+    image_server: ImageServer,
+    auth_proxy: str,
+) -> None:
+    _import_through(kube, namespace, image_server, auth_proxy)
     secrets = kube.get(f"/api/v1/namespaces/{namespace}/secrets")["items"]
     ours = [s for s in secrets if s["metadata"]["name"].startswith("import-proxy-auth-")]
     assert len(ours) == 1 and ours[0]["metadata"]["ownerReferences"][0]["kind"] == "DataVolume"
-    assert base64.b64decode(ours[0]["data"]["http"]) == b"al%40ice:pw-SECRET"
+    ticket = base64.b64decode(ours[0]["data"]["http"]).decode()
+    assert ticket.startswith(f"{namespace}~viaproxy~"), "a relay ticket, not the credentials"
+    # the proxy saw its credentials, which only the relay holds: the ticket went to the relay
+
+
+def _everything_readable(tenant: Kube, admin: Kube, namespace: str) -> str:
+    """All a tenant with ``edit`` reads in the namespace, Secret values decoded, and the
+    DataVolumes (CDI's aggregated roles let ``view`` read them; not installed here)."""
+    seen = []
+    for kind in ("secrets", "pods", "configmaps", "events", "persistentvolumeclaims"):
+        items = tenant.get(f"/api/v1/namespaces/{namespace}/{kind}")["items"]
+        seen.append(json.dumps(items))
+        if kind == "secrets":
+            seen += [base64.b64decode(v).decode(errors="replace") for s in items
+                     for v in (s.get("data") or {}).values()]  # fmt: skip
+    seen.append(json.dumps(admin.get(dv_path(namespace))["items"]))
+    return "\n".join(seen)
+
+
+def test_a_tenant_with_edit_cannot_read_the_proxy_password_after_an_import_through_it(
+    cluster: Cluster,
+    kube: Kube,
+    namespace: str,
+    controller: ControllerProcess,
+    image_server: ImageServer,
+    auth_proxy: str,
+) -> None:
+    """S4: the cluster's importProxy password was copied into a Secret in every namespace that
+    imports, which ``edit`` reads. Now the tenant finds only a ticket for the relay."""
+    alice = User(cluster, kube, namespace)  # bound to the built-in edit role here
+    _import_through(kube, namespace, image_server, auth_proxy)
+    seen = _everything_readable(alice.kube, kube, namespace)
+    assert "import-proxy-auth-" in seen  # she does read the Secret the importer mounted
+    assert "pw-SECRET" not in seen and "al%40ice" not in seen and "al@ice" not in seen
+    assert base64.b64encode(b"al@ice:pw-SECRET").decode() not in seen
