@@ -10,13 +10,17 @@ controller's own (RBAC, then admission, ValidatingAdmissionPolicy included), and
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any
 
 import pytest
-import yaml
 
 from cdi.api.types import DataVolume
+from cdi.controller.dataimportcron_desired import Cron, poller_pod
+from cdi.render.clone_pod import CloneSourcePod, client_secret_name, render_clone_source_pod
 from cdi.render.importer_pod import ImporterPodConfig, render_importer_pod
+from cdi.render.upload_pod import UploadPodConfig, render_upload_pod
+from cdi.render.worker_pod import WorkerPod
 from testkit.product import Kubectl, KubectlFailed, Product
 from testkit.waiting import wait_until
 
@@ -50,7 +54,9 @@ def _importer_pod(namespace: str, source: dict[str, Any] = HTTP_SOURCE) -> dict[
         "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}},
     }
     config = ImporterPodConfig(
-        image=IMPORTER_IMAGE, scratch_pvc_name="disk-scratch", proxy_auth_secret="proxy-auth"
+        image=IMPORTER_IMAGE,
+        scratch_pvc_name="disk-scratch",
+        proxy_auth_secret="import-proxy-auth-disk-0123456789",
     )
     return render_importer_pod(dv, pvc, config)
 
@@ -59,7 +65,7 @@ def _create(kubectl: Kubectl, pod: dict[str, Any], user: str | None = CONTROLLER
     """'' when admitted, else the API server's refusal."""
     args = ["create", "--dry-run=server", "-o", "name", "-f", "-"]
     try:
-        kubectl(*([f"--as={user}"] if user else []), *args, stdin=yaml.safe_dump(pod))
+        kubectl(*([f"--as={user}"] if user else []), *args, stdin=json.dumps(pod))
     except KubectlFailed as e:
         return str(e)
     return ""
@@ -176,3 +182,240 @@ def test_the_node_pull_container_may_not_ask_for_more(
     wait_until(lambda: _create(product.kubectl, pod) == "", "the node-pull pod admitted", 30)
     refused = _create(product.kubectl, _server_variant(pod, change))
     assert "cdi-controller-pods" in refused, (change, refused)
+
+
+# -- N9: command, environment, security context and Secrets are the renderers' -----------------
+
+UPLOAD_IMAGE = "quay.io/cdi-py/cdi-uploadserver:latest"
+CLONER_IMAGE = "quay.io/cdi-py/cdi-cloner:latest"
+TARGET_UID = "0f6c2a4e-1b7d-4c55-9a1e-3d2b7c8e9f01"
+
+
+def _claim(namespace: str, name: str, mode: str = "Filesystem") -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "namespace": namespace, "uid": TARGET_UID, "annotations": {}},
+        "spec": {
+            "accessModes": ["ReadWriteOnce"],
+            "volumeMode": mode,
+            "resources": {"requests": {"storage": "1Gi"}},
+        },
+    }
+
+
+def _dv(namespace: str, source: dict[str, Any]) -> DataVolume:
+    return DataVolume.from_dict(
+        {
+            "apiVersion": "cdi.kubevirt.io/v1beta1",
+            "kind": "DataVolume",
+            "metadata": {"name": "disk", "namespace": namespace, "uid": "dv-uid"},
+            "spec": {"source": source, "pvc": {"resources": {"requests": {"storage": "1Gi"}}}},
+        }
+    )
+
+
+def _worker_pods(namespace: str) -> dict[str, dict[str, Any]]:
+    """Every kind of pod the controller renders, with every optional Secret and mount, as the
+    controller renders them (image entry point, no command)."""
+    http_all = {
+        "http": {
+            "url": "http://127.0.0.1:9/disk.img",
+            "secretRef": "creds",
+            "certConfigMap": "ca",
+            "secretExtraHeaders": ["hdr-a", "hdr-b"],
+        }
+    }
+    entry = ImporterPodConfig(
+        image=IMPORTER_IMAGE,
+        command=(),
+        scratch_pvc_name="disk-scratch",
+        proxy_auth_secret="import-proxy-auth-disk-0123456789",
+        proxy_ca_config_map="import-proxy-cm-disk",
+    )
+    claim = _claim(namespace, "disk")
+    cron = Cron.from_obj(
+        {
+            "metadata": {"name": "cron", "namespace": namespace, "uid": "cron-uid"},
+            "spec": {
+                "template": {
+                    "spec": {"source": {"registry": {"url": "docker://quay.io/t/disk:v1"}}}
+                },
+                "schedule": "* * * * *",
+                "managedDataSource": "golden",
+            },
+        }
+    )
+    upload = UploadPodConfig(image=UPLOAD_IMAGE, deadline="2030-01-01T00:00:00Z")
+    source = _claim(namespace, "source")
+    clone = CloneSourcePod(WorkerPod(image=CLONER_IMAGE), client_secret_name(claim))
+    block_source = _claim(namespace, "source", "Block")
+    pods = {
+        "importer": render_importer_pod(_dv(namespace, http_all), claim, entry),
+        "importer-default-command": _importer_pod(namespace),
+        "node-pull": render_importer_pod(_dv(namespace, NODE_PULL_SOURCE), claim, entry),
+        "poller": poller_pod(cron, entry),
+        "upload": render_upload_pod(claim, upload),
+        "upload-block": render_upload_pod(_claim(namespace, "disk", "Block"), upload),
+        "clone-source": render_clone_source_pod(_dv(namespace, {}), source, claim, clone),
+        "clone-source-block": render_clone_source_pod(
+            _dv(namespace, {}), block_source, claim, clone
+        ),
+    }
+    for pod in pods.values():
+        pod["metadata"]["namespace"] = namespace
+    return pods
+
+
+@pytest.mark.parametrize(
+    "kind",
+    [
+        "importer",
+        "importer-default-command",
+        "node-pull",
+        "poller",
+        "upload",
+        "upload-block",
+        "clone-source",
+        "clone-source-block",
+    ],
+)
+def test_every_rendered_worker_pod_is_admitted(product: Product, namespace: str, kind: str) -> None:
+    pod = _worker_pods(namespace)[kind]
+    wait_until(lambda: _create(product.kubectl, _importer_pod(namespace)) == "", "admission", 30)
+    assert _create(product.kubectl, pod) == ""
+
+
+def _reviewers_pod() -> dict[str, Any]:
+    """N9's reproduction: a worker image running any code, as root, unconfined, with a Secret
+    of kube-system mounted."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "not-a-worker", "namespace": "kube-system"},
+        "spec": {
+            "restartPolicy": "Never",
+            "automountServiceAccountToken": False,
+            "securityContext": {"runAsUser": 0, "seccompProfile": {"type": "Unconfined"}},
+            "containers": [
+                {
+                    "name": "c",
+                    "image": IMPORTER_IMAGE,
+                    "command": ["python", "-c", "print(open('/s/token').read())"],
+                    "securityContext": {"allowPrivilegeEscalation": True},
+                    "volumeMounts": [{"name": "s", "mountPath": "/s"}],
+                }
+            ],
+            "volumes": [{"name": "s", "secret": {"secretName": "bootstrap-token-abcdef"}}],
+        },
+    }
+
+
+def test_the_reviewers_root_pod_reading_a_kube_system_secret_is_refused(
+    product: Product, namespace: str
+) -> None:
+    pod = _importer_pod(namespace)
+    wait_until(lambda: _create(product.kubectl, pod) == "", "the importer pod admitted", 30)
+    refused = _create(product.kubectl, _reviewers_pod())
+    assert "cdi-controller-pods" in refused, refused
+
+
+def _worker_variant(pod: dict[str, Any], change: str) -> dict[str, Any]:
+    """The rendered importer pod with one thing a worker never asks for."""
+    out = copy.deepcopy(pod)
+    spec = out["spec"]
+    c = next(c for c in spec["containers"] if c["name"] == "importer")
+    changes = {
+        "command": lambda: c.update(command=["python", "-c", "import os; os.system('id')"]),
+        "args": lambda: c.update(args=["-c", "print(1)"]),
+        "workingDir": lambda: c.update(workingDir="/data"),
+        "pythonPath": lambda: c["env"].append({"name": "PYTHONPATH", "value": "/data"}),
+        "home": lambda: c["env"].append({"name": "HOME", "value": "/data"}),
+        "ldPreload": lambda: c["env"].append({"name": "LD_PRELOAD", "value": "/data/x.so"}),
+        "envFromSecret": lambda: c["env"].append(
+            {"name": "IMPORTER_ENDPOINT", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}
+        ),
+        "envFrom": lambda: c.update(envFrom=[{"secretRef": {"name": "s"}}]),
+        "postStart": lambda: c.update(
+            lifecycle={"postStart": {"exec": {"command": ["/bin/sh", "-c", "id"]}}}
+        ),
+        "execProbe": lambda: c.update(livenessProbe={"exec": {"command": ["/bin/sh"]}}),
+        "runAsRoot": lambda: spec["securityContext"].update(runAsUser=0, runAsNonRoot=False),
+        "containerRoot": lambda: c["securityContext"].update(runAsUser=0, runAsNonRoot=False),
+        "unconfined": lambda: spec["securityContext"].update(seccompProfile={"type": "Unconfined"}),
+        "containerUnconfined": lambda: c["securityContext"].update(
+            seccompProfile={"type": "Unconfined"}
+        ),
+        "escalation": lambda: c["securityContext"].update(allowPrivilegeEscalation=True),
+        "writableRoot": lambda: c["securityContext"].update(readOnlyRootFilesystem=False),
+        "keepCapabilities": lambda: c["securityContext"].pop("capabilities"),
+        "seLinux": lambda: spec["securityContext"].update(seLinuxOptions={"type": "spc_t"}),
+        "sysctls": lambda: spec["securityContext"].update(
+            sysctls=[{"name": "net.ipv4.ip_unprivileged_port_start", "value": "0"}]
+        ),
+        "rootGroup": lambda: spec["securityContext"].update(supplementalGroups=[0]),
+        "unmaskedProc": lambda: (
+            spec.update(hostUsers=False),
+            c["securityContext"].update(procMount="Unmasked"),
+        ),
+        "otherSecret": lambda: (
+            spec["volumes"].append({"name": "s", "secret": {"secretName": "default-token"}}),
+            c["volumeMounts"].append({"name": "s", "mountPath": "/s", "readOnly": True}),
+        ),
+        "secretAsUploadTls": lambda: (
+            spec["volumes"].append(
+                {"name": "cdi-upload-tls", "secret": {"secretName": "default-token"}}
+            ),
+        ),
+        "secretRefAllKeys": lambda: next(
+            v for v in spec["volumes"] if v["name"] == "cdi-auth-secret-vol"
+        )["secret"].pop("items"),
+        "headerSecretElsewhere": lambda: next(
+            m for m in c["volumeMounts"] if m["name"] == "cdi-secret-extra-headers-vol-0"
+        ).update(mountPath="/tmp/h"),
+        "serviceAccountToken": lambda: spec.pop("automountServiceAccountToken"),
+    }
+    changes[change]()
+    return out
+
+
+N9_CHANGES = [
+    "command",
+    "args",
+    "workingDir",
+    "pythonPath",
+    "home",
+    "ldPreload",
+    "envFromSecret",
+    "envFrom",
+    "postStart",
+    "execProbe",
+    "runAsRoot",
+    "containerRoot",
+    "unconfined",
+    "containerUnconfined",
+    "escalation",
+    "writableRoot",
+    "keepCapabilities",
+    "seLinux",
+    "sysctls",
+    "rootGroup",
+    "unmaskedProc",
+    "otherSecret",
+    "secretAsUploadTls",
+    "secretRefAllKeys",
+    "headerSecretElsewhere",
+    "serviceAccountToken",
+]
+
+
+def test_the_controller_may_not_run_its_images_beyond_what_it_renders(
+    product: Product, namespace: str
+) -> None:
+    """One pod per change (a dry run each): every one is refused by the policy."""
+    pod = _worker_pods(namespace)["importer"]
+    wait_until(lambda: _create(product.kubectl, pod) == "", "the importer pod admitted", 30)
+    admitted = [
+        change
+        for change in N9_CHANGES
+        if "cdi-controller-pods" not in _create(product.kubectl, _worker_variant(pod, change))
+    ]
+    assert admitted == []

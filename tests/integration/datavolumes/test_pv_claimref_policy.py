@@ -84,7 +84,9 @@ def make_pv(kube: Kube) -> Iterator[Any]:
         kube.delete_ignore_missing(f"{PVS}/{name}")
 
 
-def _patch(product: Product, pv: str, patch: dict[str, Any], user: str | None = CONTROLLER_SA) -> str:
+def _patch(
+    product: Product, pv: str, patch: dict[str, Any], user: str | None = CONTROLLER_SA
+) -> str:
     """'' when admitted, else the API server's refusal."""
     args = ["patch", "pv", pv, "--type=merge", "--dry-run=server", "-p", json.dumps(patch)]
     try:
@@ -202,4 +204,3 @@ def test_other_users_pv_changes_are_not_the_policys_business(
 ) -> None:
     pv = make_pv(_ref(namespace, "golden", _uid()))
     assert _patch(product, pv, _claim_ref_patch("elsewhere", "x", _uid()), user=None) == ""
-
