@@ -15,50 +15,13 @@ from typing import Any
 
 import pytest
 
-from cdi.api.types import DataVolume
-from cdi.controller.dataimportcron_desired import Cron, poller_pod
-from cdi.render.clone_pod import CloneSourcePod, client_secret_name, render_clone_source_pod
-from cdi.render.importer_pod import ImporterPodConfig, render_importer_pod
-from cdi.render.upload_pod import UploadPodConfig, render_upload_pod
-from cdi.render.worker_pod import WorkerPod
 from testkit.product import Kubectl, KubectlFailed, Product
 from testkit.waiting import wait_until
+from tests.worker_pods import IMPORTER_IMAGE, NODE_PULL_SOURCE, importer_pod, worker_pods
 
 pytestmark = pytest.mark.integration
 
 CONTROLLER_SA = "system:serviceaccount:cdi:cdi-controller"
-IMPORTER_IMAGE = "quay.io/cdi-py/cdi-importer:latest"  # the controller's --importer-image
-
-
-HTTP_SOURCE = {"http": {"url": "http://127.0.0.1:9/disk.img"}}
-NODE_PULL_SOURCE = {"registry": {"url": "docker://quay.io/tenant/disk:v1", "pullMethod": "node"}}
-
-
-def _importer_pod(namespace: str, source: dict[str, Any] = HTTP_SOURCE) -> dict[str, Any]:
-    dv = DataVolume.from_dict(
-        {
-            "apiVersion": "cdi.kubevirt.io/v1beta1",
-            "kind": "DataVolume",
-            "metadata": {"name": "disk", "namespace": namespace, "uid": "dv-uid"},
-            "spec": {
-                "source": source,
-                "pvc": {
-                    "accessModes": ["ReadWriteOnce"],
-                    "resources": {"requests": {"storage": "1Gi"}},
-                },
-            },
-        }
-    )
-    pvc = {
-        "metadata": {"name": "disk", "namespace": namespace, "uid": "pvc-uid"},
-        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}},
-    }
-    config = ImporterPodConfig(
-        image=IMPORTER_IMAGE,
-        scratch_pvc_name="disk-scratch",
-        proxy_auth_secret="import-proxy-auth-disk-0123456789",
-    )
-    return render_importer_pod(dv, pvc, config)
 
 
 def _create(kubectl: Kubectl, pod: dict[str, Any], user: str | None = CONTROLLER_SA) -> str:
@@ -100,7 +63,7 @@ def _variant(pod: dict[str, Any], change: str) -> dict[str, Any]:
 def test_the_controller_may_create_its_importer_pod_but_not_a_hostpath_pod(
     product: Product, namespace: str
 ) -> None:
-    pod = _importer_pod(namespace)
+    pod = importer_pod(namespace)
     # The policy takes effect once the API server has loaded it: wait for the first refusal.
     wait_until(
         lambda: _create(product.kubectl, _variant(pod, "hostPath")) != "",
@@ -128,14 +91,14 @@ def test_the_controller_may_create_its_importer_pod_but_not_a_hostpath_pod(
 def test_the_controller_may_not_create_pods_beyond_what_it_renders(
     product: Product, namespace: str, change: str
 ) -> None:
-    pod = _importer_pod(namespace)
+    pod = importer_pod(namespace)
     wait_until(lambda: _create(product.kubectl, pod) == "", "the importer pod admitted", 30)
     refused = _create(product.kubectl, _variant(pod, change))
     assert "cdi-controller-pods" in refused, (change, refused)
 
 
 def test_other_users_pods_are_not_the_policys_business(product: Product, namespace: str) -> None:
-    pod = _variant(_importer_pod(namespace), "image")
+    pod = _variant(importer_pod(namespace), "image")
     assert _create(product.kubectl, pod, user=None) == ""  # the admin
 
 
@@ -162,11 +125,11 @@ def _server_variant(pod: dict[str, Any], change: str) -> dict[str, Any]:
     return out
 
 
-def test_the_controller_may_create_a_node_pull_importer_pod(
+def test_the_controller_may_create_a_node_pullimporter_pod(
     product: Product, namespace: str
 ) -> None:
     """The tenant's image runs only as the holder, with nothing but the shared emptyDir."""
-    pod = _importer_pod(namespace, NODE_PULL_SOURCE)
+    pod = importer_pod(namespace, NODE_PULL_SOURCE)
     assert pod["spec"]["containers"][0]["image"] == "quay.io/tenant/disk:v1"
     wait_until(lambda: _create(product.kubectl, pod) == "", "the node-pull pod admitted", 30)
 
@@ -178,91 +141,13 @@ def test_the_controller_may_create_a_node_pull_importer_pod(
 def test_the_node_pull_container_may_not_ask_for_more(
     product: Product, namespace: str, change: str
 ) -> None:
-    pod = _importer_pod(namespace, NODE_PULL_SOURCE)
+    pod = importer_pod(namespace, NODE_PULL_SOURCE)
     wait_until(lambda: _create(product.kubectl, pod) == "", "the node-pull pod admitted", 30)
     refused = _create(product.kubectl, _server_variant(pod, change))
     assert "cdi-controller-pods" in refused, (change, refused)
 
 
 # -- N9: command, environment, security context and Secrets are the renderers' -----------------
-
-UPLOAD_IMAGE = "quay.io/cdi-py/cdi-uploadserver:latest"
-CLONER_IMAGE = "quay.io/cdi-py/cdi-cloner:latest"
-TARGET_UID = "0f6c2a4e-1b7d-4c55-9a1e-3d2b7c8e9f01"
-
-
-def _claim(namespace: str, name: str, mode: str = "Filesystem") -> dict[str, Any]:
-    return {
-        "metadata": {"name": name, "namespace": namespace, "uid": TARGET_UID, "annotations": {}},
-        "spec": {
-            "accessModes": ["ReadWriteOnce"],
-            "volumeMode": mode,
-            "resources": {"requests": {"storage": "1Gi"}},
-        },
-    }
-
-
-def _dv(namespace: str, source: dict[str, Any]) -> DataVolume:
-    return DataVolume.from_dict(
-        {
-            "apiVersion": "cdi.kubevirt.io/v1beta1",
-            "kind": "DataVolume",
-            "metadata": {"name": "disk", "namespace": namespace, "uid": "dv-uid"},
-            "spec": {"source": source, "pvc": {"resources": {"requests": {"storage": "1Gi"}}}},
-        }
-    )
-
-
-def _worker_pods(namespace: str) -> dict[str, dict[str, Any]]:
-    """Every kind of pod the controller renders, with every optional Secret and mount, as the
-    controller renders them (image entry point, no command)."""
-    http_all = {
-        "http": {
-            "url": "http://127.0.0.1:9/disk.img",
-            "secretRef": "creds",
-            "certConfigMap": "ca",
-            "secretExtraHeaders": ["hdr-a", "hdr-b"],
-        }
-    }
-    entry = ImporterPodConfig(
-        image=IMPORTER_IMAGE,
-        command=(),
-        scratch_pvc_name="disk-scratch",
-        proxy_auth_secret="import-proxy-auth-disk-0123456789",
-        proxy_ca_config_map="import-proxy-cm-disk",
-    )
-    claim = _claim(namespace, "disk")
-    cron = Cron.from_obj(
-        {
-            "metadata": {"name": "cron", "namespace": namespace, "uid": "cron-uid"},
-            "spec": {
-                "template": {
-                    "spec": {"source": {"registry": {"url": "docker://quay.io/t/disk:v1"}}}
-                },
-                "schedule": "* * * * *",
-                "managedDataSource": "golden",
-            },
-        }
-    )
-    upload = UploadPodConfig(image=UPLOAD_IMAGE, deadline="2030-01-01T00:00:00Z")
-    source = _claim(namespace, "source")
-    clone = CloneSourcePod(WorkerPod(image=CLONER_IMAGE), client_secret_name(claim))
-    block_source = _claim(namespace, "source", "Block")
-    pods = {
-        "importer": render_importer_pod(_dv(namespace, http_all), claim, entry),
-        "importer-default-command": _importer_pod(namespace),
-        "node-pull": render_importer_pod(_dv(namespace, NODE_PULL_SOURCE), claim, entry),
-        "poller": poller_pod(cron, entry),
-        "upload": render_upload_pod(claim, upload),
-        "upload-block": render_upload_pod(_claim(namespace, "disk", "Block"), upload),
-        "clone-source": render_clone_source_pod(_dv(namespace, {}), source, claim, clone),
-        "clone-source-block": render_clone_source_pod(
-            _dv(namespace, {}), block_source, claim, clone
-        ),
-    }
-    for pod in pods.values():
-        pod["metadata"]["namespace"] = namespace
-    return pods
 
 
 @pytest.mark.parametrize(
@@ -279,8 +164,8 @@ def _worker_pods(namespace: str) -> dict[str, dict[str, Any]]:
     ],
 )
 def test_every_rendered_worker_pod_is_admitted(product: Product, namespace: str, kind: str) -> None:
-    pod = _worker_pods(namespace)[kind]
-    wait_until(lambda: _create(product.kubectl, _importer_pod(namespace)) == "", "admission", 30)
+    pod = worker_pods(namespace)[kind]
+    wait_until(lambda: _create(product.kubectl, importer_pod(namespace)) == "", "admission", 30)
     assert _create(product.kubectl, pod) == ""
 
 
@@ -312,7 +197,7 @@ def _reviewers_pod() -> dict[str, Any]:
 def test_the_reviewers_root_pod_reading_a_kube_system_secret_is_refused(
     product: Product, namespace: str
 ) -> None:
-    pod = _importer_pod(namespace)
+    pod = importer_pod(namespace)
     wait_until(lambda: _create(product.kubectl, pod) == "", "the importer pod admitted", 30)
     refused = _create(product.kubectl, _reviewers_pod())
     assert "cdi-controller-pods" in refused, refused
@@ -411,7 +296,7 @@ def test_the_controller_may_not_run_its_images_beyond_what_it_renders(
     product: Product, namespace: str
 ) -> None:
     """One pod per change (a dry run each): every one is refused by the policy."""
-    pod = _worker_pods(namespace)["importer"]
+    pod = worker_pods(namespace)["importer"]
     wait_until(lambda: _create(product.kubectl, pod) == "", "the importer pod admitted", 30)
     admitted = [
         change
