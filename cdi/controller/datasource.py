@@ -20,6 +20,14 @@ DataSource -> DataSource                      as the inner one, after depth and 
 The ``*.kubevirt.io/*`` labels of the source (DataVolume, PVC or snapshot) are copied onto the
 DataSource (CDI: a golden image's preferred instance type travels with its pointer).
 
+A source in another namespace is read only as far as the DataSource's creator may read it
+(docs/security.md N7; upstream CDI reads any): the creator is the webhook's signed record
+(``cdi.api.datasource_requester``) and each object (claim, DataVolume, snapshot) is read only
+when a SubjectAccessReview says the creator may ``get`` it (``cdi.controller.source_reads``).
+A DataSource without a signed record, or whose creator may read none of them, is
+``Ready False`` ``SourceNotAuthorized``, the same whether the source exists or not, and gets no
+labels; it is looked at again every ``source_reads.REMEMBER`` seconds (rights change).
+
 Deciding is pure (``resolve``/``ready_condition``), so the table above is tested without a
 cluster; the reconciler only gathers the objects. The key is "namespace/name" of a DataSource;
 the manager maps PVC, DataVolume and DataSource events to every DataSource naming the object.
@@ -34,7 +42,9 @@ from typing import Any
 
 from cdi.api.codec import SchemaError
 from cdi.api.constants import ConditionStatus, Phase
+from cdi.api.datasource_requester import trusted_datasource_requester
 from cdi.api.types import DataSource, DataSourceSource, ObjectRef
+from cdi.controller.source_reads import REMEMBER, SourceReads
 from cdi.controller.status import merge_conditions
 from cdi.kube.client import (
     DATA_SOURCES,
@@ -42,6 +52,7 @@ from cdi.kube.client import (
     PVCS,
     VOLUME_SNAPSHOTS,
     AsyncKube,
+    Resource,
     split_key,
 )
 from cdi.kube.errors import KubeError, NotFound
@@ -57,6 +68,12 @@ SNAPSHOT_NOT_READY = "SnapshotNotReady"
 MAX_DEPTH_REACHED = "MaxReferenceDepthReached"
 SELF_REFERENCE = "SelfReference"
 CROSS_NAMESPACE_REFERENCE = "CrossNamespaceReference"
+NOT_AUTHORIZED = "SourceNotAuthorized"
+UNRECORDED_MESSAGE = (
+    "the creator of this DataSource was not recorded by the admission webhook, so its source "
+    "in namespace {ns} is not read"
+)
+UNAUTHORIZED_MESSAGE = "the creator of this DataSource may not read its source in namespace {ns}"
 READY_MESSAGE = "DataSource is ready to be consumed"
 LABEL_SUFFIX = ".kubevirt.io"
 
@@ -172,10 +189,31 @@ def keys_naming(
     ]
 
 
+def source_objects(source: DataSourceSource, default_ns: str) -> tuple[str, list[Resource], str]:
+    """Where a resolved source is, the kinds of object read for it, and its name."""
+    if source.pvc is not None:
+        ns, name = _where(source.pvc, default_ns)
+        return ns, [DATAVOLUMES, PVCS], name
+    if source.snapshot is not None:
+        ns, name = _where(source.snapshot, default_ns)
+        return ns, [VOLUME_SNAPSHOTS], name
+    return default_ns, [], ""
+
+
 class DataSourceReconciler:
-    def __init__(self, kube: AsyncKube, now: Callable[[], str]) -> None:
+    def __init__(
+        self,
+        kube: AsyncKube,
+        now: Callable[[], str],
+        requester_key: bytes | None = None,
+        reads: SourceReads | None = None,
+    ) -> None:
+        """``requester_key``: the HMAC key of the webhook's signed record; None trusts no
+        record, so no source in another namespace is read."""
         self.kube = kube
         self.now = now
+        self.requester_key = requester_key
+        self.reads = reads or SourceReads(kube)
 
     async def reconcile(self, key: str) -> Result:
         namespace, name = split_key(key)
@@ -190,14 +228,34 @@ class DataSourceReconciler:
         inner = await self._inner(ds)
         source, problem = resolve(ds, inner)
         seen = Observed()
+        result = Result()
         if source is not None:
-            seen = await self._observe(source, ds.metadata.namespace)
+            own = ds.metadata.namespace
+            where, kinds, _ = source_objects(source, own)
+            if where != own:
+                result = Result(requeue_after=REMEMBER)  # the creator's rights may change
+                kinds, refusal = await self._readable(raw, source, own)
+                problem = problem or refusal
+            seen = await self._observe(source, own, kinds)
         readiness = problem or ready_condition(source or DataSourceSource(), seen)
         raw = await self._copy_labels(raw, seen)
         status = desired_status(raw.get("status") or {}, source, readiness, self.now())
         if status != (raw.get("status") or {}):
             await self.kube.replace(DATA_SOURCES, {**raw, "status": status}, sub="status")
-        return Result()
+        return result
+
+    async def _readable(
+        self, raw: JSON, source: DataSourceSource, namespace: str
+    ) -> tuple[list[Resource], Readiness | None]:
+        """The kinds of source object the DataSource's creator may read, or why none."""
+        where, kinds, name = source_objects(source, namespace)
+        requester = trusted_datasource_requester(raw, self.requester_key)
+        if requester is None:
+            return [], Readiness(False, NOT_AUTHORIZED, UNRECORDED_MESSAGE.format(ns=where))
+        allowed = [k for k in kinds if await self.reads.may_get(requester, k, where, name)]
+        if not allowed:
+            return [], Readiness(False, NOT_AUTHORIZED, UNAUTHORIZED_MESSAGE.format(ns=where))
+        return allowed, None
 
     async def _inner(self, ds: DataSource) -> DataSource | None:
         ref = ds.spec.source.data_source
@@ -209,14 +267,18 @@ class DataSourceReconciler:
         except SchemaError:
             return None
 
-    async def _observe(self, source: DataSourceSource, default_ns: str) -> Observed:
+    async def _observe(
+        self, source: DataSourceSource, default_ns: str, kinds: list[Resource]
+    ) -> Observed:
+        """The source's objects of ``kinds`` (the others are not read: absent)."""
+        ns, _, name = source_objects(source, default_ns)
         if source.pvc is not None:
-            ns, name = _where(source.pvc, default_ns)
-            dv = await self.kube.get_or_none(DATAVOLUMES, name, ns)
-            pvc = await self.kube.get_or_none(PVCS, name, ns)
+            dv = (
+                await self.kube.get_or_none(DATAVOLUMES, name, ns) if DATAVOLUMES in kinds else None
+            )
+            pvc = await self.kube.get_or_none(PVCS, name, ns) if PVCS in kinds else None
             return Observed(datavolume=dv, pvc=pvc)
-        if source.snapshot is not None:
-            ns, name = _where(source.snapshot, default_ns)
+        if source.snapshot is not None and VOLUME_SNAPSHOTS in kinds:
             try:
                 snap = await self.kube.get_or_none(VOLUME_SNAPSHOTS, name, ns)
             except KubeError:

@@ -297,7 +297,8 @@ class Manager:
             "populator-upload": upload_populator,
             "populator-clone": clone_populator,
         }
-        datasources = DataSourceReconciler(self.kube, utc_now)
+        # a source in another namespace is read only for a creator the webhook signed (N7)
+        datasources = DataSourceReconciler(self.kube, utc_now, cfg.requester_key)
         reconcilers: list[tuple[str, Reconcile, int]] = [
             ("datavolume", datavolumes.reconcile, cfg.workers),
             ("uploadpvc", uploads.reconcile, 1),

@@ -48,16 +48,17 @@ def mutate_datavolume(
     namespace: str = "",
 ) -> Patch:
     """``namespace``: the admission request's (the API server's word, not the object's)."""
-    return _requester_patch(new, old, user, signer, namespace) + _defaults_patch(new)
+    return requester_patch(new, old, user, signer, namespace) + _defaults_patch(new)
 
 
-def _requester_patch(
+def requester_patch(
     new: Mapping[str, Any],
     old: Mapping[str, Any] | None,
     user: UserInfo,
     signer: Signer | None,
     namespace: str,
 ) -> Patch:
+    """The requester record alone (DataSources carry one too: ``datasource_mutation``)."""
     meta = new.get("metadata") or {}
     annotations = meta.get("annotations")
     current = dict(annotations or {})

@@ -9,6 +9,8 @@
   as the requester may (``cdi.webhooks.visibility``): objects in other namespaces exist for
   them only when a SubjectAccessReview (the ``authorizer``) says they may read them;
 - ``POST /datavolume-mutate``: ``mutate_datavolume`` as a base64 JSON patch;
+- ``POST /datasource-mutate``: ``mutate_datasource`` (``cdi.webhooks.datasource_mutation``: the
+  signed requester record only) as a base64 JSON patch;
 - ``POST /populator-validate``: ``validate_populator`` (``cdi.webhooks.populators``) on a
   ``VolumeImportSource`` being created or updated;
 - ``POST /dataimportcron-validate``: ``validate_dataimportcron`` (``cdi.webhooks.dataimportcron``);
@@ -40,6 +42,7 @@ from aiohttp import web
 
 from cdi.webhooks.clone_auth import AccessReviewer, NoCrossNamespaceClones, authorize_clone
 from cdi.webhooks.dataimportcron import validate_dataimportcron
+from cdi.webhooks.datasource_mutation import mutate_datasource
 from cdi.webhooks.fairness import CallerBusy, FairLookups
 from cdi.webhooks.mutation import Signer, UserInfo, mutate_datavolume
 from cdi.webhooks.populators import validate_populator
@@ -51,6 +54,10 @@ log = logging.getLogger(__name__)
 
 RunBlocking = Callable[..., Awaitable[Any]]
 CallerCheck = Callable[[web.Request], bool]
+Mutator = Callable[
+    [Mapping[str, Any], Mapping[str, Any] | None, UserInfo, Signer | None, str],
+    list[dict[str, Any]],
+]
 MAX_REVIEW_BYTES = 3 * 1024 * 1024
 LOOKUP_WORKERS = 4  # make_app's default; cdi.admission passes its pool's size
 
@@ -131,12 +138,15 @@ def populator_review(request: Mapping[str, Any]) -> dict[str, Any]:
     return verdict_response(uid, validate_populator(request.get("object") or {}, old))
 
 
-def mutate_review(request: Mapping[str, Any], signer: Signer | None = None) -> dict[str, Any]:
+def mutate_review(
+    request: Mapping[str, Any], signer: Signer | None = None, mutate: Mutator = mutate_datavolume
+) -> dict[str, Any]:
+    """``mutate``: the kind's mutation (DataVolumes by default, or ``mutate_datasource``)."""
     uid = str(request.get("uid", ""))
     if request.get("operation") not in ("CREATE", "UPDATE"):
         return review_response(uid, allowed=True)
     old = request.get("oldObject") if request.get("operation") == "UPDATE" else None
-    patch = mutate_datavolume(
+    patch = mutate(
         request.get("object") or {},
         old,
         UserInfo.from_dict(request.get("userInfo") or {}),
@@ -200,6 +210,10 @@ def make_app(
         review = await _read_review(request)
         return web.json_response(mutate_review(review, signer))
 
+    async def mutate_source(request: web.Request) -> web.Response:
+        review = await _read_review(request)
+        return web.json_response(mutate_review(review, signer, mutate_datasource))
+
     async def validate_cron(request: web.Request) -> web.Response:
         return web.json_response(validate_cron_review(await _read_review(request)))
 
@@ -209,6 +223,7 @@ def make_app(
     app = web.Application(client_max_size=MAX_REVIEW_BYTES, middlewares=[api_server_only])
     app.router.add_post("/datavolume-validate", validate)
     app.router.add_post("/datavolume-mutate", mutate)
+    app.router.add_post("/datasource-mutate", mutate_source)
     app.router.add_post("/dataimportcron-validate", validate_cron)
     app.router.add_post("/populator-validate", populator)
     app.router.add_get("/healthz", _healthz)

@@ -1,0 +1,55 @@
+"""May a DataSource's creator read its source? SubjectAccessReviews for N7 (docs/security.md).
+
+The DataSource reconciler reads the object a DataSource names with the controller's own
+cluster-wide rights, and the status it writes (Ready or not, a DataVolume's phase, the source's
+``*.kubevirt.io/*`` labels) is read by whoever may read the DataSource. So for a source in
+another namespace, each object is read only when the DataSource's creator (the webhook's signed
+record, ``cdi.api.datasource_requester``) may ``get`` it, asked with a SubjectAccessReview now:
+a claim (``persistentvolumeclaims``), its DataVolume (``datavolumes.cdi.kubevirt.io``), or a
+``volumesnapshots.snapshot.storage.k8s.io``. No answer is a no.
+
+Answers are remembered for ``REMEMBER`` seconds per (requester, namespace, resource, name): a
+DataSource reconciles on every event of its source, and a revoked right takes effect within
+that time (the reconciler also looks again every ``REMEMBER`` seconds).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from cdi.api.cloneauth import AccessCheck, access_review_body
+from cdi.api.requester import Requester
+from cdi.kube.client import SUBJECT_ACCESS_REVIEWS, AsyncKube, Resource
+from cdi.kube.errors import KubeError
+
+REMEMBER = 30.0
+_MAX_REMEMBERED = 4096
+
+
+class SourceReads:
+    def __init__(self, kube: AsyncKube, clock: Callable[[], float] = time.monotonic) -> None:
+        self.kube = kube
+        self.clock = clock
+        self._answers: dict[tuple[Requester, str, AccessCheck], tuple[float, bool]] = {}
+
+    async def may_get(
+        self, requester: Requester, resource: Resource, namespace: str, name: str
+    ) -> bool:
+        """Whether ``requester`` may ``get`` ``resource`` ``namespace/name``."""
+        check = AccessCheck("get", resource.group, resource.plural, name=name)
+        key = (requester, namespace, check)
+        now = self.clock()
+        known = self._answers.get(key)
+        if known is not None and known[0] > now:
+            return known[1]
+        body = access_review_body(requester.username, requester.groups, namespace, check)
+        try:
+            review = await self.kube.create(SUBJECT_ACCESS_REVIEWS, body)
+            allowed = bool((review.get("status") or {}).get("allowed"))
+        except KubeError:
+            allowed = False  # no answer is not a yes
+        if len(self._answers) >= _MAX_REMEMBERED:
+            self._answers.clear()
+        self._answers[key] = (now + REMEMBER, allowed)
+        return allowed
