@@ -43,7 +43,7 @@ class SourceReads:
         known = self._answers.get(key)
         if known is not None and known[0] > now:
             return known[1]
-        body = access_review_body(requester.username, requester.groups, namespace, check)
+        body = access_review_body(requester, namespace, check)
         try:
             review = await self.kube.create(SUBJECT_ACCESS_REVIEWS, body)
             allowed = bool((review.get("status") or {}).get("allowed"))

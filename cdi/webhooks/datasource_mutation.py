@@ -30,7 +30,7 @@ def mutate_datasource(
 
 
 def _for_datasources(signer: Signer) -> Signer:
-    def sign(namespace: str, name: str, username: str, groups: str) -> str:
-        return signer(namespace, f"{SIGNED_NAME_PREFIX}{name}", username, groups)
+    def sign(namespace: str, name: str, record: Mapping[str, str]) -> str:
+        return signer(namespace, f"{SIGNED_NAME_PREFIX}{name}", record)
 
     return sign
