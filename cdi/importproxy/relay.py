@@ -33,6 +33,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from cdi.api.connlimit import AddressSlots
 from cdi.importproxy.ticket import Ticket, TicketRefused, check
 
 log = logging.getLogger(__name__)
@@ -65,6 +66,9 @@ class RelayConfig:
     connect_timeout: float = 10.0
     idle_timeout: float = 300.0  # nothing moved either way
     max_connections: int = 256
+    # one importer pod address holds at most this many (0: no cap): a pod that opens
+    # connections and sends nothing cannot take the slots of every other import
+    max_connections_per_address: int = 16
 
 
 class Refusal(Exception):
@@ -191,8 +195,14 @@ class ImportProxyRelay:
     ) -> None:
         self.key, self.upstreams, self.clock = key, upstreams, clock
         self.config = config or RelayConfig()
-        self.active = 0
+        self._slots = AddressSlots(
+            self.config.max_connections, self.config.max_connections_per_address
+        )
         self._server: asyncio.Server | None = None
+
+    @property
+    def active(self) -> int:
+        return self._slots.in_use
 
     async def start(self, host: str, port: int) -> int:
         self._server = await asyncio.start_server(
@@ -206,10 +216,11 @@ class ImportProxyRelay:
             await self._server.wait_closed()
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if self.active >= self.config.max_connections:
+        peer = writer.get_extra_info("peername")
+        address = str(peer[0]) if peer else ""
+        if not self._slots.take(address):
             writer.close()
             return
-        self.active += 1
         try:
             await self._serve(reader, writer)
         except Refusal as refusal:
@@ -219,7 +230,7 @@ class ImportProxyRelay:
         except (ConnectionError, TimeoutError, asyncio.IncompleteReadError):
             pass
         finally:
-            self.active -= 1
+            self._slots.give(address)
             writer.close()
 
     async def _head(self, reader: asyncio.StreamReader) -> Request:

@@ -164,3 +164,35 @@ def test_a_ticket_names_its_import_and_expires() -> None:
         check(user.replace("vms", "vmz"), password, KEY, NOW)
     with pytest.raises(ValueError):
         issue("vms~x", "disk", NOW, 60)
+
+
+async def test_one_address_cannot_hold_every_slot(upstream: FakeProxy) -> None:
+    """Connections held open (no head yet) from one pod address take at most its share; a
+    client at another address is still served."""
+    target = Upstream("127.0.0.1", upstream.port, REAL)
+
+    async def upstreams() -> Upstreams:
+        return Upstreams(http=target, https=target)
+
+    config = RelayConfig(head_timeout=30.0, max_connections=8, max_connections_per_address=2)
+    server = ImportProxyRelay(KEY, upstreams, config, clock=lambda: NOW)
+    port = await server.start("127.0.0.1", 0)
+    held = [
+        await asyncio.open_connection("127.0.0.1", port, local_addr=("127.0.0.2", 0))
+        for _ in range(8)
+    ]
+    try:
+        await asyncio.sleep(0.2)
+        assert server.active == 2  # the other six were closed at once
+        request = "GET http://images.example/disk HTTP/1.1\r\nHost: images.example\r\n"
+        reader, writer = await asyncio.open_connection(
+            "127.0.0.1", port, local_addr=("127.0.0.3", 0)
+        )
+        writer.write(request.encode() + _auth(_ticket()) + b"\r\n")
+        answer = await asyncio.wait_for(reader.read(), 5)
+        writer.close()
+        assert answer.startswith(b"HTTP/1.1 200 "), answer
+    finally:
+        for _, w in held:
+            w.close()
+        await server.stop()
