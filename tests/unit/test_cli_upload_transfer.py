@@ -15,8 +15,8 @@ import pytest
 from aiohttp import web
 
 from cdi.pki.certs import new_ca
-from cdi.upload.cli_transfer import AuthenticationFailed, ClientTransfer, ProxyUnreachable
-from cdi.upload.client import UploadRejected
+from commands.upload.client import UploadRejected
+from commands.upload.transfer import AuthenticationFailed, ClientTransfer, ProxyUnreachable
 
 
 @dataclass
