@@ -47,7 +47,7 @@ from typing import Any
 
 from benchmarks.clone_tools import tar_socat
 from benchmarks.inputs import sha256_file
-from cdi.webhooks.certs import issue_client, issue_serving, new_ca
+from cdi.pki.certs import issue_client, issue_serving, new_ca
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_IMAGE = Path("/var/tmp/cdi-bench/inputs-2147483648-601MB-v1/disk.raw")

@@ -4,7 +4,7 @@
 throw-away PKI and then, per mode:
 
 - default: a real upload server (``python -m uploader``, DESTINATION=OUT) and an upload of
-  INPUT with the client library (``cdi.upload.client``) straight to it;
+  INPUT with the client library (``commands.upload.client``) straight to it;
 - ``--via-proxy``: the same through a real upload proxy process (``UploadProxy`` with a
   fixed PVC table; its Kubernetes lookups are the only part not exercised);
 - ``--via-socat``: the same through ``socat`` (C, OpenSSL) in place of the proxy: TLS in,
@@ -49,8 +49,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if __package__ in (None, ""):  # run as a script: the repository root (tests/) importable
     sys.path.insert(0, str(ROOT))
 
-from cdi.upload.client import ClientSettings, upload_file  # noqa: E402
 from cdi.upload.token import UploadGrant, issue  # noqa: E402
+from commands.upload.client import ClientSettings, upload_file  # noqa: E402
 from tests.component.upload_peers import Pki, make_pki  # noqa: E402
 from tests.component.upload_proxy_process import process_config  # noqa: E402
 

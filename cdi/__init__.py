@@ -1,4 +1,6 @@
 """Control plane of the CDI-compatible storage service.
 
-API contract, Kubernetes gateway, renderers, reconcilers, webhooks and CLI.
+The shared API contract (``cdi.api``) at the bottom; above it the control plane: Kubernetes
+gateway, renderers, reconcilers, webhooks, the upload token API and proxy, certificates
+(``cdi.pki``). The user's commands live in ``commands/``.
 """

@@ -7,10 +7,10 @@ Three cluster-facing pieces, each through the one gateway (``cdi.kube.client``):
   when it has one (``cdi.webhooks.claims``: absence from the synced cache is trusted, a claim
   present is read fresh), and the ``Authorizer`` that asks the API server (a
   SubjectAccessReview) whether the requester may read an object in another namespace;
-- ``CertStore``: the CA and serving certificate live in one Secret, so every replica serves the
-  same certificate; ``ensure`` rotates it when ``cdi.webhooks.certs.plan_rotation`` says so
-  (compare-and-swap on the Secret's resourceVersion, so two replicas never fork the CA) and
-  writes the CA bundle into our Validating/MutatingWebhookConfigurations;
+- ``WebhookCertStore``: the CA and serving certificate live in one Secret
+  (``cdi.pki.store.CertStore``), so every replica serves the same certificate; ``ensure``
+  rotates it when ``cdi.pki.certs.plan_rotation`` says so and writes the CA bundle into our
+  Validating/MutatingWebhookConfigurations;
 - ``serve_webhook``: HTTPS with an ``SSLContext`` reloaded in place after a rotation (new
   handshakes use the new certificate), a periodic rotation check, graceful stop on SIGTERM;
   ``/healthz`` also on a plain-HTTP port of its own for the kubelet's probe;
@@ -29,12 +29,8 @@ Three cluster-facing pieces, each through the one gateway (``cdi.kube.client``):
 from __future__ import annotations
 
 import asyncio
-import base64
-import datetime as dt
 import json
 import logging
-import ssl
-import tempfile
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -55,17 +51,18 @@ from cdi.kube.client import (
     JSON_PATCH,
     MUTATING_WEBHOOKS,
     PVCS,
-    SECRETS,
     SUBJECT_ACCESS_REVIEWS,
     VALIDATING_WEBHOOKS,
     Kube,
     Resource,
 )
-from cdi.kube.errors import Conflict, KubeError, NotFound
+from cdi.kube.errors import KubeError, NotFound
 from cdi.kube.informer import keys_cache
 from cdi.lifecycle import run_until_stopped
+from cdi.pki.certs import Bundle
+from cdi.pki.contexts import TLSFiles, required_client_context
+from cdi.pki.store import CertStore, ServingCertConfig, b64
 from cdi.webhooks.callers import ApiServerCaller
-from cdi.webhooks.certs import Bundle, KeyPair, rotate, service_names
 from cdi.webhooks.claims import CachedClaims, ClaimCache
 from cdi.webhooks.fairness import FairLookups
 from cdi.webhooks.mutation import UserInfo
@@ -95,6 +92,9 @@ class WebhookConfig:
     client_ca_file: Path | None = None  # None: the API server's requestheader CA
     client_names: tuple[str, ...] | None = None  # None: requestheader-allowed-names
     health_port: int = 0  # plain-HTTP /healthz for the kubelet; 0: none
+
+    def serving_cert(self) -> ServingCertConfig:
+        return ServingCertConfig(self.namespace, self.service, self.cert_secret, self.extra_sans)
 
 
 class KubeLookup:
@@ -136,77 +136,19 @@ class KubeLookup:
         return bool((review.get("status") or {}).get("allowed"))
 
 
-def _b64(data: bytes) -> str:
-    return base64.b64encode(data).decode()
-
-
-class CertStore:
-    KEYS = ("ca.crt", "ca.key", "tls.crt", "tls.key", "ca-previous.crt")
+class WebhookCertStore(CertStore):
+    """The webhook's serving certificate (``CertStore``), its CA bundle written into our
+    Validating/MutatingWebhookConfigurations so the API server verifies us."""
 
     def __init__(self, kube: Kube, config: WebhookConfig) -> None:
-        self.kube = kube
-        self.config = config
-        self.names = service_names(config.service, config.namespace, config.extra_sans)
-
-    def _read(self) -> tuple[Bundle | None, dict[str, Any] | None]:
-        secret = self.kube.get_or_none(SECRETS, self.config.cert_secret, self.config.namespace)
-        if secret is None:
-            return None, None
-        data = {k: base64.b64decode(v) for k, v in (secret.get("data") or {}).items()}
-        if not all(k in data for k in self.KEYS[:4]):
-            return None, secret
-        bundle = Bundle(
-            KeyPair(data["ca.crt"], data["ca.key"]),
-            KeyPair(data["tls.crt"], data["tls.key"]),
-            data.get("ca-previous.crt", b""),
-        )
-        return bundle, secret
-
-    def _write(self, bundle: Bundle, secret: dict[str, Any] | None) -> None:
-        values = (
-            bundle.ca.cert_pem,
-            bundle.ca.key_pem,
-            bundle.serving.cert_pem,
-            bundle.serving.key_pem,
-            bundle.previous_ca_pem,
-        )
-        data = {k: _b64(v) for k, v in zip(self.KEYS, values, strict=True)}
-        body: dict[str, Any] = {
-            "apiVersion": "v1",
-            "kind": "Secret",
-            "type": "kubernetes.io/tls",
-            "metadata": {"name": self.config.cert_secret, "namespace": self.config.namespace},
-            "data": data,
-        }
-        if secret is None:
-            self.kube.create(SECRETS, body)
-        else:
-            body["metadata"]["resourceVersion"] = secret["metadata"]["resourceVersion"]
-            self.kube.replace(SECRETS, body)
-
-    def ensure(self, now: dt.datetime | None = None) -> Bundle:
-        """The current bundle, rotated if due, stored, and published in our webhooks."""
-        for _ in range(5):
-            bundle, secret = self._read()
-            fresh = rotate(bundle, self.names, now or dt.datetime.now(dt.UTC))
-            if fresh is None:
-                assert bundle is not None
-                self.publish(bundle.ca_bundle)
-                return bundle
-            try:
-                self._write(fresh, secret)
-            except Conflict:
-                continue  # another replica rotated first: use theirs
-            log.info("webhook certificate %s", "created" if bundle is None else "rotated")
-            self.publish(fresh.ca_bundle)
-            return fresh
-        raise RuntimeError("could not store the webhook certificate (conflicts)")
+        super().__init__(kube, config.serving_cert())
+        self.webhooks = config
 
     def publish(self, ca_bundle: bytes) -> None:
-        encoded = _b64(ca_bundle)
+        encoded = b64(ca_bundle)
         for res, name in (
-            (VALIDATING_WEBHOOKS, self.config.validating_config),
-            (MUTATING_WEBHOOKS, self.config.mutating_config),
+            (VALIDATING_WEBHOOKS, self.webhooks.validating_config),
+            (MUTATING_WEBHOOKS, self.webhooks.mutating_config),
         ):
             self._publish_to(res, name, encoded)
 
@@ -226,24 +168,6 @@ class CertStore:
             rv = current["metadata"]["resourceVersion"]
             ops.insert(0, {"op": "test", "path": "/metadata/resourceVersion", "value": rv})
             self.kube.patch(res, name, ops, content_type=JSON_PATCH)
-
-
-class TLSFiles:
-    """The serving key pair as files for ``SSLContext.load_cert_chain`` (private temp dir)."""
-
-    def __init__(self) -> None:
-        self._dir = tempfile.TemporaryDirectory(prefix="cdi-webhook-")
-        self.cert = Path(self._dir.name) / "tls.crt"
-        self.key = Path(self._dir.name) / "tls.key"
-
-    def load(self, ctx: ssl.SSLContext, pair: KeyPair) -> None:
-        self.cert.write_bytes(pair.cert_pem)
-        self.key.touch(mode=0o600)
-        self.key.write_bytes(pair.key_pem)
-        ctx.load_cert_chain(str(self.cert), str(self.key))
-
-    def close(self) -> None:
-        self._dir.cleanup()
 
 
 class ClientTrustMissing(RuntimeError):
@@ -285,18 +209,6 @@ class ApiServerTrust:
         return ca, tuple(str(n) for n in names)
 
 
-def serving_context(pair: KeyPair, files: TLSFiles, client_ca: bytes | None) -> ssl.SSLContext:
-    """TLS 1.2+ with our serving certificate; with ``client_ca``, no handshake completes
-    without a client certificate that CA signed."""
-    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    files.load(ctx, pair)
-    if client_ca is not None:
-        ctx.load_verify_locations(cadata=client_ca.decode())
-        ctx.verify_mode = ssl.CERT_REQUIRED
-    return ctx
-
-
 async def serve_webhook(kube: Kube, config: WebhookConfig) -> None:
     if config.client_auth not in CLIENT_AUTH_MODES:
         raise ValueError(f"client_auth must be one of {CLIENT_AUTH_MODES}")
@@ -308,13 +220,13 @@ async def serve_webhook(kube: Kube, config: WebhookConfig) -> None:
     async def run_blocking(fn: Any, *args: Any) -> Any:
         return await loop.run_in_executor(pool, partial(fn, *args))
 
-    store = CertStore(kube, config)
+    store = WebhookCertStore(kube, config)
     bundle: Bundle = await run_blocking(store.ensure)
     trust = ApiServerTrust(kube, config) if config.client_auth == "certificate" else None
     client_ca, names = await run_blocking(trust.read) if trust else (None, ())
     caller = ApiServerCaller(names) if trust else None
     files = TLSFiles()
-    ctx = serving_context(bundle.serving, files, client_ca)
+    ctx = required_client_context(bundle.serving, files, client_ca)
 
     # the existing-claim check of every DataVolume create, answered from a claim informer
     claims = keys_cache(kube, PVCS)  # asked only whether a claim exists

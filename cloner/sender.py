@@ -7,7 +7,7 @@ is streamed (chunked, framed here), so memory stays at one piece whatever the vo
 the server answers only when the data is on the target. Nothing is retried here: the stream
 cannot be replayed cheaply, and the controller's failure policy restarts the pod.
 
-The bytes go over ``TlsStream`` (``cdi/upload/tlsstream.py``, the upload proxy's): records
+The bytes go over ``TlsStream`` (``wire/tlsstream.py``, the upload proxy's): records
 are made in memory and written about ``FLUSH_AT`` at a time, where ``http.client`` over
 ``wrap_socket`` made one write system call per 16 KiB record (on loopback each also runs the
 receiver's TCP stack). ``http.client`` still parses the answer.
@@ -25,9 +25,9 @@ from typing import cast
 from urllib.parse import SplitResult, urlsplit
 
 from cdi.api.errors import SourceUnavailable, TargetError
-from cdi.upload.tlsstream import TlsStream
 from cloner.config import CloneConfig
 from cloner.reader import Payload
+from wire.tlsstream import TlsStream
 
 CLONE_HEADER = "x-cdi-content-type"
 TIMEOUT = 300.0  # per socket operation: the server may flush a big tail before answering

@@ -12,7 +12,7 @@ worker's registry, so CDI's metric names are unchanged) but:
   resume attestation recorded (security review 3, M1). Many pods at once are for the
   NetworkPolicy in docs/security.md to keep out;
 - gives each connection ``io_timeout`` seconds per read or write and ``deadline`` seconds in
-  total (a watchdog, ``cdi.api.connlimit.Deadlines``, shuts the socket, which ends a slow
+  total (a watchdog, ``wire.connlimit.Deadlines``, shuts the socket, which ends a slow
   drip of header bytes), then closes it (HTTP/1.0, one request per connection);
 - answers only ``GET /metrics`` (and ``/``), with a small bounded request (the standard
   library's request line and header limits).
@@ -31,7 +31,7 @@ from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from cdi.api.connlimit import AddressSlots, Deadlines
+from wire.connlimit import AddressSlots, Deadlines
 
 
 @dataclass(frozen=True)

@@ -1,21 +1,23 @@
 """Certificates and keys for the test control plane and for test webhook servers.
 
 Everything is generated with the ``cryptography`` package at start-up, so a cluster needs no
-checked-in secrets: one CA signs the API server's serving certificate and any serving
-certificate a test asks for (webhooks); an RSA key pair signs service-account tokens.
+checked-in secrets: one CA (made as the product makes its CAs, ``cdi.pki.certs``) signs the
+API server's serving certificate and any serving certificate a test asks for (webhooks); an
+RSA key pair signs service-account tokens.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import ipaddress
-from dataclasses import dataclass
 from pathlib import Path
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import rsa
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from cdi.pki import certs
 
 _VALIDITY = dt.timedelta(days=2)
 
@@ -32,12 +34,8 @@ def _key_pem(key: rsa.RSAPrivateKey) -> bytes:
     )
 
 
-@dataclass(frozen=True)
-class KeyPair:
-    """A PEM certificate (or public key) and its PEM private key."""
-
-    cert_pem: bytes
-    key_pem: bytes
+class KeyPair(certs.KeyPair):
+    """A PEM certificate (or public key) and its PEM private key, written as files."""
 
     def write(self, cert_path: Path, key_path: Path) -> tuple[Path, Path]:
         cert_path.write_bytes(self.cert_pem)
@@ -47,38 +45,16 @@ class KeyPair:
 
 
 class CertificateAuthority:
-    """A self-signed CA that issues serving and client certificates."""
+    """A self-signed CA (the product's, ``cdi.pki.certs.new_ca``) that issues serving and client
+    certificates with RSA keys (the registry's token signer signs RS256 with its key)."""
 
     def __init__(self, common_name: str = "testkit-ca") -> None:
-        self._key = _new_key()
-        now = dt.datetime.now(dt.UTC)
-        name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
-        self._name = name
-        self._cert = (
-            x509.CertificateBuilder()
-            .subject_name(name)
-            .issuer_name(name)
-            .public_key(self._key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - dt.timedelta(minutes=5))
-            .not_valid_after(now + _VALIDITY)
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .add_extension(
-                x509.KeyUsage(
-                    digital_signature=True,
-                    key_cert_sign=True,
-                    crl_sign=True,
-                    content_commitment=False,
-                    key_encipherment=False,
-                    data_encipherment=False,
-                    key_agreement=False,
-                    encipher_only=False,
-                    decipher_only=False,
-                ),
-                critical=True,
-            )
-            .sign(self._key, hashes.SHA256())
-        )
+        ca = certs.new_ca(common_name, dt.datetime.now(dt.UTC), _VALIDITY)
+        key = serialization.load_pem_private_key(ca.key_pem, None)
+        assert isinstance(key, ec.EllipticCurvePrivateKey)
+        self._key = key
+        self._cert = ca.cert
+        self._name = self._cert.subject
 
     @property
     def cert_pem(self) -> bytes:

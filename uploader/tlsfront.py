@@ -31,7 +31,7 @@ stragglers' sockets shut), so nothing leaks.
 What anyone who reaches the pod can hold (security review 3, N4), ``FrontLimits``: the TLS
 layer requires a client certificate from the client CA (``CERT_REQUIRED``: a client without
 one fails the handshake, and nothing of the app is spent on it); a handshake has
-``handshake_timeout`` seconds in total (a watchdog, ``cdi.api.connlimit.Deadlines``, shuts
+``handshake_timeout`` seconds in total (a watchdog, ``wire.connlimit.Deadlines``, shuts
 the socket: trickled bytes do not extend it), a few KiB of buffer, and one of
 ``max_handshakes`` slots, at most ``handshakes_per_address`` per client address (more are
 closed at accept). Only a verified client gets one of the ``max_connections`` connection
@@ -56,8 +56,8 @@ from typing import Any
 
 from aiohttp import web
 
-from cdi.api.connlimit import AddressSlots, Deadline, Deadlines
-from cdi.upload.tlsstream import TlsStream
+from wire.connlimit import AddressSlots, Deadline, Deadlines
+from wire.tlsstream import TlsStream
 
 log = logging.getLogger("uploader")
 

@@ -3,7 +3,7 @@
 The proxy is the component users reach from outside the cluster, so it holds no CA key (N5,
 ``docs/security.md``): the controller, which holds both upload CAs anyway, issues the proxy's
 client certificate into a Secret the proxy may only read and publishes the upload servers' CA
-certificate alone in a ConfigMap (``cdi.upload.servercert.ProxyCredentials``). This loop runs
+certificate alone in a ConfigMap (``cdi.pki.upload.ProxyCredentials``). This loop runs
 for the leader's term: once at the start (a fresh install has a working proxy as soon as a
 controller leads) and every ``interval`` after, so the certificate is renewed with a fifth of
 its 30 days left; the proxy reloads it on its own periodic check (hourly). A failed check
@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 from cdi.kube.client import AsyncKube
 from cdi.kube.errors import KubeError
-from cdi.upload.servercert import ProxyCredentials, UploadCAs
+from cdi.pki.upload import ProxyCredentials, UploadCAs
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,8 @@ caller's identity in ``X-Remote-*`` headers. Routes:
   ``TokenApi.create`` (``tokenapi.py``) with the user from ``user_from_headers``.
 
 The peer certificate's CN is read from the TLS transport; the chain was already verified
-against the requestheader CA by the serving context (``tls.serving_context(client_ca=...)``),
+against the requestheader CA by the serving context
+(``cdi.pki.contexts.serving_context(client_ca=...)``),
 so a caller without such a certificate is simply unauthenticated. Bodies are small JSON
 documents, read whole under a 64 KiB cap.
 """

@@ -11,12 +11,12 @@
   upload_service_name``, created by the upload flavour of the controller), its certificate
   verified for ``cdi-upload-<pvc>.<ns>.svc``: no cluster DNS needed, the name still checked;
 - ``read_upstream_credentials``: the proxy's side of mutual TLS to upload servers, as the
-  controller keeps it (``cdi.upload.servercert.ProxyCredentials``): its client key pair from a
+  controller keeps it (``cdi.pki.upload.ProxyCredentials``): its client key pair from a
   Secret and the upload servers' CA certificate from a ConfigMap. The proxy holds no CA key;
 - ``requestheader_settings``: the front-proxy settings the kube-apiserver publishes in
   ConfigMap ``kube-system/extension-apiserver-authentication``;
-- ``ApiServiceCertStore`` / ``SecretOnlyCertStore``: the webhook's ``CertStore`` (serving
-  certificate rotated in a Secret) publishing its CA bundle to our APIService, or nowhere.
+- ``ApiServiceCertStore``: a ``cdi.pki.store.CertStore`` (serving certificate rotated in a
+  Secret) publishing its CA bundle to our APIService.
 
 The ``Kube`` calls are synchronous; the async servers reach them through ``AsyncKube`` or
 ``asyncio.to_thread``.
@@ -31,7 +31,6 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from cdi.admission import CertStore, WebhookConfig
 from cdi.kube.client import (
     JSON_PATCH,
     PVCS,
@@ -43,13 +42,14 @@ from cdi.kube.client import (
     Resource,
 )
 from cdi.kube.errors import Conflict, KubeError, NotFound
+from cdi.pki.certs import KeyPair
+from cdi.pki.store import CertStore, ServingCertConfig
+from cdi.pki.upload import CA_BUNDLE_KEY, CONFIG_MAPS
 from cdi.render.naming import upload_service_name
 from cdi.upload.errors import UploadNotReady, UploadServerUnreachable
 from cdi.upload.keys import KeyRing, SigningKey, StoreConflict, key_id
 from cdi.upload.readiness import UploadServer
-from cdi.upload.servercert import CA_BUNDLE_KEY, CONFIG_MAPS
 from cdi.upload.tokenapi import Decision, LookupFailed, RequestHeaderConfig, User, access_review
-from cdi.webhooks.certs import KeyPair
 
 log = logging.getLogger(__name__)
 
@@ -224,19 +224,11 @@ def requestheader_settings(kube: Kube) -> tuple[bytes, RequestHeaderConfig]:
     return ca, config
 
 
-class SecretOnlyCertStore(CertStore):
-    """A serving certificate rotated in a Secret, published nowhere (the upload proxy: its
-    clients reach it through an Ingress/Route or trust the CA from the Secret)."""
-
-    def publish(self, ca_bundle: bytes) -> None:
-        return None
-
-
 class ApiServiceCertStore(CertStore):
     """A serving certificate rotated in a Secret, its CA bundle written into our APIService
     so the kube-apiserver verifies us (no ``insecureSkipTLSVerify``)."""
 
-    def __init__(self, kube: Kube, config: WebhookConfig, api_service: str) -> None:
+    def __init__(self, kube: Kube, config: ServingCertConfig, api_service: str) -> None:
         super().__init__(kube, config)
         self.api_service = api_service
 

@@ -20,7 +20,7 @@ What a client that has not shown a token can hold (security review 3, N3): one o
 ``max_connections`` slots, at most ``max_connections_per_address`` of them per client
 address (more are closed at accept); for ``handshake_timeout`` seconds in total for the
 TLS handshake and ``head_timeout`` seconds in total for each request head (a watchdog,
-``cdi.api.connlimit.Deadlines``, shuts the socket: a byte now and then does not extend
+``wire.connlimit.Deadlines``, shuts the socket: a byte now and then does not extend
 either); a few KiB of TLS buffer (``TlsStream`` widens it for an admitted upload only); and
 each answer it does not read blocks its thread for ``write_timeout`` seconds at most.
 """
@@ -35,17 +35,7 @@ import ssl
 import threading
 import time
 
-from cdi.api.connlimit import AddressSlots, Deadlines
 from cdi.upload.errors import UploadError, UploadInterrupted
-from cdi.upload.http1 import (
-    NO_BODY,
-    Framing,
-    Head,
-    HttpError,
-    SourceEnded,
-    Wire,
-    request_framing,
-)
 from cdi.upload.proxy import (
     PREFLIGHT_METHODS,
     RELAYED_METHODS,
@@ -58,7 +48,17 @@ from cdi.upload.proxy import (
 )
 from cdi.upload.readiness import UploadTargets
 from cdi.upload.relay import Relay, keep_alive, tune
-from cdi.upload.tlsstream import TlsStream
+from wire.connlimit import AddressSlots, Deadlines
+from wire.http1 import (
+    NO_BODY,
+    Framing,
+    Head,
+    HttpError,
+    SourceEnded,
+    Wire,
+    request_framing,
+)
+from wire.tlsstream import TlsStream
 
 log = logging.getLogger(__name__)
 

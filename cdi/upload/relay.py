@@ -34,7 +34,8 @@ import time
 from urllib.parse import urlsplit
 
 from cdi.upload.errors import UploadInterrupted, UploadServerUnreachable
-from cdi.upload.http1 import (
+from cdi.upload.proxy import Admitted, ProxyConfig, answered, cors, forwarded
+from wire.http1 import (
     NO_BODY,
     Framing,
     Head,
@@ -45,8 +46,7 @@ from cdi.upload.http1 import (
     relay_body,
     response_framing,
 )
-from cdi.upload.proxy import Admitted, ProxyConfig, answered, cors, forwarded
-from cdi.upload.tlsstream import TlsStream
+from wire.tlsstream import TlsStream
 
 log = logging.getLogger(__name__)
 

@@ -3,8 +3,8 @@ cluster, TLS from certificates our code generates, periodic rotation, graceful S
 
 Both serve HTTPS (the token API with aiohttp; the proxy with ``proxyserver.UploadProxy``, a
 thread per connection on blocking TLS sockets, so upload bytes never cross the event loop)
-with a serving certificate kept (and rotated) in a Secret by the webhook's
-``CertStore``; the token API publishes its CA bundle into its APIService, the proxy nowhere.
+with a serving certificate kept (and rotated) in a Secret by a ``cdi.pki.store.CertStore``;
+the token API publishes its CA bundle into its APIService, the proxy nowhere.
 Every ``check_interval`` seconds each process re-runs its rotations and reloads changed key
 pairs into the live ``SSLContext`` objects (new handshakes use them):
 
@@ -13,7 +13,7 @@ pairs into the live ``SSLContext`` objects (new handshakes use them):
 - the proxy: its serving certificate, and its side of the mutual TLS to upload servers: the
   client certificate and the servers' CA certificate the controller issues and publishes
   (Secret ``cdi-uploadserver-client-cert``, ConfigMap ``cdi-uploadserver-signer-bundle``,
-  ``cdi.upload.servercert.ProxyCredentials``), reloaded when the controller renews them. The
+  ``cdi.pki.upload.ProxyCredentials``), reloaded when the controller renews them. The
   proxy parses untrusted HTTP from outside the cluster, so it holds no CA key and may only read
   these two objects (N5, ``docs/security.md``); it waits for them before it serves.
 """
@@ -29,10 +29,13 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
-from cdi.admission import CertStore, WebhookConfig
 from cdi.kube.client import AsyncKube, Kube
 from cdi.kube.errors import KubeError
 from cdi.lifecycle import run_until_stopped
+from cdi.pki.certs import Bundle, KeyPair
+from cdi.pki.contexts import load_pair, serving_context, upstream_context
+from cdi.pki.store import CertStore, ServingCertConfig
+from cdi.pki.upload import PROXY_CLIENT_SECRET, SERVER_CA_BUNDLE
 from cdi.upload.apiserver import make_api_app
 from cdi.upload.errors import UploadNotReady
 from cdi.upload.keys import KeyRing, ensure_ring
@@ -41,7 +44,6 @@ from cdi.upload.kubestore import (
     KubeAccessReviewer,
     KubeUploadTargets,
     SecretKeyStore,
-    SecretOnlyCertStore,
     publish_public_keys,
     read_public_keys,
     read_upstream_credentials,
@@ -49,11 +51,8 @@ from cdi.upload.kubestore import (
 )
 from cdi.upload.proxy import ProxyConfig
 from cdi.upload.proxyserver import UploadProxy
-from cdi.upload.servercert import PROXY_CLIENT_SECRET, SERVER_CA_BUNDLE
-from cdi.upload.tls import load_pair, serving_context, upstream_context
 from cdi.upload.token import Verifier
 from cdi.upload.tokenapi import RequestHeaderConfig, TokenApi
-from cdi.webhooks.certs import Bundle, KeyPair
 
 log = logging.getLogger(__name__)
 
@@ -94,15 +93,8 @@ class UploadProxyConfig:
     proxy: ProxyConfig = field(default_factory=ProxyConfig)
 
 
-def _cert_config(plane: UploadPlaneConfig, service: str, secret: str) -> WebhookConfig:
-    return WebhookConfig(
-        namespace=plane.namespace,
-        service=service,
-        cert_secret=secret,
-        extra_sans=plane.extra_sans,
-        validating_config="",
-        mutating_config="",
-    )
+def _cert_config(plane: UploadPlaneConfig, service: str, secret: str) -> ServingCertConfig:
+    return ServingCertConfig(plane.namespace, service, secret, plane.extra_sans)
 
 
 async def _serve(
@@ -227,7 +219,7 @@ async def serve_upload_proxy(kube: Kube, config: UploadProxyConfig) -> None:
     plane = config.plane
     credentials = _Upstream(kube, config)
     upstream = await credentials.first()
-    cert_store = SecretOnlyCertStore(kube, _cert_config(plane, config.service, config.cert_secret))
+    cert_store = CertStore(kube, _cert_config(plane, config.service, config.cert_secret))
     serving = _ServingCert(cert_store)
     ctx = serving_context(await serving.refresh())
     async_kube = AsyncKube(kube)

@@ -12,7 +12,7 @@ client libraries print them as they print the API server's own.
 
 Identity (``User``) comes from the front proxy's request headers; ``user_from_headers`` trusts
 them only when the caller presented a client certificate verified against the requestheader
-CA (the TLS layer checks the chain, ``tls.serving_context``) whose CN is allowed.
+CA (the TLS layer checks the chain, ``cdi.pki.contexts.serving_context``) whose CN is allowed.
 """
 
 from __future__ import annotations

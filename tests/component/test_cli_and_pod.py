@@ -14,7 +14,7 @@ import aiohttp
 from cdi.api.termination import TerminationMessage
 from tests.component.conftest import ImageFactory, MiB, Server, same_content
 
-CDI = [sys.executable, "-m", "cdi.cli"]
+CDI = [sys.executable, "-m", "commands.main"]
 
 
 async def _run(*args: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from cdi.api.termination import TerminationMessage
 from cdi.controller.progress import HttpScraper, Progress, parse_metrics
-from cdi.webhooks.certs import KeyPair, issue_client, issue_serving, new_ca
+from cdi.pki.certs import KeyPair, issue_client, issue_serving, new_ca
 from datapath.decode.sparseraw import write_sparse
 from datapath.target import RawWriter
 

@@ -22,7 +22,7 @@ from aiohttp import web
 
 from benchmarks.clone_receiver import KINDS, make_app, serving_context
 from cdi.api.termination import TerminationMessage
-from cdi.webhooks.certs import KeyPair, issue_client, issue_serving, new_ca
+from cdi.pki.certs import KeyPair, issue_client, issue_serving, new_ca
 from tests.component.conftest import loop_device, write_base_raw
 
 MiB = 1024 * 1024

@@ -17,11 +17,11 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from cdi.pki.certs import issue_serving, new_ca
+from cdi.pki.contexts import serving_context, upstream_context
 from cdi.upload.proxy import ProxyConfig
 from cdi.upload.proxyserver import UploadProxy
-from cdi.upload.tls import serving_context, upstream_context
 from cdi.upload.token import UploadGrant, Verifier, issue
-from cdi.webhooks.certs import issue_serving, new_ca
 from tests.component.conftest import same_content
 from tests.component.slow_clients import SlowClients
 from tests.component.test_upload_proxy import NS, TableTargets, pvc

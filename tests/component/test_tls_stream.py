@@ -11,8 +11,8 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from cdi.upload.tlsstream import RECEIVE, SMALL, TlsStream
 from tests.component.upload_peers import Pki, make_pki
+from wire.tlsstream import RECEIVE, SMALL, TlsStream
 
 
 @pytest.fixture(scope="module")

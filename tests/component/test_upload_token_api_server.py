@@ -12,12 +12,12 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from cdi.pki.certs import KeyPair, issue_client, issue_serving, new_ca
+from cdi.pki.contexts import load_pair, serving_context
 from cdi.upload.apiserver import make_api_app
 from cdi.upload.keys import KeyRing, new_key
-from cdi.upload.tls import load_pair, serving_context
 from cdi.upload.token import UploadGrant, verify
 from cdi.upload.tokenapi import RequestHeaderConfig, TokenApi
-from cdi.webhooks.certs import KeyPair, issue_client, issue_serving, new_ca
 from tests.component.upload_peers import NOW
 from tests.unit.test_upload_token_api import Pvcs, Rbac, body
 

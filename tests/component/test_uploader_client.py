@@ -1,4 +1,4 @@
-"""The client transfer library (``cdi.upload.client``) against real loopback servers: a
+"""The client transfer library (``commands.upload.client``) against real loopback servers: a
 refused token is replaced by a fresh one from the provider, a refusal carries the server's
 own words, progress reports bytes and rate. The token peer is a tiny real aiohttp server that
 plays the proxy's token check (the proxy itself is tested in test_upload_proxy.py)."""
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-from cdi.upload.client import (
+from commands.upload.client import (
     ClientSettings,
     UploadRejected,
     UploadUnauthorized,

@@ -12,7 +12,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from cdi.upload.client import upload_file
+from commands.upload.client import upload_file
 from datapath.decode.sparseraw import end_frame, frames_of
 from tests.component.conftest import (
     VIRTUAL,

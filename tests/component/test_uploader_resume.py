@@ -19,7 +19,7 @@ import aiohttp
 import pytest
 
 from cdi.api.termination import TerminationMessage
-from cdi.upload.client import ClientSettings, upload_file
+from commands.upload.client import ClientSettings, upload_file
 from datapath import checkpoint
 from tests.component.conftest import Image, ImageFactory, same_content
 from tests.component.uploader_harness import (

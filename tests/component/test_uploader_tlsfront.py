@@ -23,7 +23,6 @@ from pathlib import Path
 
 import pytest
 
-from cdi.upload.tlsstream import TlsStream
 from tests.component.conftest import same_content
 from tests.component.uploader_harness import (
     CLIENT_NAME,
@@ -35,6 +34,7 @@ from tests.component.uploader_harness import (
     running_server,
     server_env,
 )
+from wire.tlsstream import TlsStream
 
 MiB = 1024 * 1024
 FORGED = {

@@ -1,7 +1,7 @@
-"""The admission server on a real loopback TLS socket (``cdi.admission.serving_context``, the app
-of ``cdi.webhooks.server``): only the API server's client certificate gets a review read (N2),
-and a flood of reviews does not hold up anyone else's (one user's excess is refused at once,
-another user's review is served at the next free lookup slot).
+"""The admission server on a real loopback TLS socket (``cdi.pki.contexts.required_client_context``,
+the app of ``cdi.webhooks.server``): only the API server's client certificate gets a review read
+(N2), and a flood of reviews does not hold up anyone else's (one user's excess is refused at
+once, another user's review is served at the next free lookup slot).
 
 The cluster lookups are a ``ClusterLookup`` whose claim lookups for the flood's DataVolumes
 block until the test releases them: it stands for a slow API server, so the test can look at
@@ -25,10 +25,10 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from cdi.admission import TLSFiles, serving_context
 from cdi.api.cloneauth import AccessCheck
+from cdi.pki.certs import KeyPair, issue_client, issue_serving, new_ca
+from cdi.pki.contexts import TLSFiles, required_client_context
 from cdi.webhooks.callers import ApiServerCaller
-from cdi.webhooks.certs import KeyPair, issue_client, issue_serving, new_ca
 from cdi.webhooks.fairness import FairLookups
 from cdi.webhooks.mutation import UserInfo
 from cdi.webhooks.server import make_app
@@ -97,7 +97,7 @@ async def webhook() -> AsyncIterator[Webhook]:
         return await loop.run_in_executor(pool, partial(fn, *args))
 
     files = TLSFiles()
-    ctx = serving_context(serving, files, client_ca=ca.cert_pem)
+    ctx = required_client_context(serving, files, client_ca=ca.cert_pem)
     lookups = FairLookups(run_blocking, 4, per_caller=PER_CALLER)
     caller = ApiServerCaller((API_SERVER,))
     runner = web.AppRunner(make_app(claims, run_blocking, claims, None, claims, caller, lookups))

@@ -12,9 +12,9 @@ from typing import Any
 
 from aiohttp import web
 
+from cdi.pki.certs import KeyPair, issue_client, issue_serving, new_ca
+from cdi.pki.contexts import UPLOAD_CLIENT_NAME, serving_context, upstream_context
 from cdi.upload.keys import KeyRing, new_key
-from cdi.upload.tls import UPLOAD_CLIENT_NAME, serving_context, upstream_context
-from cdi.webhooks.certs import KeyPair, issue_client, issue_serving, new_ca
 
 NOW = dt.datetime.now(dt.UTC)
 

@@ -15,11 +15,11 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
+from cdi.pki.certs import KeyPair
+from cdi.pki.contexts import serving_context, upstream_context
 from cdi.upload.proxyserver import UploadProxy
 from cdi.upload.readiness import UploadServer
-from cdi.upload.tls import serving_context, upstream_context
 from cdi.upload.token import Verifier
-from cdi.webhooks.certs import KeyPair
 
 
 def process_config(

@@ -18,8 +18,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cdi.upload.client import ClientSettings
-from cdi.webhooks.certs import KeyPair, issue_client, issue_serving, new_ca
+from cdi.pki.certs import KeyPair, issue_client, issue_serving, new_ca
+from commands.upload.client import ClientSettings
 from uploader.__main__ import serve
 from uploader.config import UploadConfig, from_env
 from uploader.server import make_app, serving_context

@@ -21,10 +21,10 @@ from typing import Any
 
 import pytest
 
-from cdi.cli import main
 from cdi.kube.client import Kube as Gateway
-from cdi.upload.cli_options import UploadOptions
-from cdi.upload.cli_target import UploadTarget
+from commands.main import main
+from commands.upload.options import UploadOptions
+from commands.upload.target import UploadTarget
 from testkit.cluster import Cluster
 from testkit.kubeclient import Kube, ns_path
 from testkit.waiting import wait_until

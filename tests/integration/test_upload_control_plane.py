@@ -18,6 +18,7 @@ import yaml
 
 from cdi.kube.client import PVCS, AsyncKube, Kube
 from cdi.kube.errors import NotFound
+from cdi.pki.upload import ensure_ca
 from cdi.upload.errors import InvalidToken
 from cdi.upload.keys import KeyRing, StoreConflict, ensure_ring, new_key
 from cdi.upload.kubestore import (
@@ -29,7 +30,6 @@ from cdi.upload.kubestore import (
     requestheader_settings,
 )
 from cdi.upload.readiness import upload_target
-from cdi.upload.servercert import ensure_ca
 from cdi.upload.token import verify
 from cdi.upload.tokenapi import TokenApi, User
 from testkit.cluster import Cluster

@@ -1,5 +1,5 @@
 """``cdi upload``'s command line and its checks of existing targets: virtctl's messages, word
-for word, without a cluster (``cdi.upload.cli_options``), and the exit status and stderr line
+for word, without a cluster (``commands.upload.options``), and the exit status and stderr line
 of the real ``cdi`` entry point for a refused command line."""
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ from cdi.api.constants import (
     ANN_UPLOAD_REQUEST,
     ANN_USE_POPULATOR,
 )
-from cdi.cli import main
 from cdi.kube.client import load_user_client
 from cdi.kube.errors import KubeError
-from cdi.upload.cli import add_upload_parser, open_image
-from cdi.upload.cli_options import (
+from commands.main import main
+from commands.upload.main import add_upload_parser, open_image
+from commands.upload.options import (
     ProxyUrlNotFound,
     TargetNotReady,
     TargetRefused,
@@ -40,7 +40,7 @@ from cdi.upload.cli_options import (
     wffc_refusal,
     with_scheme,
 )
-from cdi.upload.cli_progress import ProgressBar
+from commands.upload.progress import ProgressBar
 
 
 def parse(*argv: str) -> argparse.Namespace:

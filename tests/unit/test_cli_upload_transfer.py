@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-from cdi.upload.cli_transfer import AuthenticationFailed, ClientTransfer, ProxyUnreachable
-from cdi.upload.client import UploadRejected
-from cdi.webhooks.certs import new_ca
+from cdi.pki.certs import new_ca
+from commands.upload.client import UploadRejected
+from commands.upload.transfer import AuthenticationFailed, ClientTransfer, ProxyUnreachable
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""``cdi.api.connlimit``: slots capped in total and per address; a deadline shuts its socket
+"""``wire.connlimit``: slots capped in total and per address; a deadline shuts its socket
 (the thread blocked on it reads the end of the stream) unless cancelled first. Real socket
 pairs."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import socket
 import time
 
-from cdi.api.connlimit import AddressSlots, Deadlines
+from wire.connlimit import AddressSlots, Deadlines
 
 
 def test_slots_are_capped_per_address_and_in_total() -> None:

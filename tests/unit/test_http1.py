@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from cdi.upload.http1 import (
+from wire.http1 import (
     Framing,
     Head,
     HttpError,

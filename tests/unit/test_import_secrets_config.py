@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from cdi.api.errors import InvalidConfig
 from cdi.api.netpolicy import NetPolicy
 from cdi.api.redact import MARK, redact_text, redact_url
-from cdi.cli import cli_policy, config_from_args
+from commands.main import cli_policy, config_from_args
 from importer.config import from_env, split_header
 from importer.sources.http_client import userinfo_authorization, without_userinfo
 

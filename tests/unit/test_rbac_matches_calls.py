@@ -36,7 +36,7 @@ from cdi.kube.client import (
     VALIDATING_WEBHOOKS,
     Resource,
 )
-from cdi.upload.servercert import CONFIG_MAPS
+from cdi.pki.upload import CONFIG_MAPS
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -57,9 +57,14 @@ COMPONENTS = {
         "cdi/kube/leader.py",
         "cdi/kube/events.py",
         "cdi/kube/shared_key.py",
-        "cdi/upload/servercert.py",
+        "cdi/pki/upload.py",
     ),
-    "cdi-webhook": ("cdi/admission.py", "cdi/webhooks", "cdi/kube/shared_key.py"),
+    "cdi-webhook": (
+        "cdi/admission.py",
+        "cdi/pki/store.py",
+        "cdi/webhooks",
+        "cdi/kube/shared_key.py",
+    ),
     # the upload token API (cdi.upload.serve.serve_upload_api)
     "cdi-apiserver": (
         "cdi/upload/serve.py::serve_upload_api",
@@ -70,8 +75,8 @@ COMPONENTS = {
         "cdi/upload/kubestore.py::KubeUploadTargets.get_pvc",
         "cdi/upload/kubestore.py::requestheader_settings",
         "cdi/upload/kubestore.py::ApiServiceCertStore",
-        "cdi/admission.py::CertStore._read",  # ensure() publishes through the subclass
-        "cdi/admission.py::CertStore._write",
+        "cdi/pki/store.py::CertStore._read",  # ensure() publishes through the subclass
+        "cdi/pki/store.py::CertStore._write",
         "cdi/upload/apiserver.py",
         "cdi/upload/tokenapi.py",
         "cdi/upload/token.py",
@@ -86,14 +91,12 @@ COMPONENTS = {
         "cdi/upload/serve.py::_ServingCert",
         "cdi/upload/kubestore.py::read_public_keys",
         "cdi/upload/kubestore.py::KubeUploadTargets",
-        "cdi/upload/kubestore.py::SecretOnlyCertStore",
         "cdi/upload/kubestore.py::read_upstream_credentials",
-        "cdi/admission.py::CertStore._read",  # SecretOnlyCertStore publishes nowhere
-        "cdi/admission.py::CertStore._write",
+        "cdi/pki/store.py::CertStore",  # publishes nowhere
         "cdi/upload/proxy.py",
         "cdi/upload/readiness.py",
         "cdi/upload/token.py",
-        "cdi/upload/tls.py",
+        "cdi/pki/contexts.py",
     ),
 }
 # The upload servers' modules: every function in them that calls the API is in a component.
@@ -106,7 +109,7 @@ UPLOAD_SERVER_MODULES = (
     "cdi/upload/keys.py",
     "cdi/upload/proxy.py",
     "cdi/upload/readiness.py",
-    "cdi/upload/tls.py",
+    "cdi/pki/contexts.py",
 )
 RBAC_FILES = ("1*-rbac-*.yaml", "50-upload.yaml", "60-import-proxy.yaml")
 # (module, function) -> the resources its variable-resource calls reach
@@ -117,7 +120,7 @@ INDIRECT: dict[tuple[str, str], tuple[Resource, ...]] = {
     ("cdi.controller.flavours.upload", "_delete"): (PODS, SERVICES, SECRETS),
     ("cdi.controller.flavours.upload", "remove"): (PODS, SERVICES),
     # the upload proxy's client certificate and server CA bundle, kept by the controller
-    ("cdi.upload.servercert", "_store"): (SECRETS, CONFIG_MAPS),
+    ("cdi.pki.upload", "_store"): (SECRETS, CONFIG_MAPS),
 }
 Grant = tuple[str, str, str]  # (apiGroup, resource[/subresource], verb)
 INFORMERS = ("Informer", "keys_cache")  # (kube, RESOURCE, ...): list + watch

@@ -16,6 +16,8 @@ from typing import Any
 import pytest
 from cryptography import x509
 
+from cdi.pki.certs import KeyPair, issue_client, new_ca
+from cdi.pki.upload import issue_server_credentials
 from cdi.render import RenderError
 from cdi.render.upload_pod import (
     UploadPodConfig,
@@ -24,8 +26,6 @@ from cdi.render.upload_pod import (
     render_upload_service,
     upload_pod_name,
 )
-from cdi.upload.servercert import issue_server_credentials
-from cdi.webhooks.certs import KeyPair, issue_client, new_ca
 
 NOW = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 

@@ -12,7 +12,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from cdi.webhooks.certs import Bundle, Rotation, plan_rotation, rotate, service_names
+from cdi.pki.certs import Bundle, Rotation, plan_rotation, rotate, service_names
 from cdi.webhooks.server import make_app
 from cdi.webhooks.validation import StaticLookup
 

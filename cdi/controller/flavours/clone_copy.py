@@ -45,6 +45,8 @@ from cdi.kube.client import PODS, PVCS, SECRETS, SERVICES
 from cdi.kube.errors import Conflict, NotFound
 from cdi.kube.events import WARNING
 from cdi.kube.workqueue import Result
+from cdi.pki.certs import KeyPair, issue_client
+from cdi.pki.upload import CLIENT_CA_SECRET, SERVER_CA_SECRET, ensure_ca
 from cdi.render.clone_pod import (
     ANN_COPY_TARGET,
     CLONE_SOURCE,
@@ -58,8 +60,6 @@ from cdi.render.clone_pod import (
 )
 from cdi.render.upload_pod import upload_pod_name
 from cdi.render.worker_pod import Metrics, WorkerPod
-from cdi.upload.servercert import CLIENT_CA_SECRET, SERVER_CA_SECRET, ensure_ca
-from cdi.webhooks.certs import KeyPair, issue_client
 
 ANN_SOURCE_POD_UID = f"{GROUP}/clone.sourcePodUID"
 REASON_UNRECORDED_SOURCE_POD = "UnrecordedCloneSourcePod"

@@ -61,6 +61,7 @@ from cdi.kube.client import PODS, PVCS, SECRETS, SERVICES, Resource
 from cdi.kube.errors import Conflict, NotFound
 from cdi.kube.events import NORMAL, WARNING
 from cdi.kube.workqueue import Result
+from cdi.pki.upload import SERVER_CERT_LIFETIME, UploadCAs, issue_server_credentials
 from cdi.render import RenderError
 from cdi.render.upload_pod import (
     UPLOAD_CLIENT_NAME,
@@ -72,7 +73,6 @@ from cdi.render.upload_pod import (
     upload_pod_name,
     upload_secret_name,
 )
-from cdi.upload.servercert import SERVER_CERT_LIFETIME, UploadCAs, issue_server_credentials
 
 UPLOAD_PHASES = FlavourPhases(
     scheduled=Phase.UPLOAD_SCHEDULED,

@@ -1,5 +1,5 @@
 """The upload server pod SIGKILLed mid-upload, on the real control plane with the product
-installed from deploy/: the user uploads through the deployed proxy with ``cdi.upload.client``
+installed from deploy/: the user uploads through the deployed proxy with ``commands.upload.client``
 (through a loopback relay that paces the bytes, so the kill lands mid-body); the node restarts
 the container, the controller counts the restart, and the client carries on.
 
@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from cdi.upload.client import ClientSettings, UploadResult, upload_file
+from commands.upload.client import ClientSettings, UploadResult, upload_file
 from datapath import checkpoint
 from testkit.kubeclient import Kube
 from testkit.waiting import wait_until

@@ -20,7 +20,7 @@ from pathlib import Path
 from aiohttp import web
 
 from cdi.api.netpolicy import LOOPBACK, NetPolicy
-from cdi.cli import print_result, with_progress
+from commands.output import print_result, with_progress
 from datapath import TargetSpec, parse_checksum
 from importer.config import HttpOptions, ImportConfig, build_plan, parse_size
 

@@ -17,8 +17,8 @@ from urllib.parse import urlsplit
 
 from cdi.api.errors import InvalidConfig, WorkerError
 from cdi.api.netpolicy import PRIVATE, NetPolicy
-from cdi.api.termination import TerminationMessage
-from datapath import Progress, TargetSpec, parse_checksum
+from commands.output import print_result, with_progress
+from datapath import TargetSpec, parse_checksum
 from importer.config import (
     CHECKPOINT_SUFFIX,
     BlankOptions,
@@ -36,7 +36,7 @@ from importer.config import (
     read_file,
     split_header,
 )
-from importer.runner import run_import, tune_process_memory
+from importer.runner import tune_process_memory
 
 
 def _tempdir() -> str:
@@ -181,57 +181,6 @@ def config_from_args(a: argparse.Namespace) -> ImportConfig:
     return ImportConfig(plan=plan, source=source, edges=edges)
 
 
-async def with_progress(config: ImportConfig, show: bool) -> TerminationMessage:
-    progress = Progress()
-    if not show:
-        return await run_import(config, progress)
-    from rich.progress import (
-        BarColumn,
-        DownloadColumn,
-        TextColumn,
-        TimeElapsedColumn,
-        TransferSpeedColumn,
-    )
-    from rich.progress import Progress as Bar
-
-    columns = (
-        TextColumn("{task.description}"),
-        BarColumn(),
-        DownloadColumn(),
-        TransferSpeedColumn(),
-        TimeElapsedColumn(),
-    )
-    with Bar(*columns, transient=False) as bar:
-        task = bar.add_task("import", total=None)
-        job = asyncio.ensure_future(run_import(config, progress))
-        while not job.done():
-            bar.update(
-                task, completed=progress.done, total=progress.total, description=progress.phase
-            )
-            await asyncio.wait({job}, timeout=0.2)
-        bar.update(
-            task,
-            completed=progress.done,
-            total=progress.total or progress.done,
-            description=progress.phase,
-        )
-        return job.result()
-
-
-def print_result(message: TerminationMessage, as_json: bool) -> None:
-    if as_json:
-        print(message.to_json())
-        return
-    status = "OK" if message.succeeded else f"FAILED ({message.reason})"
-    print(f"{status}: {message.message}")
-    print(f"  format:        {' -> '.join(message.format_chain) or '-'}")
-    print(f"  bytes read:    {message.bytes_read:,}")
-    print(f"  bytes written: {message.bytes_written:,}")
-    print(f"  virtual size:  {message.virtual_size:,}")
-    print(f"  checksum:      {message.checksum or '-'}")
-    print(f"  time:          {message.duration_seconds:.2f} s")
-
-
 def cmd_import(a: argparse.Namespace) -> int:
     tune_process_memory()
     try:
@@ -248,7 +197,7 @@ def cmd_import(a: argparse.Namespace) -> int:
 
 
 def cmd_demo(a: argparse.Namespace) -> int:
-    from cdi.demo import run_demo
+    from commands.demo import run_demo
 
     return run_demo(a.workdir, a.size)
 
@@ -263,10 +212,10 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--workdir", default="_work/demo")
     demo.add_argument("--size", default="1Gi", help="virtual size of the generated image")
     demo.set_defaults(func=cmd_demo)
-    from cdi.cli_control import add_control_commands
+    from commands.control import add_control_commands
 
     add_control_commands(sub)
-    from cdi.upload.cli import add_upload_parser
+    from commands.upload.main import add_upload_parser
 
     add_upload_parser(sub)
     args = parser.parse_args(argv)

@@ -35,8 +35,8 @@ from cryptography import x509
 
 from cdi.kube.client import SECRETS, Kube, Resource
 from cdi.kube.errors import Conflict
+from cdi.pki.certs import RENEW_BEFORE, KeyPair, issue_client, issue_serving, new_ca
 from cdi.render.upload_pod import UPLOAD_CLIENT_NAME
-from cdi.webhooks.certs import RENEW_BEFORE, KeyPair, issue_client, issue_serving, new_ca
 
 log = logging.getLogger(__name__)
 

@@ -2,8 +2,8 @@
 resume after a cut connection and token refresh.
 
 The process edge of the upload client: flags, ``--kubeconfig``/``KUBECONFIG`` and the terminal
-are read here, once, into ``UploadOptions`` and an injected ``Kube``; ``cli_target`` does the
-Kubernetes half (virtctl's flow and messages), ``cdi.upload.client`` moves the bytes. Every
+are read here, once, into ``UploadOptions`` and an injected ``Kube``; ``target`` does the
+Kubernetes half (virtctl's flow and messages), ``commands.upload.client`` moves the bytes. Every
 failure ends the command with the typed reason and virtctl's message on stderr and a non-zero
 status (2 for a wrong command line), never a traceback.
 """
@@ -19,25 +19,25 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from cdi.api.errors import WorkerError
-from cdi.upload.cli_options import (
+from commands.upload.options import (
     ProcessingFailed,
     UploadOptions,
     UsageError,
     options_from_args,
 )
-from cdi.upload.cli_progress import ProgressBar
+from commands.upload.progress import ProgressBar
 
 if TYPE_CHECKING:  # the Kubernetes client costs ~0.5 s to import: only `cdi upload` pays it
     from cdi.kube.client import Kube
     from cdi.kube.errors import KubeError
-    from cdi.upload.cli_target import UploadTarget
+    from commands.upload.target import UploadTarget
 
 TokenProvider = Callable[[], str]
 ProgressCallback = Callable[[int, int], None]
 
 
 class Transfer(Protocol):
-    """Moves the file to the proxy; the transfer client (``cdi.upload.client``) is one."""
+    """Moves the file to the proxy; the transfer client (``commands.upload.client``) is one."""
 
     async def __call__(
         self,
@@ -118,7 +118,7 @@ def run_upload(target: UploadTarget, transfer: Transfer | None, size: int, bar: 
 
 def finish(target: UploadTarget) -> str:
     """After the bytes: wait for the upload pod's processing, then the volume's phase."""
-    from cdi.upload.cli_target import WaitTimedOut
+    from commands.upload.target import WaitTimedOut
 
     o, say = target.opts, target.say
     say(
@@ -148,7 +148,7 @@ def _fail(exc: WorkerError | KubeError) -> int:
 
 def cmd_upload(a: argparse.Namespace, transfer: Transfer | None = None) -> int:
     from cdi.kube.errors import KubeError
-    from cdi.upload.cli_target import UploadTarget
+    from commands.upload.target import UploadTarget
 
     try:
         opts: UploadOptions = options_from_args(a)
@@ -169,6 +169,6 @@ def cmd_upload(a: argparse.Namespace, transfer: Transfer | None = None) -> int:
 
 
 def default_transfer(opts: UploadOptions, ca_pem: str | None) -> Transfer:
-    from cdi.upload.cli_transfer import ClientTransfer
+    from commands.upload.transfer import ClientTransfer
 
     return ClientTransfer(insecure=opts.insecure, attempts=opts.retry, ca_pem=ca_pem)

@@ -1,4 +1,4 @@
-"""The bytes of ``cdi upload``: ``cdi.upload.client`` (async detection, streamed POST, tus
+"""The bytes of ``cdi upload``: ``commands.upload.client`` (async detection, streamed POST, tus
 resume after a cut, token refresh) under virtctl's rules for authentication.
 
 virtctl gives up at once when the very first request is refused with 401 (the token never
@@ -21,8 +21,8 @@ from typing import Final
 
 import aiohttp
 
-from cdi.upload.cli_options import UploadCliError, proxy_base
-from cdi.upload.client import ClientSettings, UploadResult, upload_file
+from commands.upload.client import ClientSettings, UploadResult, upload_file
+from commands.upload.options import UploadCliError, proxy_base
 
 TOKEN_REFRESHES: Final = 3  # virtctl's bound
 PROBE_PATH: Final = "/v1beta1/upload-async"

@@ -4,7 +4,7 @@ Users and scripts move between ``virtctl image-upload`` and ``cdi upload``, and 
 error text, so every refusal here is virtctl's sentence verbatim (``imageupload.go``), raised
 as a typed ``WorkerError`` whose ``reason`` says what kind of failure it was. Everything here
 is a function of the command line and of objects already read (a PVC, a DataVolume, the
-CDIConfig): no I/O, so each message is unit-tested without a cluster. ``cli_target`` does the
+CDIConfig): no I/O, so each message is unit-tested without a cluster. ``target`` does the
 reads and writes; ``cli`` wires the two to the transfer.
 """
 

@@ -27,7 +27,7 @@ from cdi.kube.client import (
     Resource,
 )
 from cdi.kube.errors import KubeError, NotFound
-from cdi.upload.cli_options import (
+from commands.upload.options import (
     ClaimNotValid,
     ProcessingFailed,
     ProvisioningFailed,
