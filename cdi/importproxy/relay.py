@@ -33,8 +33,8 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from cdi.api.connlimit import AddressSlots
 from cdi.importproxy.ticket import Ticket, TicketRefused, check
+from wire.connlimit import AddressSlots
 
 log = logging.getLogger(__name__)
 
