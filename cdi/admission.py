@@ -10,7 +10,8 @@ Three cluster-facing pieces, each through the one gateway (``cdi.kube.client``):
 - ``CertStore``: the CA and serving certificate live in one Secret, so every replica serves the
   same certificate; ``ensure`` rotates it when ``cdi.webhooks.certs.plan_rotation`` says so
   (compare-and-swap on the Secret's resourceVersion, so two replicas never fork the CA) and
-  writes the CA bundle into our Validating/MutatingWebhookConfigurations;
+  writes the CA bundle into our Validating/MutatingWebhookConfigurations (compare-and-swap
+  too: a replica that loses the race re-reads and finds the bundle published, no crash);
 - ``serve_webhook``: HTTPS with an ``SSLContext`` reloaded in place after a rotation (new
   handshakes use the new certificate), a periodic rotation check, graceful stop on SIGTERM;
   ``/healthz`` also on a plain-HTTP port of its own for the kubelet's probe;
@@ -35,7 +36,7 @@ import json
 import logging
 import ssl
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
@@ -61,7 +62,7 @@ from cdi.kube.client import (
     Kube,
     Resource,
 )
-from cdi.kube.errors import Conflict, KubeError, NotFound
+from cdi.kube.errors import Conflict, Invalid, KubeError, NotFound
 from cdi.kube.informer import keys_cache
 from cdi.lifecycle import run_until_stopped
 from cdi.webhooks.callers import ApiServerCaller
@@ -77,6 +78,7 @@ log = logging.getLogger(__name__)
 CLAIM_ADOPTION_GATE = "DataVolumeClaimAdoption"
 AUTH_CONFIG_MAP = ("kube-system", "extension-apiserver-authentication")
 CLIENT_AUTH_MODES = ("certificate", "network")
+PUBLISH_ATTEMPTS = 5  # replicas racing to publish one CA settle in one or two
 
 
 @dataclass(frozen=True)
@@ -208,24 +210,45 @@ class CertStore:
             (VALIDATING_WEBHOOKS, self.config.validating_config),
             (MUTATING_WEBHOOKS, self.config.mutating_config),
         ):
-            self._publish_to(res, name, encoded)
+            self._publish_to(res, name, partial(_webhook_ops, encoded=encoded))
 
-    def _publish_to(self, res: Resource, name: str, encoded: str) -> None:
-        try:
-            current = self.kube.get(res, name)
-        except NotFound:
-            log.warning("%s %s not found; CA bundle not published", res.kind, name)
-            return
-        ops = []
-        for i, hook in enumerate(current.get("webhooks") or []):
-            if (hook.get("clientConfig") or {}).get("caBundle") != encoded:
-                ops.append(
-                    {"op": "add", "path": f"/webhooks/{i}/clientConfig/caBundle", "value": encoded}
-                )
-        if ops:
+    def _publish_to(
+        self, res: Resource, name: str, ops_for: Callable[[dict[str, Any]], list[Any]]
+    ) -> None:
+        """Compare-and-swap the CA bundle into ``name`` (``ops_for``: the JSON patch ops that
+        put it into the object read, none when it is there). A replica starting beside us may
+        patch between our read and our patch: the API server then fails the patch's ``test``
+        of resourceVersion with 422 (not 409). Re-read and try again; a refusal while the
+        object did not change is a real one and is raised."""
+        refused: tuple[str, KubeError] | None = None  # the version a patch was refused at
+        for _ in range(PUBLISH_ATTEMPTS):
+            try:
+                current = self.kube.get(res, name)
+            except NotFound:
+                log.warning("%s %s not found; CA bundle not published", res.kind, name)
+                return
             rv = current["metadata"]["resourceVersion"]
+            if refused is not None and refused[0] == rv:
+                raise refused[1]  # nothing changed since: the patch itself is refused
+            ops = ops_for(current)
+            if not ops:
+                return  # already published (by us or by a replica with the same CA)
             ops.insert(0, {"op": "test", "path": "/metadata/resourceVersion", "value": rv})
-            self.kube.patch(res, name, ops, content_type=JSON_PATCH)
+            try:
+                self.kube.patch(res, name, ops, content_type=JSON_PATCH)
+                return
+            except (Conflict, Invalid) as exc:
+                refused = (rv, exc)
+        raise RuntimeError(f"could not publish the CA bundle in {res.kind} {name} (conflicts)")
+
+
+def _webhook_ops(current: dict[str, Any], encoded: str) -> list[Any]:
+    ops = []
+    for i, hook in enumerate(current.get("webhooks") or []):
+        if (hook.get("clientConfig") or {}).get("caBundle") != encoded:
+            path = f"/webhooks/{i}/clientConfig/caBundle"
+            ops.append({"op": "add", "path": path, "value": encoded})
+    return ops
 
 
 class TLSFiles:
