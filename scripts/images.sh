@@ -3,6 +3,7 @@
 # image (issue 24), into one OCI layout; optionally push them.
 #
 #   scripts/images.sh [--out DIR] [--tag TAG] [--push REGISTRY [--insecure]] [--rebuild-base]
+#   scripts/images.sh --base-only   only the base (and the wheel and cdi-holder): for podman
 #
 # Layers, bottom up, shared by every image:
 #   base    mmdebstrap (Debian bookworm, essential variant) + python3, qemu-utils, libmagic1,
@@ -129,7 +130,7 @@ else
 fi
 if [[ -n $base_only ]]; then
   rm -rf "$out/oci" && cp -a "$base/oci" "$out/oci"
-  step "done: $out/oci:cdi-base (podman pull oci:$out/oci:cdi-base)"
+  step "done: $out/oci:cdi-base (skopeo copy oci:$out/oci:cdi-base containers-storage:localhost/cdi-base:latest)"
   exit 0
 fi
 

@@ -20,6 +20,7 @@ import pytest
 
 from cdi.admission import CertStore, WebhookConfig
 from cdi.kube.client import MUTATING_WEBHOOKS, SECRETS, VALIDATING_WEBHOOKS, Kube, Resource
+from cdi.kube.shared_key import ensure_shared_key
 from cdi.upload.kubestore import API_SERVICES, ApiServiceCertStore
 from cdi.webhooks.certs import Bundle
 from testkit.cluster import Cluster
@@ -28,19 +29,28 @@ pytestmark = pytest.mark.integration
 
 
 class ReplicaKube(Kube):
-    """The product's gateway to the real API server, holding each CA-bundle patch until both
-    replicas have read the webhook configuration: the interleaving of the real node's crash,
+    """The product's gateway to the real API server, holding each ``verb`` on ``held`` until
+    both replicas reach it (both have read first): the interleaving of the real node's crash,
     made certain instead of left to timing (the requests themselves are real)."""
 
-    def __init__(self, cluster: Cluster, both_read: threading.Barrier, held: Resource) -> None:
+    def __init__(
+        self, cluster: Cluster, both_read: threading.Barrier, verb: str, held: Resource
+    ) -> None:
         super().__init__(cluster.api_client())
         self.both_read = both_read
-        self.held = held
+        self.verb, self.held = verb, held
+
+    def _hold(self, verb: str, res: Resource) -> None:
+        if verb == self.verb and res is self.held and not self.both_read.broken:
+            self.both_read.wait(timeout=10)
 
     def patch(self, res: Resource, name: str, patch: Any, *args: Any, **kw: Any) -> Any:
-        if res is self.held and not self.both_read.broken:
-            self.both_read.wait(timeout=10)
+        self._hold("patch", res)
         return super().patch(res, name, patch, *args, **kw)
+
+    def create(self, res: Resource, obj: Any, *args: Any, **kw: Any) -> Any:
+        self._hold("create", res)
+        return super().create(res, obj, *args, **kw)
 
 
 def _webhook_configuration(kind: str, name: str) -> dict[str, Any]:
@@ -101,7 +111,7 @@ def test_two_replicas_starting_together_both_serve_the_one_published_ca(
     cluster: Cluster, webhook_config: WebhookConfig
 ) -> None:
     both_read = threading.Barrier(2)
-    kubes = [ReplicaKube(cluster, both_read, VALIDATING_WEBHOOKS) for _ in range(2)]
+    kubes = [ReplicaKube(cluster, both_read, "patch", VALIDATING_WEBHOOKS) for _ in range(2)]
     stores = [CertStore(kube, webhook_config) for kube in kubes]
     with ThreadPoolExecutor(2) as pool:
         bundles: list[Bundle] = list(pool.map(lambda s: s.ensure(), stores))  # raises if one did
@@ -135,7 +145,7 @@ def test_two_upload_api_replicas_starting_together_publish_one_ca_in_the_api_ser
     try:
         config = WebhookConfig(namespace=namespace, service="cdi-api", cert_secret="api-certs")
         both_read = threading.Barrier(2)
-        kubes = [ReplicaKube(cluster, both_read, API_SERVICES) for _ in range(2)]
+        kubes = [ReplicaKube(cluster, both_read, "patch", API_SERVICES) for _ in range(2)]
         stores = [ApiServiceCertStore(k, config, f"v1.{group}") for k in kubes]
         with ThreadPoolExecutor(2) as pool:
             bundles: list[Bundle] = list(pool.map(lambda s: s.ensure(), stores))
@@ -145,3 +155,16 @@ def test_two_upload_api_replicas_starting_together_publish_one_ca_in_the_api_ser
         assert base64.b64decode(published) == bundles[0].ca_bundle
     finally:
         kube.delete(API_SERVICES, f"v1.{group}")
+
+
+def test_two_replicas_creating_the_requester_key_together_end_with_the_same_key(
+    cluster: Cluster, namespace: str
+) -> None:
+    """The other Secret a webhook makes at start-up (deploy/: --requester-key-secret): both
+    find it missing, both create, one gets 409 and reads the winner's key."""
+    both_read = threading.Barrier(2)
+    kubes = [ReplicaKube(cluster, both_read, "create", SECRETS) for _ in range(2)]
+    with ThreadPoolExecutor(2) as pool:
+        keys = list(pool.map(lambda k: ensure_shared_key(k, namespace, "requester-key"), kubes))
+    assert both_read.n_waiting == 0 and not both_read.broken  # both did try to create
+    assert keys[0] == keys[1] and len(keys[0]) == 64
