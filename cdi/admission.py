@@ -9,8 +9,10 @@ Three cluster-facing pieces, each through the one gateway (``cdi.kube.client``):
   SubjectAccessReview) whether the requester may read an object in another namespace;
 - ``WebhookCertStore``: the CA and serving certificate live in one Secret
   (``cdi.pki.store.CertStore``), so every replica serves the same certificate; ``ensure``
-  rotates it when ``cdi.pki.certs.plan_rotation`` says so and writes the CA bundle into our
-  Validating/MutatingWebhookConfigurations;
+  rotates it when ``cdi.pki.certs.plan_rotation`` says so (compare-and-swap on the Secret's
+  resourceVersion, so two replicas never fork the CA) and writes the CA bundle into our
+  Validating/MutatingWebhookConfigurations (compare-and-swap too, ``CertStore._publish_to``: a
+  replica that loses the race re-reads and finds the bundle published, no crash);
 - ``serve_webhook``: HTTPS with an ``SSLContext`` reloaded in place after a rotation (new
   handshakes use the new certificate), a periodic rotation check, graceful stop on SIGTERM;
   ``/healthz`` also on a plain-HTTP port of its own for the kubelet's probe;
@@ -48,15 +50,13 @@ from cdi.kube.client import (
     CDI_CONFIGS,
     CONFIG_MAPS,
     DATA_SOURCES,
-    JSON_PATCH,
     MUTATING_WEBHOOKS,
     PVCS,
     SUBJECT_ACCESS_REVIEWS,
     VALIDATING_WEBHOOKS,
     Kube,
-    Resource,
 )
-from cdi.kube.errors import KubeError, NotFound
+from cdi.kube.errors import KubeError
 from cdi.kube.informer import keys_cache
 from cdi.lifecycle import run_until_stopped
 from cdi.pki.certs import Bundle
@@ -150,24 +150,16 @@ class WebhookCertStore(CertStore):
             (VALIDATING_WEBHOOKS, self.webhooks.validating_config),
             (MUTATING_WEBHOOKS, self.webhooks.mutating_config),
         ):
-            self._publish_to(res, name, encoded)
+            self._publish_to(res, name, partial(_webhook_ops, encoded=encoded))
 
-    def _publish_to(self, res: Resource, name: str, encoded: str) -> None:
-        try:
-            current = self.kube.get(res, name)
-        except NotFound:
-            log.warning("%s %s not found; CA bundle not published", res.kind, name)
-            return
-        ops = []
-        for i, hook in enumerate(current.get("webhooks") or []):
-            if (hook.get("clientConfig") or {}).get("caBundle") != encoded:
-                ops.append(
-                    {"op": "add", "path": f"/webhooks/{i}/clientConfig/caBundle", "value": encoded}
-                )
-        if ops:
-            rv = current["metadata"]["resourceVersion"]
-            ops.insert(0, {"op": "test", "path": "/metadata/resourceVersion", "value": rv})
-            self.kube.patch(res, name, ops, content_type=JSON_PATCH)
+
+def _webhook_ops(current: dict[str, Any], encoded: str) -> list[Any]:
+    ops = []
+    for i, hook in enumerate(current.get("webhooks") or []):
+        if (hook.get("clientConfig") or {}).get("caBundle") != encoded:
+            path = f"/webhooks/{i}/clientConfig/caBundle"
+            ops.append({"op": "add", "path": path, "value": encoded})
+    return ops
 
 
 class ClientTrustMissing(RuntimeError):

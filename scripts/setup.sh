@@ -3,6 +3,7 @@
 # environment at .venv. Idempotent: a second run only checks.
 #   scripts/setup.sh          runtime only (what `cdi import` needs)
 #   scripts/setup.sh --test   runtime + test, lint and benchmark tools
+#   scripts/setup.sh --images runtime + what scripts/images.sh needs (mmdebstrap, umoci, skopeo, cc)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mode=${1:-}
@@ -17,6 +18,9 @@ if [[ "$mode" == "--test" ]]; then
   apt_pkgs+=(docker-registry skopeo umoci apache2-utils xorriso)
   # The test node's VM (testkit/vm.py): qemu (TCG), Debian's kernel, busybox for the initramfs.
   apt_pkgs+=(qemu-system-x86 linux-image-amd64 busybox-static cpio)
+fi
+if [[ "$mode" == "--images" ]]; then
+  apt_pkgs+=(mmdebstrap umoci skopeo gcc libc6-dev)
 fi
 missing=()
 for p in "${apt_pkgs[@]}"; do

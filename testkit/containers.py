@@ -5,7 +5,9 @@ A container runs as ``unshare --mount --uts --propagation private -- mountns.sh 
 in a new session (its own process group): the wrapper bind-mounts the pod's volumes in the
 private mount namespace, sets the pod's hostname in its own UTS namespace (as a kubelet does, so
 ``gethostname()`` names the pod) and execs the command with the same PID, so signals reach it
-directly and the host's mounts and name never change. stdout and stderr go to
+directly and the host's mounts and name never change. A container with
+``readOnlyRootFilesystem`` sees the root read-only, as under a kubelet: it writes only to its
+volumes, never to the host's files. stdout and stderr go to
 ``logs/<container>/<restartCount>.log``.
 """
 
@@ -81,6 +83,7 @@ class LaunchSpec:
     fallback_to_logs: bool
     record_path: Path  # the wrapper lists here the mount points it had to create on the host
     hostname: str = ""  # the pod's hostname (its name, or spec.hostname); empty: the host's
+    read_only_root: bool = False  # securityContext.readOnlyRootFilesystem: only volumes writable
 
 
 class ContainerProcess:
@@ -107,6 +110,8 @@ class ContainerProcess:
             else:
                 argv += ["--bind", str(b.src), b.dst, "ro" if b.read_only else "rw"]
         argv += ["--bind", str(spec.termination_host_path), spec.termination_path, "rw"]
+        if spec.read_only_root:
+            argv += ["--read-only-root"]
         argv += ["--workdir", spec.workdir, "--", *spec.argv]
         with open(spec.log_path, "ab") as log:
             self.proc = subprocess.Popen(

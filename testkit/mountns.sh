@@ -3,8 +3,11 @@
 # the testkit node agent for one container: bind-mounts the pod's volumes at their mount paths,
 # changes to the working directory, then execs the container command, keeping the PID.
 #   mountns.sh [--record FILE] [--hostname NAME] [--keep PATH]... [--bind SRC DST rw|ro]...
-#              [--dev SRC DST]... [--workdir DIR] -- CMD [ARG]...
+#              [--dev SRC DST]... [--workdir DIR] [--read-only-root] -- CMD [ARG]...
 # --hostname sets the name in the UTS namespace the node agent made (`unshare --uts`).
+# --read-only-root (a container with securityContext.readOnlyRootFilesystem) remounts the
+# namespace's root read-only once everything is bound, as a kubelet's runtime does: the command
+# can then write only to its volumes (and /dev, /proc, /sys), never to the host's files.
 # --keep names a host path the container's command lives in (the repository, the Python
 # install): if a volume is mounted over one of its parents (an emptyDir at /tmp while the
 # checkout is under /tmp), the path is bound back on top, so the program is still there.
@@ -15,6 +18,7 @@ set -eu
 die() { echo "testkit mountns: $*" >&2; exit 128; }
 workdir=/
 record=/dev/null
+ro_root=""
 mkdirs() {  # mkdir -p that records each directory it creates
   p=$1; missing=""
   while [ ! -e "$p" ]; do missing="$p
@@ -71,6 +75,7 @@ $src$tab$dst$tab$mode"; else bind "$src" "$dst" "$mode"; fi
       mount --bind "$src" "$dst" || die "cannot bind device $src on $dst"
       ;;
     --workdir) workdir=$2; shift 2 ;;
+    --read-only-root) ro_root=1; shift ;;
     --) shift; break ;;
     *) die "unknown option $1" ;;
   esac
@@ -92,5 +97,9 @@ printf '%s\n' "$keeps" | while IFS= read -r k; do
 done
 [ $# -gt 0 ] || die "no command"
 mkdirs "$workdir"
+if [ -n "$ro_root" ]; then
+  # Only the root mount's flag, in this namespace: the binds above are mounts of their own.
+  mount -o remount,bind,ro / || die "cannot make the root read-only"
+fi
 cd "$workdir"
 exec "$@"

@@ -399,6 +399,7 @@ class NodeAgent:
         if not argv:
             raise NotReady("CreateContainerError", "no command to run")
         assert rt.volumes is not None
+        security = c.spec.get("securityContext") or {}
         launch = LaunchSpec(
             argv=argv,
             env=env,
@@ -411,6 +412,7 @@ class NodeAgent:
             record_path=self.config.mount_point_record
             or self.config.state_dir / "created-mount-points",
             hostname=pod_hostname(rt.pod),
+            read_only_root=security.get("readOnlyRootFilesystem") is True,
         )
         if pulled is None:
             return launch

@@ -113,6 +113,11 @@ def worker_pods(namespace: str) -> dict[str, dict[str, Any]]:
     pods = {
         "importer": render_importer_pod(datavolume_of(namespace, http_all), claim, entry),
         "importer-default-command": importer_pod(namespace),
+        "importer-block": render_importer_pod(  # its /scratch emptyDir, with a sizeLimit
+            datavolume_of(namespace, HTTP_SOURCE),
+            claim_of(namespace, "disk", "Block"),
+            ImporterPodConfig(image=IMPORTER_IMAGE, command=()),
+        ),
         "node-pull": render_importer_pod(datavolume_of(namespace, NODE_PULL_SOURCE), claim, entry),
         "poller": poller_pod(cron, entry),
         "upload": render_upload_pod(claim, upload),

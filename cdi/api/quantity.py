@@ -157,3 +157,10 @@ def _interpret_suffix(suffix: str) -> tuple[int, int]:
         except ValueError:
             pass
     raise QuantityError(ERR_SUFFIX)
+
+
+def scratch_ceiling(capacity: int) -> int:
+    """The largest image file a target of ``capacity`` bytes can need: its virtual size plus
+    metadata (an eighth, plus 64 MiB for small disks). Past it, an image is a bomb. Shared by
+    the importer (its staging limit) and the renderers (the scratch emptyDir's sizeLimit)."""
+    return capacity + capacity // 8 + (64 << 20)

@@ -14,11 +14,12 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from cdi.kube.client import SECRETS, Kube
-from cdi.kube.errors import Conflict
+from cdi.kube.client import JSON_PATCH, SECRETS, Kube, Resource
+from cdi.kube.errors import Conflict, Invalid, KubeError, NotFound
 from cdi.pki.certs import Bundle, KeyPair, rotate, service_names
 
 log = logging.getLogger(__name__)
@@ -32,6 +33,9 @@ class ServingCertConfig:
     service: str
     cert_secret: str
     extra_sans: tuple[str, ...] = ()
+
+
+PUBLISH_ATTEMPTS = 5  # replicas racing to publish one CA settle in one or two
 
 
 def b64(data: bytes) -> str:
@@ -103,3 +107,32 @@ class CertStore:
     def publish(self, ca_bundle: bytes) -> None:
         """Make ``ca_bundle`` known to the clients that must verify us: here, nowhere."""
         return None
+
+    def _publish_to(
+        self, res: Resource, name: str, ops_for: Callable[[dict[str, Any]], list[Any]]
+    ) -> None:
+        """Compare-and-swap the CA bundle into ``name`` (``ops_for``: the JSON patch ops that
+        put it into the object read, none when it is there). A replica starting beside us may
+        patch between our read and our patch: the API server then fails the patch's ``test``
+        of resourceVersion with 422 (not 409). Re-read and try again; a refusal while the
+        object did not change is a real one and is raised."""
+        refused: tuple[str, KubeError] | None = None  # the version a patch was refused at
+        for _ in range(PUBLISH_ATTEMPTS):
+            try:
+                current = self.kube.get(res, name)
+            except NotFound:
+                log.warning("%s %s not found; CA bundle not published", res.kind, name)
+                return
+            rv = current["metadata"]["resourceVersion"]
+            if refused is not None and refused[0] == rv:
+                raise refused[1]  # nothing changed since: the patch itself is refused
+            ops = ops_for(current)
+            if not ops:
+                return  # already published (by us or by a replica with the same CA)
+            ops.insert(0, {"op": "test", "path": "/metadata/resourceVersion", "value": rv})
+            try:
+                self.kube.patch(res, name, ops, content_type=JSON_PATCH)
+                return
+            except (Conflict, Invalid) as exc:
+                refused = (rv, exc)
+        raise RuntimeError(f"could not publish the CA bundle in {res.kind} {name} (conflicts)")

@@ -15,7 +15,10 @@ Shape, and why:
   targets need the runtime's ``device_ownership_from_security_context``, as in CDI.)
 - The target: a Filesystem PVC mounted at ``/data`` (image written to ``/data/disk.img``), a
   Block PVC as the device ``/dev/cdi-block-volume``; a scratch PVC at ``/scratch`` when the
-  controller asks for one.
+  controller asks for one, else, for a Block target, an emptyDir there (sized to the largest
+  image the claim can need): the root filesystem is read-only, and a qcow2, vmdk or vdi that
+  spills or is staged for ``qemu-img`` needs a writable folder (a filesystem target stages
+  beside ``disk.img`` on its own volume).
 - The termination message at ``/dev/termination-log`` (policy FallbackToLogsOnError); metrics on
   port 8443 named ``metrics``; resources from CDIConfig (CDI's defaults otherwise).
 - Registry ``pullMethod: node`` (CDI's shape, with a holder instead of CDI's HTTP server): the
@@ -103,6 +106,7 @@ from cdi.render.importer_env import SourceSettings, source_settings
 from cdi.render.proxy_auth import without_userinfo
 from cdi.render.worker_pod import (
     WorkerPod,
+    block_scratch_empty_dir,
     container_security_context,
     image_fields,
     metrics_env,
@@ -178,7 +182,7 @@ def _pod_spec(
         "automountServiceAccountToken": False,
         "securityContext": pod_security_context(),
         "containers": [_container(dv, pvc_spec, block, settings, config)],
-        "volumes": _volumes(claim, settings, config),
+        "volumes": _volumes(claim, pvc_spec, block, settings, config),
     }
     optional = {
         "priorityClassName": dv.spec.priority_class_name,
@@ -318,7 +322,7 @@ def _mounts(
     mounts: list[dict[str, Any]] = [{"name": TMP_VOLUME, "mountPath": TMP_DIR}]
     if not block:
         mounts.append({"name": DATA_VOLUME, "mountPath": DATA_MOUNT_PATH})
-    if config.scratch_pvc_name:
+    if config.scratch_pvc_name or block:
         mounts.append({"name": SCRATCH_VOLUME, "mountPath": SCRATCH_MOUNT_PATH})
     if settings.cert_config_map:
         mounts.append({"name": CERT_VOLUME, "mountPath": CERT_DIR, "readOnly": True})
@@ -340,7 +344,11 @@ def _mounts(
 
 
 def _volumes(
-    claim: str, settings: SourceSettings, config: ImporterPodConfig
+    claim: str,
+    pvc_spec: Mapping[str, Any],
+    block: bool,
+    settings: SourceSettings,
+    config: ImporterPodConfig,
 ) -> list[dict[str, Any]]:
     volumes: list[dict[str, Any]] = [
         {"name": DATA_VOLUME, "persistentVolumeClaim": {"claimName": claim}},
@@ -349,6 +357,8 @@ def _volumes(
     if config.scratch_pvc_name:
         scratch = {"claimName": config.scratch_pvc_name}
         volumes.append({"name": SCRATCH_VOLUME, "persistentVolumeClaim": scratch})
+    elif block:  # a filesystem target stages beside disk.img; a block one needs a folder
+        volumes.append(block_scratch_empty_dir(SCRATCH_VOLUME, pvc_spec))
     if settings.cert_config_map:
         volumes.append({"name": CERT_VOLUME, "configMap": {"name": settings.cert_config_map}})
     if config.proxy_ca_config_map:

@@ -57,6 +57,7 @@ from cdi.render.naming import upload_service_name
 from cdi.render.owner import controller_reference
 from cdi.render.worker_pod import (
     WorkerPod,
+    block_scratch_empty_dir,
     container_security_context,
     image_fields,
     pod_security_context,
@@ -160,13 +161,11 @@ def render_upload_pod(pvc: Mapping[str, Any], config: UploadPodConfig) -> dict[s
 
 
 def _scratch_volume(pvc: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """A block target has no folder of its own for out-of-order data or the raw checkpoint:
-    an emptyDir at ``/scratch``, as large as the claim at most, survives container restarts
-    (so a raw upload resumes after a crash) and goes with the pod; no scratch claim to delete."""
+    """Block targets only (``block_scratch_empty_dir``): spill and the raw checkpoint, which
+    survives a container restart so a raw upload resumes after a crash."""
     if not _is_block(pvc):
         return []
-    size = (((pvc.get("spec") or {}).get("resources") or {}).get("requests") or {}).get("storage")
-    return [{"name": SCRATCH_VOLUME, "emptyDir": {"sizeLimit": size} if size else {}}]
+    return [block_scratch_empty_dir(SCRATCH_VOLUME, pvc.get("spec") or {})]
 
 
 def _is_block(pvc: Mapping[str, Any]) -> bool:

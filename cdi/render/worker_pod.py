@@ -13,10 +13,12 @@ volumes and environment, and takes from here the parts that must not drift betwe
   controller's informer selects on the component label), allowed annotations, owner reference.
 - Pod and container security contexts: restricted (non-root qemu uid 107, no privilege
   escalation, no capabilities, RuntimeDefault seccomp, read-only root filesystem).
+- ``block_scratch_empty_dir``: a Block target's writable ``/scratch`` (the root is read-only).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,6 +34,7 @@ from cdi.api.constants import (
     POD_ANNOTATION_DEFAULTS,
     QEMU_UID,
 )
+from cdi.api.quantity import QuantityError, parse_quantity, scratch_ceiling
 from cdi.api.types import DataVolume
 from cdi.render.naming import worker_pod_name
 from cdi.render.owner import datavolume_reference
@@ -109,6 +112,22 @@ def container_security_context() -> dict[str, Any]:
         "readOnlyRootFilesystem": True,
         "runAsNonRoot": True,
     }
+
+
+def block_scratch_empty_dir(name: str, pvc_spec: Mapping[str, Any]) -> dict[str, Any]:
+    """The scratch volume of a worker writing a Block claim: an emptyDir, mounted at
+    ``/scratch``. A block target has no folder of its own for an image staged for qemu-img,
+    out-of-order data or the raw checkpoint, and the container's root filesystem is read-only.
+    Its ``sizeLimit`` is the largest image file the claim can need (``scratch_ceiling``, the
+    same bound the worker enforces); it survives container restarts and goes with the pod, so
+    there is no scratch claim to delete (CDI uses a ``<pvc>-scratch`` claim instead)."""
+    size = ((pvc_spec.get("resources") or {}).get("requests") or {}).get("storage")
+    try:
+        capacity = math.ceil(parse_quantity(str(size))) if size else 0
+    except QuantityError:
+        capacity = 0  # the API server validated the claim; be safe anyway: no limit
+    limit = {"sizeLimit": str(scratch_ceiling(capacity))} if capacity > 0 else {}
+    return {"name": name, "emptyDir": limit}
 
 
 def image_fields(settings: WorkerPod) -> dict[str, Any]:

@@ -32,7 +32,6 @@ from collections.abc import Mapping
 from typing import Any
 
 from cdi.kube.client import (
-    JSON_PATCH,
     PVCS,
     SECRETS,
     SERVICES,
@@ -41,7 +40,7 @@ from cdi.kube.client import (
     Kube,
     Resource,
 )
-from cdi.kube.errors import Conflict, KubeError, NotFound
+from cdi.kube.errors import Conflict, KubeError
 from cdi.pki.certs import KeyPair
 from cdi.pki.store import CertStore, ServingCertConfig
 from cdi.pki.upload import CA_BUNDLE_KEY, CONFIG_MAPS
@@ -233,17 +232,11 @@ class ApiServiceCertStore(CertStore):
         self.api_service = api_service
 
     def publish(self, ca_bundle: bytes) -> None:
-        try:
-            current = self.kube.get(API_SERVICES, self.api_service)
-        except NotFound:
-            log.warning("APIService %s not found; CA bundle not published", self.api_service)
-            return
         encoded = _b64(ca_bundle)
-        if (current.get("spec") or {}).get("caBundle") == encoded:
-            return
-        rv = current["metadata"]["resourceVersion"]
-        ops = [
-            {"op": "test", "path": "/metadata/resourceVersion", "value": rv},
-            {"op": "add", "path": "/spec/caBundle", "value": encoded},
-        ]
-        self.kube.patch(API_SERVICES, self.api_service, ops, content_type=JSON_PATCH)
+
+        def ops_for(current: dict[str, Any]) -> list[Any]:
+            if (current.get("spec") or {}).get("caBundle") == encoded:
+                return []
+            return [{"op": "add", "path": "/spec/caBundle", "value": encoded}]
+
+        self._publish_to(API_SERVICES, self.api_service, ops_for)

@@ -29,10 +29,11 @@ from typing import TYPE_CHECKING, Protocol
 
 from cdi.api.constants import ContentType
 from cdi.api.errors import UnsupportedFormat
+from cdi.api.quantity import scratch_ceiling
 from datapath.decode.qcow2 import Qcow2StreamDecoder
 from datapath.decode.qcow2.header import parse_header, peek_cluster_size
 from datapath.decode.rawpieces import Write
-from datapath.decode.spill import Spill, scratch_ceiling
+from datapath.decode.spill import Spill, scratch_error
 from datapath.formats import SNIFF_BYTES, ImageFormat, sniff
 from datapath.streams import Peekable
 from datapath.target import RawWriter
@@ -209,8 +210,7 @@ def _image(stream: Iterator[bytes], plan: DecodePlan, result: DecodeResult) -> D
 def _spill_for(plan: DecodePlan) -> Spill:
     if not plan.spill_to_scratch:
         return Spill(memory_limit=plan.spill_limit)
-    ensure_dir(plan.scratch_dir)
-    return Spill(
+    return Spill(  # makes the scratch folder only if something spills
         memory_limit=plan.spill_limit,
         scratch_dir=plan.scratch_dir,
         file_limit=None if plan.capacity is None else scratch_ceiling(plan.capacity),
@@ -344,8 +344,11 @@ def _stream_image(
 
 
 def _to_scratch(stream: Iterator[bytes], plan: DecodePlan, result: DecodeResult) -> DecodeResult:
-    path = os.path.join(ensure_dir(plan.scratch_dir), SCRATCH_NAME)
-    fd = open_fresh(path)
+    try:
+        path = os.path.join(ensure_dir(plan.scratch_dir), SCRATCH_NAME)
+        fd = open_fresh(path)
+    except OSError as exc:
+        raise scratch_error(exc) from exc
     result.scratch_path = path
     # An image file is at most its virtual size plus metadata; more is a decompression bomb.
     limit = None if plan.capacity is None else scratch_ceiling(plan.capacity)

@@ -43,6 +43,7 @@ from types import TracebackType
 
 from cdi.api.errors import InsufficientSpace, InvalidImage, TargetError, UnsafeImage
 from datapath.decode.rawpieces import LayoutNotStreamable, Write, WriteCoalescer
+from datapath.target.nofollow import ensure_dir
 
 DEFAULT_MEMORY_LIMIT = 64 * 1024 * 1024
 REPAY_SLICE = 4 * 1024 * 1024  # bytes read back at a time for data owed to the output
@@ -58,12 +59,6 @@ class SpillLimitExceeded(LayoutNotStreamable):
     scratch directory to spill to (the phase machine converts via scratch space instead)."""
 
     transient = False
-
-
-def scratch_ceiling(capacity: int) -> int:
-    """The largest image file a target of ``capacity`` bytes can need: its virtual size plus
-    metadata (an eighth, plus 64 MiB for small disks). Past it, an image is a bomb."""
-    return capacity + capacity // 8 + (64 << 20)
 
 
 class Spill:
@@ -164,7 +159,7 @@ class Spill:
             while pos < len(view):
                 pos += os.pwrite(fd, view[pos:], offset + pos)
         except OSError as exc:
-            raise _scratch_error(exc) from exc
+            raise scratch_error(exc) from exc
         self.scratch_bytes += len(view)
         last = len(self._starts) - 1
         if last >= 0 and self._data[last] is None and self._ends[last] == offset:
@@ -182,9 +177,12 @@ class Spill:
             assert self.scratch_dir is not None
             path = os.path.join(self.scratch_dir, SPILL_PREFIX + secrets.token_hex(8))
             try:
+                # Made only now, on first spill: an import that never spills needs no
+                # scratch folder (a container's root filesystem is read-only).
+                ensure_dir(self.scratch_dir)
                 self._fd = os.open(path, _OPEN_FLAGS, 0o600)
             except OSError as exc:
-                raise _scratch_error(exc) from exc
+                raise scratch_error(exc) from exc
             self.path = path
         self._file_used = True
         return self._fd
@@ -212,7 +210,7 @@ class Spill:
         try:
             out = os.pread(self._fd, hi - lo, lo)
         except OSError as exc:
-            raise _scratch_error(exc) from exc
+            raise scratch_error(exc) from exc
         if len(out) != hi - lo:
             raise TargetError(f"scratch spill file is short at {lo:#x} (changed under us?)")
         return out
@@ -313,7 +311,7 @@ class Spill:
             try:
                 os.ftruncate(self._fd, 0)
             except OSError as exc:
-                raise _scratch_error(exc) from exc
+                raise scratch_error(exc) from exc
             self._file_used = False
 
     def close(self) -> None:
@@ -366,7 +364,10 @@ def with_repaid(
     return chain(writes, repaid_writes(spill, virtual_size or 0))
 
 
-def _scratch_error(exc: OSError) -> Exception:
+def scratch_error(exc: OSError) -> Exception:
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
         return InsufficientSpace(f"scratch space is full while spilling image data: {exc}")
-    return TargetError(f"scratch spill file: {exc.strerror or exc}")
+    where = f" {exc.filename}" if exc.filename else ""
+    unwritable = exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOENT)
+    hint = " (no writable scratch volume mounted there?)" if unwritable else ""
+    return TargetError(f"scratch space{where}: {exc.strerror or exc}{hint}")

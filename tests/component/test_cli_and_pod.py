@@ -274,3 +274,37 @@ async def test_pod_refuses_injected_or_forbidden_headers_with_a_typed_reason(
         message = TerminationMessage.from_json((tmp_path / "term").read_text())
         assert message.reason == "InvalidConfig" and "IMPORTER_EXTRA_HEADER_0" in message.message
     assert not server.recorder.requests
+
+
+# A container's root filesystem as a kubelet makes it with readOnlyRootFilesystem: the process
+# sees the whole root read-only and only its volumes writable (here: one folder, bound on itself
+# in a private mount namespace before the root is remounted read-only; the host is untouched).
+READ_ONLY_ROOT = 'mount --bind "$1" "$1" && mount -o remount,bind,ro / && shift && exec "$@"'
+
+
+async def test_pod_imports_qcow2_into_a_block_device_on_a_read_only_root(
+    images: ImageFactory, server: Server, tmp_path: Path, loopdev: str
+) -> None:
+    """The importer writes only to its volumes: a qcow2 that streams into the device needs no
+    scratch folder, so none is made (a real node's read-only root refused ``mkdir /scratch``;
+    where staging is needed the pod mounts a scratch volume, see the importer pod renderer)."""
+    image = images.make("qcow2")
+    volume = tmp_path / "volume"  # the pod's one writable mount: the termination log, TMPDIR
+    volume.mkdir()
+    scratch = tmp_path / "scratch"  # no volume mounted here: on the read-only root
+    env = _pod_env(
+        server.link("ok", image.path),
+        volume,
+        IMPORTER_BLOCK_PATH=loopdev,
+        IMPORTER_SCRATCH_DIR=str(scratch),
+        IMPORTER_TERMINATION_PATH=str(volume / "term"),
+        TMPDIR=str(volume),
+    )
+    wrap = ["unshare", "--mount", "--propagation", "private", "sh", "-c", READ_ONLY_ROOT, "sh"]
+    code, _, err = await _run(*wrap, str(volume), sys.executable, "-m", "importer", env=env)
+    assert code == 0, err
+    message = TerminationMessage.from_json((volume / "term").read_text())
+    assert message.succeeded and message.format_chain == ("qcow2",)
+    assert not scratch.exists()
+    size = image.reference.stat().st_size
+    assert same_content(Path(loopdev), image.reference, size)

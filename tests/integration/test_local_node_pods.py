@@ -100,6 +100,32 @@ def test_env_and_volumes_come_from_secrets_configmaps_and_the_downward_api(
     assert os.uname().nodename != "envy"  # ... and the host's name is untouched
 
 
+def test_read_only_root_filesystem_leaves_only_the_volumes_writable(
+    cluster: Cluster, kube: Kube, namespace: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """As under a kubelet: a container with readOnlyRootFilesystem cannot write the host's
+    files (the process node once let an importer make /scratch on the host), only its volumes."""
+    host_dir = tmp_path_factory.mktemp("ro-root")  # on the host's root filesystem
+    script = (
+        f"touch {host_dir}/planted && echo wrote-host || echo host-refused;"
+        " touch /data/ok && echo wrote-volume"
+    )
+    pod = pod_manifest(
+        "readonly",
+        script,
+        securityContext={"readOnlyRootFilesystem": True},
+        volumes=[{"name": "data", "emptyDir": {}}],
+        mounts=[{"name": "data", "mountPath": "/data"}],
+    )
+    kube.create(ns_path(namespace, "pods"), pod)
+    done = wait_pod_phase(kube, namespace, "readonly", ("Succeeded", "Failed"))
+    out = cluster.container_log(namespace, "readonly", "main")
+    assert done["status"]["phase"] == "Succeeded", out
+    assert "host-refused" in out and "wrote-volume" in out
+    assert not (host_dir / "planted").exists()
+    assert os.access(host_dir, os.W_OK)  # read-only in the pod's namespace only
+
+
 def test_readiness_probe_gates_ready_and_deletion_sends_sigterm(
     cluster: Cluster, kube: Kube, namespace: str
 ) -> None:

@@ -122,6 +122,9 @@ INDIRECT: dict[tuple[str, str], tuple[Resource, ...]] = {
     # the upload proxy's client certificate and server CA bundle, kept by the controller
     ("cdi.pki.upload", "_store"): (SECRETS, CONFIG_MAPS),
 }
+# Helpers called with the resource they read and patch: CertStore's compare-and-swap publish of
+# a CA bundle (its own body is scanned through INDIRECT where a component includes it).
+PUBLISHERS = {"_publish_to": ("get", "patch")}
 Grant = tuple[str, str, str]  # (apiGroup, resource[/subresource], verb)
 INFORMERS = ("Informer", "keys_cache")  # (kube, RESOURCE, ...): list + watch
 
@@ -164,6 +167,12 @@ def _grants_of_call(node: ast.Call, mod: Any, where: tuple[str, str]) -> set[Gra
     if isinstance(func, ast.Name) and func.id in INFORMERS:
         res = getattr(mod, ast.unparse(node.args[1]))
         return {(res.group, res.plural, verb) for verb in ("list", "watch")}
+    if isinstance(func, ast.Attribute) and func.attr in PUBLISHERS:
+        first = node.args[0] if node.args else None
+        res = getattr(mod, first.id, None) if isinstance(first, ast.Name) else None
+        if not isinstance(res, Resource):
+            return set()  # a variable resource: the helper's own calls are counted
+        return {(res.group, res.plural, verb) for verb in PUBLISHERS[func.attr]}
     if not (isinstance(func, ast.Attribute) and func.attr in VERBS):
         return set()
     if not ast.unparse(func.value).endswith("kube"):

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from cdi.api.config import CDIConfig, StorageProfile
+from cdi.api.quantity import scratch_ceiling
 from cdi.api.types import DataVolume
 from cdi.render import RenderError
 from cdi.render.importer_pod import ImporterPodConfig, render_importer_pod
@@ -16,6 +17,7 @@ from cdi.render.naming import fnv32a, get_name, importer_pod_name, scratch_pvc_n
 from cdi.render.proxy_auth import relayed, render_proxy_auth_secret, with_import_proxy
 from cdi.render.pvc import render_pvc, required_space
 from cdi.render.worker_pod import Metrics
+from importer import config as importer_config
 
 GI = 1 << 30
 
@@ -49,6 +51,9 @@ def profile(*sets: dict[str, Any], minimum: str | None = None) -> StorageProfile
 
 FS_RWO = {"accessModes": ["ReadWriteOnce"], "volumeMode": "Filesystem"}
 BLOCK_RWX = {"accessModes": ["ReadWriteMany"], "volumeMode": "Block"}
+
+
+GiB = 1 << 30
 
 
 def storage(size: str | None = "1Gi", **fields: Any) -> dict[str, Any]:
@@ -289,6 +294,32 @@ def test_block_import_pod_gets_the_device() -> None:
     ]
     assert all(m["mountPath"] != "/data" for m in container["volumeMounts"])
     assert env_of(pod)["FILESYSTEM_OVERHEAD"] == "0"
+
+
+def test_block_import_pod_stages_on_a_writable_scratch_volume_not_the_read_only_root() -> None:
+    """A qcow2 into a Block claim is staged or spills where the importer looks by default
+    (IMPORTER_SCRATCH_DIR unset); the root filesystem is read-only, so a volume must be there,
+    sized to the largest image the claim can need."""
+    pod = pod_for(storage(volumeMode="Block"))  # 1Gi: Block claims get no overhead
+    container = pod["spec"]["containers"][0]
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert "IMPORTER_SCRATCH_DIR" not in env_of(pod)
+    mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+    assert importer_config.SCRATCH_DIR in mounts
+    assert not mounts[importer_config.SCRATCH_DIR].get("readOnly")
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    scratch = volumes[mounts[importer_config.SCRATCH_DIR]["name"]]
+    assert scratch["emptyDir"] == {"sizeLimit": str(scratch_ceiling(GiB))}
+
+
+def test_filesystem_import_pod_needs_no_scratch_volume() -> None:
+    """It stages beside disk.img on its own claim; a controller's scratch claim still wins."""
+    pod = pod_for(storage())
+    assert "/scratch" not in {m["mountPath"] for m in pod["spec"]["containers"][0]["volumeMounts"]}
+    config = ImporterPodConfig(image="importer:dev", scratch_pvc_name="disk-scratch")
+    pod = pod_for(storage(volumeMode="Block"), config=config)
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    assert volumes["cdi-scratch-vol"]["persistentVolumeClaim"] == {"claimName": "disk-scratch"}
 
 
 def test_pod_runs_restricted() -> None:

@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 
 from cdi.api.errors import TargetError, UnsafeImage
+from cdi.api.quantity import scratch_ceiling
 from datapath.decode.rawpieces import LayoutNotStreamable
 from datapath.decode.spill import (
     REPAY_SLICE,
     Spill,
     SpillLimitExceeded,
     repaid_writes,
-    scratch_ceiling,
 )
 
 MiB = 1 << 20
@@ -106,9 +106,18 @@ def test_scratch_file_is_never_a_planted_symlink(tmp_path: Path) -> None:
     assert victim.read_bytes() == b"keep"
 
 
-def test_missing_scratch_dir_is_a_typed_error(tmp_path: Path) -> None:
-    spill = Spill(memory_limit=0, scratch_dir=str(tmp_path / "absent"))
-    with pytest.raises(TargetError):
+def test_scratch_dir_is_made_only_when_something_spills(tmp_path: Path) -> None:
+    with Spill(memory_limit=4, scratch_dir=str(tmp_path / "scratch")) as spill:
+        spill.add(0, b"mem")
+        assert not (tmp_path / "scratch").exists()  # held in memory: no folder made
+        spill.add(3, b"file")
+        assert (tmp_path / "scratch").is_dir()
+
+
+def test_a_scratch_dir_that_cannot_be_made_is_a_typed_error_naming_it(tmp_path: Path) -> None:
+    (tmp_path / "file").write_bytes(b"")
+    spill = Spill(memory_limit=0, scratch_dir=str(tmp_path / "file" / "scratch"))
+    with pytest.raises(TargetError, match=r"scratch space .*/file/scratch"):
         spill.add(0, b"x")
     spill.close()
 

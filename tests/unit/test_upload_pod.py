@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from cryptography import x509
 
+from cdi.api.quantity import scratch_ceiling
 from cdi.pki.certs import KeyPair, issue_client, new_ca
 from cdi.pki.upload import issue_server_credentials
 from cdi.render import RenderError
@@ -111,7 +112,8 @@ def test_a_block_claim_is_a_device_without_overhead() -> None:
     assert (values["DESTINATION"], values["FILESYSTEM_OVERHEAD"]) == ("/dev/cdi-block-volume", "0")
     scratch = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}["/scratch"]
     volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
-    assert volumes[scratch] == {"name": scratch, "emptyDir": {"sizeLimit": "1Gi"}}
+    limit = str(scratch_ceiling(1 << 30))  # the largest image a 1Gi claim can need staged
+    assert volumes[scratch] == {"name": scratch, "emptyDir": {"sizeLimit": limit}}
     assert values["UPLOAD_SCRATCH_DIR"] == "/scratch"
     assert (values["CONTENT_TYPE"], values["PREALLOCATION"]) == ("kubevirt", "true")
 

@@ -155,6 +155,7 @@ def test_the_node_pull_container_may_not_ask_for_more(
     [
         "importer",
         "importer-default-command",
+        "importer-block",
         "node-pull",
         "poller",
         "upload",
