@@ -18,11 +18,12 @@ from typing import Any
 
 import pytest
 
-from cdi.admission import CertStore, WebhookConfig
+from cdi.admission import WebhookCertStore, WebhookConfig
 from cdi.kube.client import MUTATING_WEBHOOKS, SECRETS, VALIDATING_WEBHOOKS, Kube, Resource
 from cdi.kube.shared_key import ensure_shared_key
+from cdi.pki.certs import Bundle
+from cdi.pki.store import ServingCertConfig
 from cdi.upload.kubestore import API_SERVICES, ApiServiceCertStore
-from cdi.webhooks.certs import Bundle
 from testkit.cluster import Cluster
 
 pytestmark = pytest.mark.integration
@@ -112,7 +113,7 @@ def test_two_replicas_starting_together_both_serve_the_one_published_ca(
 ) -> None:
     both_read = threading.Barrier(2)
     kubes = [ReplicaKube(cluster, both_read, "patch", VALIDATING_WEBHOOKS) for _ in range(2)]
-    stores = [CertStore(kube, webhook_config) for kube in kubes]
+    stores = [WebhookCertStore(kube, webhook_config) for kube in kubes]
     with ThreadPoolExecutor(2) as pool:
         bundles: list[Bundle] = list(pool.map(lambda s: s.ensure(), stores))  # raises if one did
     assert both_read.n_waiting == 0 and not both_read.broken  # the patches did race
@@ -143,7 +144,7 @@ def test_two_upload_api_replicas_starting_together_publish_one_ca_in_the_api_ser
     }
     kube.create(API_SERVICES, service)
     try:
-        config = WebhookConfig(namespace=namespace, service="cdi-api", cert_secret="api-certs")
+        config = ServingCertConfig(namespace=namespace, service="cdi-api", cert_secret="api-certs")
         both_read = threading.Barrier(2)
         kubes = [ReplicaKube(cluster, both_read, "patch", API_SERVICES) for _ in range(2)]
         stores = [ApiServiceCertStore(k, config, f"v1.{group}") for k in kubes]

@@ -92,7 +92,9 @@ COMPONENTS = {
         "cdi/upload/kubestore.py::read_public_keys",
         "cdi/upload/kubestore.py::KubeUploadTargets",
         "cdi/upload/kubestore.py::read_upstream_credentials",
-        "cdi/pki/store.py::CertStore",  # publishes nowhere
+        "cdi/pki/store.py::CertStore._read",  # its CertStore publishes nowhere
+        "cdi/pki/store.py::CertStore._write",
+        "cdi/pki/store.py::CertStore.ensure",
         "cdi/upload/proxy.py",
         "cdi/upload/readiness.py",
         "cdi/upload/token.py",
@@ -114,7 +116,7 @@ UPLOAD_SERVER_MODULES = (
 RBAC_FILES = ("1*-rbac-*.yaml", "50-upload.yaml", "60-import-proxy.yaml")
 # (module, function) -> the resources its variable-resource calls reach
 INDIRECT: dict[tuple[str, str], tuple[Resource, ...]] = {
-    ("cdi.admission", "_publish_to"): (VALIDATING_WEBHOOKS, MUTATING_WEBHOOKS),
+    ("cdi.pki.store", "_publish_to"): (VALIDATING_WEBHOOKS, MUTATING_WEBHOOKS),
     # the upload flavour's helpers, called with the server's Service and its pod/Service/Secret
     ("cdi.controller.flavours.upload", "_create_ignoring_conflict"): (SERVICES,),
     ("cdi.controller.flavours.upload", "_delete"): (PODS, SERVICES, SECRETS),
