@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Fuzz every parser that reads untrusted bytes (qcow2, vmdk, vdi, tar, the registry client's
-# manifests, auth challenges and references) with atheris:
+# manifests, auth challenges and references, the upload proxy's HTTP/1.1 heads and chunked
+# bodies) with atheris:
 #   bash scripts/fuzz.sh [MINUTES [TARGET...]]   default 30 minutes in all, split evenly
 #   between the targets (default: all of them; e.g. registry-manifest registry-auth)
 # The corpus grows in _work/fuzz/<target>/corpus (a later run continues from it); crashing,
@@ -12,6 +13,7 @@ minutes=${1:-30}
 shift || true
 targets=("$@")
 if [ ${#targets[@]} -eq 0 ]; then
-  targets=(qcow2 vmdk vdi tar registry-manifest registry-auth registry-reference)
+  targets=(qcow2 vmdk vdi tar registry-manifest registry-auth registry-reference http1-request
+    http1-chunked)
 fi
 exec .venv/bin/python -m tests.fuzz --seconds $((minutes * 60 / ${#targets[@]})) "${targets[@]}"

@@ -33,6 +33,7 @@ MAX_HEADERS = 128
 # client that trickles its head holds one (N3): about one TLS record, not more.
 _RECV = 16 * 1024
 CRLF = b"\r\n"
+_HEXDIGITS = b"0123456789abcdefABCDEF"
 
 
 class Socketish(Protocol):
@@ -108,7 +109,8 @@ def _length(head: Head) -> int | None:
     found = {v.strip() for value in head.values("Content-Length") for v in value.split(",")}
     if not found:
         return None
-    if len(found) > 1 or not all(v.isdigit() for v in found):
+    # ASCII digits only: str.isdigit() also takes "¹²³", which int() then refuses
+    if len(found) > 1 or not all(v.isascii() and v.isdigit() for v in found):
         raise HttpError("invalid Content-Length")
     return int(found.pop())
 
@@ -251,12 +253,12 @@ def copy_chunked(src: Wire, dst: Socketish, buf: memoryview) -> int:
     done = 0
     while True:
         line = _line(src)
-        try:
-            size = int(line.split(b";", 1)[0].strip(), 16)
-        except ValueError:
-            raise HttpError("malformed chunk size") from None
-        if size < 0:
+        digits = line.split(b";", 1)[0].strip()
+        # RFC 9112: 1*HEXDIG; int(..., 16) alone also takes "0x5", "+5" and "1_0", which the
+        # upload server, reading the same line we pass on, may read otherwise
+        if not digits or digits.translate(None, _HEXDIGITS):
             raise HttpError("malformed chunk size")
+        size = int(digits, 16)
         _send(dst, line + CRLF)
         if size == 0:
             while trailer := _line(src):

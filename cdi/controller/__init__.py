@@ -1,9 +1,10 @@
-"""The control plane's reconcilers: one per primary kind (today: DataVolume import and blank).
+"""The control plane's reconcilers: one per primary kind (DataVolume, upload-annotated PVC,
+the three populators' claims, DataImportCron, DataSource, StorageProfile, CDIConfig).
 
 Pure parts (``policy``, ``record``, ``status``, ``progress`` parsing, ``pods``) decide; the
-reconciler (``datavolume``) reads state from informer caches, calls them, and applies the
-result through the one Kubernetes gateway (``cdi.kube``). What fills a claim depends on the
-DataVolume's source and lives behind one protocol in ``flavours`` (import now; upload and
-clone next). ``manager`` wires informers, the work
-queue, workers and leader election into a process.
+reconcilers (``datavolume`` above all) read state from informer caches, call them, and apply
+the result through the one Kubernetes gateway (``cdi.kube``). What fills a DataVolume's claim
+depends on its source and lives behind one protocol in ``flavours`` (import, upload, clone);
+a claim that names a CDI source in ``dataSourceRef`` is filled by ``populators`` instead.
+``manager`` wires informers, the work queues, workers and leader election into a process.
 """

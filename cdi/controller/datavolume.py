@@ -11,10 +11,13 @@ all, and it is read then). A guarded record write over a stale cached claim cost
 a retry in 0.5 s; an impostor verdict is checked against a fresh GET before a pod is deleted
 (``ImportFlavour._recorded_now``). The worker pods,
 storage classes and config from informer caches, picks the flavour from the spec's source
-(``cdi.controller.flavours``: import now; upload and clone map to "not supported yet" and are
-left alone), then takes at most one step toward the goal and writes the status once:
+(``cdi.controller.flavours.table``: import, upload, clone from a PVC, a snapshot or a
+DataSource; imageio and vddk map to ``Unsupported`` and are left alone), then takes at most
+one step toward the goal and writes the status once:
 
-1. no PVC: render it (``cdi.render.pvc``) and create it, owned by the DataVolume, with the
+1. no PVC: render it (``cdi.render.pvc``), let a flavour that shapes its claim reshape it
+   first (clone: ``before_claim`` picks size, strategy and ``dataSource``, and may create no
+   claim yet), and create it, owned by the DataVolume, with the
    flavour's first record on it (the import flavour's first pod name), so the worker pod can
    follow in the same pass without another write first; a PVC that
    exists and is not ours is adopted only when the DataVolume allows it
@@ -25,7 +28,8 @@ left alone), then takes at most one step toward the goal and writes the status o
    CSI storage, or when ``storage.usePopulator`` asks) is the populator's to fill
    (``cdi.controller.populators``): its status is read from the claim, nothing is run here;
 4. otherwise the flavour's ``sync`` takes one step of its work (import: create the attempt's
-   importer pod, follow it, let the failure policy decide) and says what it saw;
+   importer pod, follow it, let the failure policy decide; upload: an upload server on the
+   claim; clone: a copy's next step, a bind, a volume move) and says what it saw;
 5. once the outcome is recorded on the PVC, the flavour's ``finish`` cleans up.
 
 The status is the pure ``compute_status`` of what was seen, with the flavour's phases. Every

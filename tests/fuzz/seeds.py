@@ -135,6 +135,45 @@ def _registry_manifest_tree() -> list[bytes]:
     return [bytes(range(0, 256, 7)), bytes(range(255, 0, -5)), b"\x04\x03\x07\x02\x08" * 20]
 
 
+_AUTH = b"Authorization: Bearer eyJhbGciOiJSUzI1NiJ9.eyJwdmMiOiJkdiJ9.c2ln\r\n"
+
+
+def _http1_request() -> list[bytes]:
+    """Valid uploads (a length, chunked, kept-alive pairs) and heads the parser refuses."""
+    post = b"POST /v1beta1/upload HTTP/1.1\r\nHost: cdi-uploadproxy\r\n" + _AUTH
+    return [
+        post + b"Content-Type: application/octet-stream\r\nContent-Length: 5\r\n\r\nhello",
+        post + b"Transfer-Encoding: chunked\r\nExpect: 100-continue\r\n\r\n"
+        b"5;ext=1\r\nhello\r\n0\r\nX-Trailer: t\r\n\r\n",
+        b"\r\nGET /healthz HTTP/1.1\r\n\r\nHEAD /healthz HTTP/1.0\r\nConnection: close\r\n\r\n",
+        b"OPTIONS /v1beta1/upload-async?x=1 HTTP/1.1\r\nOrigin: https://ui\r\n"
+        b"Access-Control-Request-Headers: authorization\r\n\r\n"
+        + post.replace(b"POST", b"PATCH")
+        + b"Content-Length: 3, 3\r\n\r\nabc",
+        post + b"Content-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",  # CL+TE
+        post + b"Transfer-Encoding: gzip, chunked\r\n\r\n",
+        post + b"Content-Length: 1\r\nContent-Length: 2\r\n\r\nab",
+        post + b"Content-Length: +1\r\n\r\nx",
+        post + b"X-Bare: a\rb\r\nX-Lf: a\nb\r\nX-Nul: \x00\r\n\r\n",
+        post + b"Bad Name: x\r\n :folded\r\n\tcontinued\r\nNoColon\r\n\r\n",
+        b"POST  HTTP/1.1\r\n\r\n" + b"X-H: v\r\n" * 130 + b"\r\n",
+        post + b"X-Long: " + b"a" * 2000,  # a head the connection ends inside
+    ]
+
+
+def _http1_chunked() -> list[bytes]:
+    return [
+        b"5\r\nhello\r\n0\r\n\r\n",
+        b"A;name=value\r\n0123456789\r\n1\r\nx\r\n0\r\nTrailer: a\r\nT2: b\r\n\r\n",
+        b"3\r\nabcd\r\n0\r\n\r\n",  # longer than its size
+        b"-1\r\nx\r\n",
+        b"0x5\r\nhello\r\n0\r\n\r\n",
+        b"ffffffffffffffff\r\nshort",
+        b"z\r\n\r\n",
+        b"4\r\nabc",
+    ]
+
+
 SEEDS = {
     "qcow2": _qcow2,
     "vmdk": _vmdk,
@@ -144,12 +183,19 @@ SEEDS = {
     "registry-manifest-tree": _registry_manifest_tree,
     "registry-auth": _registry_auth,
     "registry-reference": _registry_reference,
+    "http1-request": _http1_request,
+    "http1-chunked": _http1_chunked,
 }
 
 
 # The first bytes each seed is written with; registry-manifest: three Content-Types and 6,
 # "the body is an image config" (targets.registry_manifest).
-SELECTORS = {"registry-manifest": (0, 2, 4, 6)}
+# http1: receives of 1 byte, 512 bytes and 64 KiB; the last also ends in an idle timeout.
+SELECTORS = {
+    "registry-manifest": (0, 2, 4, 6),
+    "http1-request": (0, 2, 0x80 | 4),
+    "http1-chunked": (0, 2, 0x80 | 4),
+}
 
 
 def write_corpus(target: str, folder: str) -> int:

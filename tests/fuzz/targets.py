@@ -16,6 +16,14 @@ a DataVolume's URL says, in the order the registry source reads them: a manifest
 ``WWW-Authenticate`` challenge and the token server's answer, an image reference. Besides
 "typed errors only", each checks what its caller relies on: labels that are valid label keys,
 a token realm that stays http(s), a reference that reads back the same.
+
+The upload proxy's HTTP/1.1 parser (``wire.http1``) reads what a tenant sends, the way the
+proxy reads a client (``http1_request``: heads, their framing and bodies, one request after
+another on a kept-alive connection; ``http1_chunked``: a chunked body alone). The input comes
+through an in-memory socket cut into receives of a chosen size, whose end is a clean close or
+an idle timeout. Besides "``HttpError`` or ``SourceEnded`` only", a head the proxy accepts
+must re-encode to the same head (the proxy forwards it: no header can be smuggled in), and a
+chunked body must reach the upload server as an unchanged prefix of what was sent.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ import os
 import re
 import shutil
 import tempfile
+import types
 from collections.abc import Callable, Iterable, Iterator
 from urllib.parse import urlsplit
 
@@ -230,6 +239,92 @@ def registry_reference(data: bytes) -> None:
         raise AssertionError(f"{ref!r} reads back as {again!r}")
 
 
+class _Idle(TimeoutError):
+    """The in-memory client's idle timeout: ``read_head`` lets the socket's errors through
+    (the proxy ends the connection on any ``OSError``), the body relay wraps them."""
+
+
+class _Client:
+    """An in-memory client socket (``http1.Socketish``): ``data`` in receives of ``step``
+    bytes; at its end a clean close, or (``idle``) the timeout the proxy's socket raises."""
+
+    def __init__(self, data: bytes, step: int, idle: bool) -> None:
+        self.data, self.pos, self.step, self.idle = data, 0, step, idle
+
+    def recv_into(self, buffer: memoryview, nbytes: int = 0) -> int:
+        if self.pos >= len(self.data) and self.idle:
+            raise _Idle("timed out")
+        n = min(nbytes or len(buffer), len(buffer), self.step, len(self.data) - self.pos)
+        buffer[:n] = self.data[self.pos : self.pos + n]
+        self.pos += n
+        return n
+
+    def sendall(self, data: bytes | memoryview) -> None:
+        raise AssertionError("the parser wrote to the client")
+
+
+class _Sink:
+    """The upload server's side of the relay: keeps what it is sent (bounded by the input)."""
+
+    def __init__(self) -> None:
+        self.got = bytearray()
+
+    def sendall(self, data: bytes | memoryview) -> None:
+        self.got += data
+
+    def recv_into(self, buffer: memoryview, nbytes: int = 0) -> int:
+        raise AssertionError("the relay read from the upload server while sending a body")
+
+
+def _client(data: bytes) -> _Client:
+    """Selector byte: the receive size (``_CHUNKS``), and an idle end (bit 7) or a close."""
+    return _Client(data[1:], _CHUNKS[data[0] % len(_CHUNKS)], bool(data[0] & 0x80))
+
+
+def http1_request(data: bytes) -> None:
+    """Heads, framing and bodies as the proxy's ``_exchange`` reads them, until the end."""
+    from wire import http1
+
+    if not data:
+        return
+    wire = http1.Wire(_client(data))
+    piece = memoryview(bytearray(4096))
+    try:
+        while (head := wire.read_head()) is not None:
+            _check_head(http1, head)
+            framing = http1.request_framing(head)
+            if framing.kind not in ("none", "length", "chunked") or framing.length < 0:
+                raise AssertionError(f"a request framed as {framing}")
+            http1.relay_body(wire, _Sink(), framing, piece)
+    except (http1.HttpError, http1.SourceEnded, _Idle):
+        pass
+
+
+def _check_head(http1: types.ModuleType, head: object) -> None:
+    assert isinstance(head, http1.Head)
+    if len(head.headers) > http1.MAX_HEADERS:
+        raise AssertionError(f"{len(head.headers)} headers accepted")
+    again = http1.Wire(_Client(head.encode(), 1 << 20, False)).read_head()
+    if again != head:
+        raise AssertionError(f"{head!r} forwards as {again!r}")
+
+
+def http1_chunked(data: bytes) -> None:
+    """A chunked body relayed to the upload server: what it gets is a prefix of the input."""
+    from wire import http1
+
+    if not data:
+        return
+    client, sink = _client(data), _Sink()
+    wire = http1.Wire(client)
+    try:
+        http1.relay_body(wire, sink, http1.Framing("chunked"), memoryview(bytearray(4096)))
+    except (http1.HttpError, http1.SourceEnded):
+        pass
+    if not client.data.startswith(sink.got):
+        raise AssertionError("the relayed body is not what the client sent")
+
+
 TARGETS: dict[str, Callable[[bytes], None]] = {
     "qcow2": qcow2,
     "vmdk": vmdk,
@@ -239,6 +334,8 @@ TARGETS: dict[str, Callable[[bytes], None]] = {
     "registry-manifest-tree": registry_manifest_tree,
     "registry-auth": registry_auth,
     "registry-reference": registry_reference,
+    "http1-request": http1_request,
+    "http1-chunked": http1_chunked,
 }
 # libFuzzer's -max_len per target: big enough for the seeds (a VDI block is 1 MiB).
 MAX_LEN = {
@@ -250,6 +347,8 @@ MAX_LEN = {
     "registry-manifest-tree": 1 << 12,
     "registry-auth": 1 << 12,
     "registry-reference": 1 << 10,
+    "http1-request": 1 << 14,
+    "http1-chunked": 1 << 13,
 }
 # The packages each target's parsers live in: instrumented for coverage (tests.fuzz.child).
-INSTRUMENTED = ("datapath", "importer.registry")
+INSTRUMENTED = ("datapath", "importer.registry", "wire.http1")

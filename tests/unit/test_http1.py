@@ -58,6 +58,8 @@ def test_a_content_length_frames_the_request() -> None:
         ((("Content-Length", "1"), ("Content-Length", "2")), 400),
         ((("Content-Length", "-1"),), 400),
         ((("Content-Length", "0x10"),), 400),
+        ((("Content-Length", "\u00b9"),), 400),  # "¹".isdigit(): found by tests/fuzz
+        ((("Content-Length", "1\u00b2"),), 400),
         ((("Transfer-Encoding", "gzip, chunked"),), 501),
     ],
 )
@@ -172,3 +174,16 @@ def test_a_receiver_that_went_away_blames_the_sink() -> None:
 def test_a_chunk_longer_than_its_size_is_refused() -> None:
     with pytest.raises(HttpError):
         _relay(b"2\r\nabc\r\n0\r\n\r\n", Framing("chunked"))
+
+
+@pytest.mark.parametrize("size", [b"0x5", b"+5", b"5_0", b"-1", b"", b"5 5", b"\xb9"])
+def test_a_chunk_size_other_than_hex_digits_is_refused(size: bytes) -> None:
+    """RFC 9112's 1*HEXDIG: the line is passed on unchanged, so the upload server must not
+    be able to read it as another size than the proxy did."""
+    src_a, src_b = socket.socketpair()
+    dst_a, dst_b = socket.socketpair()
+    with src_a, src_b, dst_a, dst_b:
+        src_a.sendall(size + b"\r\nhello\r\n0\r\n\r\n")
+        src_a.close()  # a size read as larger ends as SourceEnded, never a hang
+        with pytest.raises(HttpError, match="malformed chunk size"):
+            relay_body(Wire(src_b), dst_a, Framing("chunked"), memoryview(bytearray(64)))

@@ -13,10 +13,11 @@ What differs by source is the work that fills the claim, so that is a ``Flavour`
 - ``finish(claim)``: what to do once the outcome is recorded on the PVC (clean up workers).
 
 ``select_flavour`` maps the DataVolume's source to a flavour through one table
-(``cdi.controller.flavours.table``). Sources with no flavour yet (upload, clone from a PVC or a
-snapshot, DataSource references) map to ``Unsupported``, a value that says so; the reconciler
-then leaves the DataVolume untouched, as before this seam existed. Adding upload or clone is a
-new module here plus one line in the table, not an edit of the import flavour.
+(``cdi.controller.flavours.table``): import (``import_``), upload (``upload``), clone from a
+PVC, a snapshot or a DataSource naming either (``clone``). Sources no flavour fills (imageio,
+vddk, a ``sourceRef`` other than a DataSource) map to ``Unsupported``, a value that says why;
+the reconciler then leaves the DataVolume untouched. A new source is a new module here plus
+one line in the table, not an edit of another flavour.
 """
 
 from __future__ import annotations
@@ -137,7 +138,7 @@ class Forgets(Protocol):
 
 @dataclass(frozen=True)
 class Unsupported:
-    """A DataVolume this controller does not fill (yet): which source, and why."""
+    """A DataVolume this controller does not fill: which source, and why."""
 
     source: str
     message: str

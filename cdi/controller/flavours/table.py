@@ -1,9 +1,10 @@
 """Which flavour fills a DataVolume, by the member of ``spec.source``: the one table.
 
-Every ``SourceKind`` has an entry, so a source is never silently dropped: it is imported or
-uploaded (``flavours/upload.py``), or it maps to ``Unsupported`` with the reason, which the
-reconciler logs and otherwise leaves alone (no status is written, as for a DataVolume another
-controller owns). When the clone flavour lands, its entries change from ``Unsupported``.
+Every ``SourceKind`` has an entry, so a source is never silently dropped: it is imported
+(``flavours/import_.py``), uploaded (``flavours/upload.py``) or cloned from a PVC or a snapshot
+(``flavours/clone.py``; a ``sourceRef`` DataSource goes the way of its PVC entry), or it maps
+to ``Unsupported`` with the reason, which the reconciler logs and otherwise leaves alone (no
+status is written, as for a DataVolume another controller owns).
 
 imageio and vddk stay unsupported: the importer has no such source, and an importer pod for
 them would only fail. s3, gcs and registry are rendered as importer pods, as before this
