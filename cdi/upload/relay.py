@@ -179,7 +179,8 @@ class Relay:
                 head = upstream.read_head()
                 if head is None:
                     raise unreachable("EOF")
-                if not head.start[1].isdigit() or not 100 <= int(head.start[1]) < 600:
+                code = head.start[1]
+                if not (code.isascii() and code.isdigit()) or not 100 <= int(code) < 600:
                     raise unreachable(f"malformed HTTP status code {head.start[1]!r}")
                 if not 100 <= int(head.start[1]) < 200:
                     return head
