@@ -145,7 +145,11 @@ def test_a_clone_waits_for_its_source_to_exist_and_to_be_released(
 
     dv = wait_until(without_source, "CloneWithoutSource", 30)
     assert condition(dv, "Bound")["message"] == "The source pvc late doesn't exist"
-    assert "CloneWithoutSource" in {e["reason"] for e in events_for(kube, namespace, "early")}
+    wait_until(  # the event is written after the status, in a call of its own
+        lambda: "CloneWithoutSource" in {e["reason"] for e in events_for(kube, namespace, "early")},
+        "the CloneWithoutSource event",
+        30,
+    )
     import_source(kube, image_server, namespace, "late", "Filesystem")
     succeeded(kube, namespace, "early")
     same_prefix_then_zeros(data_of(kube, namespace, "early"), images.reference)
