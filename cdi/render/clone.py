@@ -14,7 +14,7 @@ target's StorageProfile, these functions say what the clone flavour
 - ``csi_target``: a same-namespace CSI clone is the target claim with ``dataSource`` = source;
 - ``temporary_claim`` / ``moved_target``: a cross-namespace CSI clone is made in the source
   namespace (the CSI driver clones only within a namespace) as ``tmp-pvc-<dv uid>``, whose
-  volume then moves to the target claim (``cdi.controller.flavours.clone_transfer``).
+  volume then moves to the target claim (``cdi.controller.flavours.clone.move``).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 clone from a snapshot source), kept apart from ``cdi.render.clone`` so each stays one concept.
 
 Given the VolumeSnapshotClasses, the snapshot, the target claim and the storage classes, these
-functions say what the clone flavour (``cdi.controller.flavours.clone_snapshot``) creates, so
+functions say what the clone flavour (``cdi.controller.flavours.clone.snapshot``) creates, so
 every rule is tested without a cluster:
 
 - ``choose_snapshot_class``: CDI's ``GetVolumeSnapshotClass``: the StorageProfile's

@@ -7,7 +7,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, generate_latest
 
 from cdi.api.types import DataVolume
-from cdi.controller.flavours.clone import CLONE_PHASES
+from cdi.controller.flavours.clone.flavour import CLONE_PHASES
 from cdi.controller.progress import parse_metrics
 from cdi.controller.status import View, compute_status
 from cdi.render.clone_pod import CloneSourcePod, render_clone_source_pod

@@ -9,7 +9,8 @@ import pytest
 
 from cdi.api.types import DataVolume
 from cdi.controller.flavours import select_flavour
-from cdi.controller.flavours.clone import Throttle, content_problem, populated, writers_of
+from cdi.controller.flavours.clone.common import Throttle, content_problem
+from cdi.controller.flavours.clone.source import populated, writers_of
 from cdi.render import clone as plan
 from cdi.render.clone_pod import CloneSourcePod, client_name, render_clone_source_pod
 from cdi.render.worker_pod import WorkerPod

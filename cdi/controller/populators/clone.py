@@ -7,7 +7,7 @@ clone is complete. The steps around the prime are every populator's
 (``cdi.controller.populators.handover``); what is this module's:
 
 - before the prime exists, the source claim must exist and be populated (bound, and when a
-  DataVolume made it, filled: ``cdi.controller.flavours.clone.populated``), else a Warning
+  DataVolume made it, filled: ``cdi.controller.flavours.clone.source.populated``), else a Warning
   ``CloneWithoutSource`` (once) and a poll: a source created after the target still
   completes. Source and target must have the same volume mode (a CSI clone cannot change it;
   the host-assisted fallback is not offered here): else ``IncompatibleVolumeModes``, waiting;
@@ -24,7 +24,8 @@ from __future__ import annotations
 
 from cdi.api.constants import GROUP, KIND_VOLUME_CLONE_SOURCE
 from cdi.controller.flavours import JSON
-from cdi.controller.flavours.clone import CLONE_COMPLETE, populated
+from cdi.controller.flavours.clone.flavour import CLONE_COMPLETE
+from cdi.controller.flavours.clone.source import populated
 from cdi.controller.populators.handover import SOURCE_RECHECK, PrimePopulator
 from cdi.kube.client import PVCS, VOLUME_CLONE_SOURCES
 from cdi.kube.events import WARNING

@@ -1,8 +1,9 @@
 """The snapshot side of the clone flavour: VolumeSnapshotClasses, the smart clone's temporary
 snapshot, the snapshot a DataVolume clones from, and what a restored claim needs once bound.
 
-The clone flavour (``cdi.controller.flavours.clone``) decides; this module reads and writes the
-snapshot API for it, one level-triggered step per call (pure parts: ``cdi.render.clone_snapshot``):
+The flavour's snapshot steps (``SnapshotSteps``: smart clone, restore, a snapshot source and
+its host-assisted fallback) decide; ``SnapshotClone`` reads and writes the snapshot API for
+them, one level-triggered step per call (pure parts: ``cdi.render.clone_snapshot``):
 
 - ``choose_class``: the VolumeSnapshotClass for a driver (the StorageProfile's
   ``snapshotClass``, the default-annotated one, the first by name). A cluster that serves no
@@ -31,7 +32,19 @@ from typing import Any
 
 from cdi.api.cloneauth import CloneSource
 from cdi.api.constants import Phase
+from cdi.api.types import DataVolume
 from cdi.controller.flavours import JSON, Claim
+from cdi.controller.flavours.clone.common import (
+    POLL,
+    UNAVAILABLE,
+    WITHOUT_SOURCE,
+    _class_of,
+    _problem,
+    _step,
+    content_problem,
+)
+from cdi.controller.flavours.clone.move import MoveSteps
+from cdi.controller.status import View
 from cdi.kube.client import (
     DATAVOLUMES,
     PVCS,
@@ -41,16 +54,29 @@ from cdi.kube.client import (
     AsyncKube,
 )
 from cdi.kube.errors import Conflict, KubeError, NotFound
-from cdi.render.clone import ANN_MOVE_TARGET, LABEL_CLONE_FOR, requested
+from cdi.kube.events import WARNING
+from cdi.kube.workqueue import Result
+from cdi.render import clone as plan
+from cdi.render.clone import (
+    ANN_CLONE_REQUEST,
+    ANN_MOVE_TARGET,
+    LABEL_CLONE_FOR,
+    REASON_INCOMPATIBLE_PVC,
+    requested,
+)
 from cdi.render.clone_snapshot import (
     SnapshotClassChoice,
+    as_source_claim,
     choose_snapshot_class,
     growth,
     made_for,
+    plan_snapshot_source,
     ready,
     render_snapshot,
     restore_class,
+    restore_plan,
     snapshot_driver,
+    snapshot_error,
     temporary_source,
     temporary_source_name,
     tmp_snapshot_name,
@@ -211,3 +237,99 @@ class SnapshotClone:
         for snap in strays:
             await self._delete(snap)
         return len(strays)
+
+
+class SnapshotSteps(MoveSteps):
+    """The flavour's snapshot steps: smart clone, restore, a snapshot source and its
+    host-assisted fallback through a restored temporary claim."""
+
+    async def _smart_clone(
+        self, dv: DataVolume, source: CloneSource, desired: JSON, snapshot_class: str, view: View
+    ) -> tuple[JSON | None, View, Result]:
+        """CDI's smart clone: a snapshot of the source, then a claim restored from it."""
+        key = f"{dv.namespace}/{dv.name}"
+        try:
+            snap = await self.snapshots.snapshot_step(dv.uid, source, snapshot_class, key)
+        except SnapshotRefused as exc:
+            return None, _problem(view, UNAVAILABLE, str(exc)), Result(requeue_after=30.0)
+        if snap is None:
+            return None, _step(view, Phase.SNAPSHOT_FOR_SMART_CLONE_IN_PROGRESS), Result(POLL)
+        return await self._restore(dv, snap, desired, view)
+
+    async def _restore(
+        self, dv: DataVolume, snap: JSON, desired: JSON, view: View
+    ) -> tuple[JSON | None, View, Result]:
+        """The target restored from a ready snapshot: directly in the snapshot's namespace,
+        else through a temporary claim there whose volume moves to the target."""
+        key = f"{dv.namespace}/{dv.name}"
+        target, tmp = restore_plan(desired, snap, dv.namespace, dv.uid, key)
+        if tmp is None:
+            waiting = await self._waits_for_consumer(target)
+            phase = (
+                Phase.PENDING_POPULATION
+                if waiting
+                else Phase.CLONE_FROM_SNAPSHOT_SOURCE_IN_PROGRESS
+            )
+            return target, _step(view, phase), Result(requeue_after=POLL)
+        return await self._move(dv, tmp, target, view, Phase.CLONE_FROM_SNAPSHOT_SOURCE_IN_PROGRESS)
+
+    async def _from_snapshot(
+        self, dv: DataVolume, obj: Mapping[str, Any], source: CloneSource, desired: JSON,
+        view: View,
+    ) -> tuple[JSON | None, View, Result]:  # fmt: skip
+        """A DataVolume cloned from an existing VolumeSnapshot (its own, or a DataSource's)."""
+        snap = await self.snapshots.source_snapshot(source)
+        if snap is None:
+            msg = f"The source snapshot {source.name} doesn't exist"
+            return None, _problem(view, WITHOUT_SOURCE, msg), Result(requeue_after=5.0)
+        if not ready(snap):
+            detail = snapshot_error(snap)
+            view = _step(view, Phase.CLONE_SCHEDULED)
+            if detail:
+                view = _problem(view, "SnapshotNotReady", detail)
+            return None, view, Result(requeue_after=2.0)
+        mode = await self.snapshots.source_mode(snap)
+        src = as_source_claim(snap, mode or plan.volume_mode(desired))
+        desired = plan.fill_size(desired, src)
+        problem = content_problem(dv, src) or plan.size_problem(src, desired)
+        if problem is not None:
+            await self._event(obj, WARNING, REASON_INCOMPATIBLE_PVC, problem)
+            return None, _problem(view, REASON_INCOMPATIBLE_PVC, problem), Result(30.0)
+        classes = await self._classes({_class_of(desired)})
+        driver = await self.snapshots.driver_of(snap)
+        chosen = plan_snapshot_source(driver, mode, snap, desired, classes)
+        desired = plan.annotate(desired, chosen, source.namespace, source.name)
+        if chosen.fallback is None:
+            desired = await self._placed(dv, desired, await self._restored_claim(snap))
+            return await self._restore(dv, snap, desired, view)
+        await self._event(obj, WARNING, chosen.fallback.reason, chosen.fallback.message)
+        return await self._copy_from_restore(dv, snap, desired, (mode, driver), view)
+
+    async def _copy_from_restore(
+        self, dv: DataVolume, snap: JSON, desired: JSON, taken: tuple[str | None, str], view: View
+    ) -> tuple[JSON | None, View, Result]:
+        """CDI's host-assisted fallback for a snapshot source: restore it where it can be
+        restored (``tmp-source-pvc-<dv uid>``), then copy from that claim. ``taken``: the
+        snapshotted volume's mode (None: unknown) and the snapshot's driver."""
+        key = f"{dv.namespace}/{dv.name}"
+        mode, driver = taken
+        try:
+            tmp = await self.snapshots.temporary_source_step(
+                dv.uid, snap, desired, mode, driver, key
+            )
+        except SnapshotRefused as exc:
+            return None, _problem(view, UNAVAILABLE, str(exc)), Result(requeue_after=60.0)
+        if tmp is None:
+            return None, _step(view, Phase.CLONE_SCHEDULED), Result(requeue_after=2.0)
+        tmp_meta = tmp["metadata"]  # host-assisted copy from the restored claim
+        desired["metadata"]["annotations"][ANN_CLONE_REQUEST] = (
+            f"{tmp_meta['namespace']}/{tmp_meta['name']}"
+        )
+        return desired, _step(view, Phase.CLONE_SCHEDULED), Result(requeue_after=2.0)
+
+    async def _restored_claim(self, snap: Mapping[str, Any]) -> JSON | None:
+        """The claim a snapshot was taken of, while it exists (its node pins the restore)."""
+        spec = snap.get("spec") or {}
+        name = (spec.get("source") or {}).get("persistentVolumeClaimName")
+        ns = (snap.get("metadata") or {}).get("namespace")
+        return await self.kube.get_or_none(PVCS, str(name), str(ns)) if name and ns else None

@@ -30,9 +30,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from cdi.api.constants import GROUP
+from cdi.api.constants import GROUP, Phase
+from cdi.api.types import DataVolume
+from cdi.controller.flavours.clone.common import POLL, UNAVAILABLE, _problem, _step
+from cdi.controller.flavours.clone.wffc import Placement
+from cdi.controller.status import View
 from cdi.kube.client import DATAVOLUMES, PVCS, AsyncKube, Resource
 from cdi.kube.errors import Conflict, NotFound
+from cdi.kube.workqueue import Result
+from cdi.render import clone as plan
 from cdi.render.clone import ANN_MOVE_TARGET, LABEL_CLONE_FOR
 
 JSON = dict[str, Any]
@@ -213,3 +219,28 @@ class VolumeMove:
         if not (spec.get("claimRef") or {}).get("uid"):  # pre-bound to a claim never made
             patch["spec"]["claimRef"] = {"uid": f"abandoned-{meta.get('uid')}"}
         await self.kube.patch(PERSISTENT_VOLUMES, str(meta["name"]), patch)
+
+
+class MoveSteps(Placement):
+    """The flavour's side of a move: a placeholder first on WaitForFirstConsumer storage."""
+
+    async def _move(
+        self, dv: DataVolume, tmp: JSON, target: JSON, view: View, cloning: Phase
+    ) -> tuple[JSON | None, View, Result]:
+        """Fill ``tmp`` in the source namespace, move its volume; then the target binds it.
+        On WaitForFirstConsumer storage with no node yet, the target is first created as a
+        placeholder (``plan.placeholder_target``) for the consumer to be scheduled with; its
+        ``sync`` comes back here once the scheduler has picked the node."""
+        if await self._waits_for_consumer(target):
+            placeholder = plan.placeholder_target(target, dv.name)
+            return placeholder, _step(view, Phase.PENDING_POPULATION), Result(requeue_after=2.0)
+        try:
+            state = await self.move.step(dv.uid, tmp, dv.namespace, dv.name)
+        except MoveRefused as exc:
+            return None, _problem(view, UNAVAILABLE, str(exc)), Result(requeue_after=30.0)
+        if state.pv is None:
+            held = await self.move.held_volume(dv.uid)
+            phase = Phase.NAMESPACE_TRANSFER_IN_PROGRESS if held else cloning
+            return None, _step(view, phase), Result(requeue_after=POLL)
+        moved = plan.moved_target(target, state.pv)
+        return moved, _step(view, Phase.NAMESPACE_TRANSFER_IN_PROGRESS), Result(POLL)
