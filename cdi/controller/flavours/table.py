@@ -2,7 +2,7 @@
 
 Every ``SourceKind`` has an entry, so a source is never silently dropped: it is imported
 (``flavours/import_.py``), uploaded (``flavours/upload.py``) or cloned from a PVC or a snapshot
-(``flavours/clone.py``; a ``sourceRef`` DataSource goes the way of its PVC entry), or it maps
+(``flavours/clone/``; a ``sourceRef`` DataSource goes the way of its PVC entry), or it maps
 to ``Unsupported`` with the reason, which the reconciler logs and otherwise leaves alone (no
 status is written, as for a DataVolume another controller owns).
 
@@ -38,7 +38,7 @@ def standard_flavours(
         SourceKind.BLANK: importer,
         SourceKind.UPLOAD: UploadFlavour(deps, upload_settings or UploadSettings()),
         SourceKind.PVC: cloner,  # and sourceRef DataSource (select_flavour)
-        SourceKind.SNAPSHOT: cloner,  # restored from the VolumeSnapshot (clone_snapshot.py)
+        SourceKind.SNAPSHOT: cloner,  # restored from the VolumeSnapshot (clone/snapshot.py)
         SourceKind.IMAGEIO: Unsupported(SourceKind.IMAGEIO, f"imageio import is {NOT_YET}"),
         SourceKind.VDDK: Unsupported(SourceKind.VDDK, f"vddk import is {NOT_YET}"),
     }
