@@ -27,6 +27,19 @@ REMEMBER = 30.0
 _MAX_REMEMBERED = 4096
 
 
+async def access_allowed(
+    kube: AsyncKube, requester: Requester, namespace: str, check: AccessCheck
+) -> bool:
+    """One SubjectAccessReview of ``requester`` (with its uid and extra) for ``check`` in
+    ``namespace``, as the controller asks it for DataSources and clones; no answer is a no."""
+    body = access_review_body(requester, namespace, check)
+    try:
+        review = await kube.create(SUBJECT_ACCESS_REVIEWS, body)
+    except KubeError:
+        return False  # no answer is not a yes
+    return bool((review.get("status") or {}).get("allowed"))
+
+
 class SourceReads:
     def __init__(self, kube: AsyncKube, clock: Callable[[], float] = time.monotonic) -> None:
         self.kube = kube
@@ -43,12 +56,7 @@ class SourceReads:
         known = self._answers.get(key)
         if known is not None and known[0] > now:
             return known[1]
-        body = access_review_body(requester, namespace, check)
-        try:
-            review = await self.kube.create(SUBJECT_ACCESS_REVIEWS, body)
-            allowed = bool((review.get("status") or {}).get("allowed"))
-        except KubeError:
-            allowed = False  # no answer is not a yes
+        allowed = await access_allowed(self.kube, requester, namespace, check)
         if len(self._answers) >= _MAX_REMEMBERED:
             self._answers.clear()
         self._answers[key] = (now + REMEMBER, allowed)

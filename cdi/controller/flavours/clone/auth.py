@@ -27,14 +27,13 @@ from typing import Any
 from cdi.api.cloneauth import (
     AccessCheck,
     CloneSource,
-    access_review_body,
     authorized,
     clone_checks,
     denial_message,
 )
 from cdi.api.requester import Requester, trusted_requester
-from cdi.kube.client import SUBJECT_ACCESS_REVIEWS, AsyncKube
-from cdi.kube.errors import KubeError
+from cdi.controller.source_reads import access_allowed
+from cdi.kube.client import AsyncKube
 
 UNRECORDED = (
     "the requester of this DataVolume was not recorded by the admission webhook, so it may "
@@ -85,9 +84,4 @@ class CloneAuthorizer:
         return denial_message(requester.username, source.namespace)
 
     async def _allowed(self, requester: Requester, namespace: str, check: AccessCheck) -> bool:
-        body = access_review_body(requester, namespace, check)
-        try:
-            review = await self.kube.create(SUBJECT_ACCESS_REVIEWS, body)
-        except KubeError:
-            return False  # no answer is not a yes
-        return bool((review.get("status") or {}).get("allowed"))
+        return await access_allowed(self.kube, requester, namespace, check)
