@@ -16,7 +16,8 @@ that time (the reconciler also looks again every ``REMEMBER`` seconds).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Hashable
+from typing import Generic, TypeVar
 
 from cdi.api.cloneauth import AccessCheck, access_review_body
 from cdi.api.requester import Requester
@@ -25,6 +26,31 @@ from cdi.kube.errors import KubeError
 
 REMEMBER = 30.0
 _MAX_REMEMBERED = 4096
+
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
+
+
+class Remembered(Generic[K, V]):
+    """Authorization answers kept for ``REMEMBER`` seconds each, at most ``_MAX_REMEMBERED``
+    of them (all forgotten when full: a burst of distinct keys costs a few extra reviews, never
+    memory). Shared by the DataSource reads here and the clone authorizer."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self._answers: dict[K, tuple[float, V]] = {}
+
+    async def get(self, key: K, ask: Callable[[], Awaitable[V]]) -> V:
+        """The answer remembered for ``key``, else ``ask()``'s, remembered."""
+        now = self.clock()
+        known = self._answers.get(key)
+        if known is not None and known[0] > now:
+            return known[1]
+        answer = await ask()
+        if len(self._answers) >= _MAX_REMEMBERED:
+            self._answers.clear()
+        self._answers[key] = (now + REMEMBER, answer)
+        return answer
 
 
 async def access_allowed(
@@ -43,21 +69,14 @@ async def access_allowed(
 class SourceReads:
     def __init__(self, kube: AsyncKube, clock: Callable[[], float] = time.monotonic) -> None:
         self.kube = kube
-        self.clock = clock
-        self._answers: dict[tuple[Requester, str, AccessCheck], tuple[float, bool]] = {}
+        self._answers: Remembered[tuple[Requester, str, AccessCheck], bool] = Remembered(clock)
 
     async def may_get(
         self, requester: Requester, resource: Resource, namespace: str, name: str
     ) -> bool:
         """Whether ``requester`` may ``get`` ``resource`` ``namespace/name``."""
         check = AccessCheck("get", resource.group, resource.plural, name=name)
-        key = (requester, namespace, check)
-        now = self.clock()
-        known = self._answers.get(key)
-        if known is not None and known[0] > now:
-            return known[1]
-        allowed = await access_allowed(self.kube, requester, namespace, check)
-        if len(self._answers) >= _MAX_REMEMBERED:
-            self._answers.clear()
-        self._answers[key] = (now + REMEMBER, allowed)
-        return allowed
+        return await self._answers.get(
+            (requester, namespace, check),
+            lambda: access_allowed(self.kube, requester, namespace, check),
+        )

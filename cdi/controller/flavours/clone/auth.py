@@ -13,9 +13,9 @@ before it reads or clones a source in another namespace, the controller
    now (rights may have been revoked since).
 
 Same-namespace clones need neither. The answer is a message (CDI's for a denial) or None.
-A cross-namespace answer is remembered for ``REMEMBER`` seconds per DataVolume (by UID and
-requester record) and source: a clone reconciles every second or two, and a revoked right
-takes effect within that time.
+A cross-namespace answer is remembered (``source_reads.Remembered``) for ``REMEMBER`` seconds
+per DataVolume (by UID and requester record) and source: a clone reconciles every second or
+two, and a revoked right takes effect within that time.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from cdi.api.cloneauth import (
     denial_message,
 )
 from cdi.api.requester import Requester, trusted_requester
-from cdi.controller.source_reads import access_allowed
+from cdi.controller.source_reads import Remembered, access_allowed
 from cdi.kube.client import AsyncKube
 
 UNRECORDED = (
@@ -40,8 +40,6 @@ UNRECORDED = (
     "not clone from namespace {ns}"
 )
 REASON_UNAUTHORIZED = "CloneNotAuthorized"
-REMEMBER = 30.0
-_MAX_REMEMBERED = 4096
 
 
 class CloneAuthorizer:
@@ -50,8 +48,9 @@ class CloneAuthorizer:
     ) -> None:
         self.kube = kube
         self.key = key
-        self.clock = clock
-        self._answers: dict[tuple[str, Requester, CloneSource], tuple[float, str | None]] = {}
+        self._answers: Remembered[tuple[str, Requester, CloneSource], str | None] = Remembered(
+            clock
+        )
 
     async def denial(self, obj: Mapping[str, Any], source: CloneSource) -> str | None:
         """None when the DataVolume ``obj`` (as read) may clone ``source``; else why not."""
@@ -62,15 +61,7 @@ class CloneAuthorizer:
         if requester is None:
             return UNRECORDED.format(ns=source.namespace)
         key = (str((obj.get("metadata") or {}).get("uid") or ""), requester, source)
-        now = self.clock()
-        known = self._answers.get(key)
-        if known is not None and known[0] > now:
-            return known[1]
-        answer = await self._ask(requester, source)
-        if len(self._answers) >= _MAX_REMEMBERED:
-            self._answers.clear()
-        self._answers[key] = (now + REMEMBER, answer)
-        return answer
+        return await self._answers.get(key, lambda: self._ask(requester, source))
 
     async def _ask(self, requester: Requester, source: CloneSource) -> str | None:
         alternatives = clone_checks(source.snapshot, source.name)
