@@ -45,6 +45,7 @@ from aiohttp import web
 from cdi.api.cloneauth import AccessCheck, access_review_body
 from cdi.api.constants import CDICONFIG_NAME
 from cdi.api.requester import RequesterSigner
+from cdi.api.tlsprofile import apply as apply_profile
 from cdi.kube.client import (
     API_CONCURRENCY,
     CDI_CONFIGS,
@@ -61,6 +62,7 @@ from cdi.kube.informer import keys_cache
 from cdi.lifecycle import run_until_stopped
 from cdi.pki.certs import Bundle
 from cdi.pki.contexts import TLSFiles, required_client_context
+from cdi.pki.profile import FollowedProfile, following
 from cdi.pki.store import CertStore, ServingCertConfig, b64
 from cdi.webhooks.callers import ApiServerCaller
 from cdi.webhooks.claims import CachedClaims, ClaimCache
@@ -218,7 +220,8 @@ async def serve_webhook(kube: Kube, config: WebhookConfig) -> None:
     client_ca, names = await run_blocking(trust.read) if trust else (None, ())
     caller = ApiServerCaller(names) if trust else None
     files = TLSFiles()
-    ctx = required_client_context(bundle.serving, files, client_ca)
+    profile = FollowedProfile(kube)
+    ctx = required_client_context(bundle.serving, files, client_ca, await profile.first())
 
     # the existing-claim check of every DataVolume create, answered from a claim informer
     claims = keys_cache(kube, PVCS)  # asked only whether a claim exists
@@ -258,7 +261,8 @@ async def serve_webhook(kube: Kube, config: WebhookConfig) -> None:
             caller.update(allowed)
 
     try:
-        await run_until_stopped(config.cert_check_interval, rotate)
+        async with following(profile, partial(apply_profile, ctx)):
+            await run_until_stopped(config.cert_check_interval, rotate)
     finally:
         claims.stop()
         for runner in runners:

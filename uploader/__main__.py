@@ -53,7 +53,7 @@ async def _watch_deadline(uploads: Uploads, deadline: dt.datetime, clock: Clock)
 async def serve(config: UploadConfig, clock: Clock = _now) -> TerminationMessage:
     """Serve until the pod's outcome is known; write it as the termination message."""
     uploads = Uploads(config)
-    tls = serving_context(config.tls.cert, config.tls.key, config.tls.client_ca)
+    tls = serving_context(config.tls.cert, config.tls.key, config.tls.client_ca, config.tls.profile)
     peers = Peers()
     app = make_app(uploads, config.tls.client_name, peers)
     runner = web.AppRunner(app, handle_signals=False)

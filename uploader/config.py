@@ -20,6 +20,8 @@ from cdi.api.constants import ContentType
 from cdi.api.content import parse_content_type
 from cdi.api.errors import InvalidConfig
 from cdi.api.quantity import Quantity, QuantityError
+from cdi.api.tlsprofile import INTERMEDIATE, TLSProfile
+from cdi.api.tlsprofile import from_env as tls_profile_from_env
 from datapath import CheckpointPlan, ProcessPlan, TargetSpec
 from datapath.checkpoint import INTERVAL as CHECKPOINT_INTERVAL
 
@@ -39,6 +41,7 @@ class TlsFiles:
     key: str
     client_ca: str  # the bundle client certificates must verify against (CLIENT_CERT_FILE)
     client_name: str  # the CN a client certificate must carry (CLIENT_NAME)
+    profile: TLSProfile = INTERMEDIATE  # TLS_MIN_VERSION, TLS_CIPHERS: CDIConfig's profile
 
 
 @dataclass(frozen=True)
@@ -145,6 +148,7 @@ def from_env(env: Mapping[str, str]) -> UploadConfig:
             key=env.get("TLS_KEY_FILE", f"{CERT_DIR}/tls.key"),
             client_ca=env.get("CLIENT_CERT_FILE", f"{CERT_DIR}/ca.crt"),
             client_name=env.get("CLIENT_NAME", "client.upload-server.cdi.kubevirt.io"),
+            profile=tls_profile_from_env(env),
         ),
         destination=destination,
         block=block,

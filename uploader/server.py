@@ -35,6 +35,8 @@ from aiohttp import BodyPartReader, web
 from cdi.api.constants import ContentType
 from cdi.api.errors import InsufficientSpace
 from cdi.api.termination import TerminationMessage
+from cdi.api.tlsprofile import INTERMEDIATE, TLSProfile
+from cdi.api.tlsprofile import apply as apply_tls_profile
 from uploader.body import Busy, Feed, OffsetMismatch
 from uploader.session import RESTART_NOTE, AlreadyDone, Mode, Upload, Uploads
 from uploader.tlsfront import Peers, common_name
@@ -252,13 +254,16 @@ def make_app(uploads: Uploads, client_name: str, peers: Peers | None = None) -> 
     return app
 
 
-def serving_context(cert: str, key: str, client_ca: str) -> ssl.SSLContext:
-    """TLS 1.2+, our serving pair, a client certificate required and verified against the
+def serving_context(
+    cert: str, key: str, client_ca: str, profile: TLSProfile = INTERMEDIATE
+) -> ssl.SSLContext:
+    """The TLS profile the controller rendered (CDIConfig's; default Intermediate: TLS 1.2+), our
+    serving pair, a client certificate required and verified against the
     client CA: a client without one fails the handshake (CDI asks for it optionally and
     answers 401 from the app; then anyone who reaches the pod held its connections, N4). A
     certificate from the client CA with another CN is still answered 401 by the app."""
     ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    apply_tls_profile(ctx, profile)
     ctx.load_cert_chain(cert, key)
     ctx.load_verify_locations(cafile=client_ca)
     ctx.verify_mode = ssl.CERT_REQUIRED

@@ -18,6 +18,8 @@ from cdi.api.constants import (
     DEFAULT_FILESYSTEM_OVERHEAD,
 )
 from cdi.api.quantity import Quantity, QuantityError
+from cdi.api.tlsprofile import TLSProfile
+from cdi.api.tlsprofile import select as select_tls_profile
 from cdi.api.types import Condition, ObjectMeta, ResourceRequirements
 
 # --- StorageProfile --------------------------------------------------------------------------
@@ -123,6 +125,20 @@ class LocalObjectReference(ApiObject):
 
 
 @dataclass(frozen=True)
+class CustomTLSProfile(ApiObject):
+    ciphers: tuple[str, ...] = ()
+    min_tls_version: str | None = api_field(json="minTLSVersion")
+
+
+@dataclass(frozen=True)
+class TLSSecurityProfile(ApiObject):
+    """OpenShift's shape, as CDI takes it; ``cdi.api.tlsprofile.select`` decides."""
+
+    type: str | None = None
+    custom: CustomTLSProfile | None = None
+
+
+@dataclass(frozen=True)
 class CDIConfigSpec(ApiObject):
     upload_proxy_url_override: str | None = api_field(json="uploadProxyURLOverride")
     import_proxy: ImportProxy | None = None
@@ -137,6 +153,7 @@ class CDIConfigSpec(ApiObject):
     log_verbosity: int | None = None
     webhook_pvc_rendering: str | None = None
     import_policy: ImportPolicy | None = None
+    tls_security_profile: TLSSecurityProfile | None = None
 
 
 @dataclass(frozen=True)
@@ -215,6 +232,22 @@ class CDIConfig(ApiObject):
             policy, cluster_cidrs=tuple(dict.fromkeys((*policy.cluster_cidrs, *cidrs)))
         )
         return dataclasses.replace(self, spec=dataclasses.replace(self.spec, import_policy=merged))
+
+    @property
+    def tls_profile(self) -> TLSProfile:
+        """What every TLS server applies (CDI's rule: none is Intermediate)."""
+        given = self.spec.tls_security_profile
+        if given is None:
+            return select_tls_profile(None)
+        custom = given.custom
+        return select_tls_profile(
+            {
+                "type": given.type,
+                "custom": None
+                if custom is None
+                else {"ciphers": list(custom.ciphers), "minTLSVersion": custom.min_tls_version},
+            }
+        )
 
     @property
     def scratch_space_storage_class(self) -> str | None:

@@ -1,6 +1,9 @@
 """TLS contexts of the control plane's servers, from PEM key pairs our code generated.
 
-- ``serving_context``: what the upload proxy and the token API serve with (TLS 1.2 or newer);
+Each serving context takes the TLS profile in force (CDIConfig's, ``cdi.pki.profile``; by
+default Intermediate: TLS 1.2 or newer).
+
+- ``serving_context``: what the upload proxy and the token API serve with;
   with ``client_ca`` it also asks for client certificates and verifies them if given (the token
   API: the front proxy's certificate; a request without one is treated as unauthenticated).
 - ``required_client_context``: the admission webhook's: with ``client_ca``, no handshake
@@ -18,6 +21,8 @@ import ssl
 import tempfile
 from pathlib import Path
 
+from cdi.api.tlsprofile import INTERMEDIATE, TLSProfile
+from cdi.api.tlsprofile import apply as apply_profile
 from cdi.pki.certs import KeyPair
 
 UPLOAD_CLIENT_NAME = "client.upload-server.cdi.kubevirt.io"  # CDI's CLIENT_NAME
@@ -49,9 +54,11 @@ def load_pair(ctx: ssl.SSLContext, pair: KeyPair) -> None:
         files.close()
 
 
-def serving_context(pair: KeyPair, client_ca: bytes = b"") -> ssl.SSLContext:
+def serving_context(
+    pair: KeyPair, client_ca: bytes = b"", profile: TLSProfile = INTERMEDIATE
+) -> ssl.SSLContext:
     ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    apply_profile(ctx, profile)
     load_pair(ctx, pair)
     if client_ca:
         ctx.load_verify_locations(cadata=client_ca.decode())
@@ -60,12 +67,12 @@ def serving_context(pair: KeyPair, client_ca: bytes = b"") -> ssl.SSLContext:
 
 
 def required_client_context(
-    pair: KeyPair, files: TLSFiles, client_ca: bytes | None
+    pair: KeyPair, files: TLSFiles, client_ca: bytes | None, profile: TLSProfile = INTERMEDIATE
 ) -> ssl.SSLContext:
-    """TLS 1.2+ with our serving certificate; with ``client_ca``, no handshake completes
+    """``profile`` with our serving certificate; with ``client_ca``, no handshake completes
     without a client certificate that CA signed."""
     ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    apply_profile(ctx, profile)
     files.load(ctx, pair)
     if client_ca is not None:
         ctx.load_verify_locations(cadata=client_ca.decode())

@@ -227,6 +227,7 @@ def _env(pvc: Mapping[str, Any], block: bool, config: UploadPodConfig) -> list[d
         ("OWNER_UID", str(meta.get("uid"))),
         ("DEADLINE", config.deadline),
         ("UPLOAD_SERVER_PORT", str(config.port)),
+        *cdi.tls_profile.env().items(),
     ]
     if block:
         pairs.append(("UPLOAD_SCRATCH_DIR", SCRATCH_DIR))

@@ -26,14 +26,18 @@ import logging
 import ssl
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 
 from aiohttp import web
 
+from cdi.api.tlsprofile import TLSProfile
+from cdi.api.tlsprofile import apply as apply_profile
 from cdi.kube.client import AsyncKube, Kube
 from cdi.kube.errors import KubeError
 from cdi.lifecycle import run_until_stopped
 from cdi.pki.certs import Bundle, KeyPair
 from cdi.pki.contexts import load_pair, serving_context, upstream_context
+from cdi.pki.profile import FollowedProfile, following
 from cdi.pki.store import CertStore, ServingCertConfig
 from cdi.pki.upload import PROXY_CLIENT_SECRET, SERVER_CA_BUNDLE
 from cdi.upload.apiserver import make_api_app
@@ -154,7 +158,8 @@ async def serve_upload_api(kube: Kube, config: ApiServerConfig) -> None:
         kube, _cert_config(plane, config.service, config.cert_secret), config.api_service
     )
     serving = _ServingCert(cert_store)
-    ctx = serving_context(await serving.refresh(), client_ca=ca)
+    profile = FollowedProfile(kube)
+    ctx = serving_context(await serving.refresh(), client_ca=ca, profile=await profile.first())
     async_kube = AsyncKube(kube)
     targets = KubeUploadTargets(async_kube, for_proxy=False)
     api = TokenApi(KubeAccessReviewer(async_kube), targets, current_ring)
@@ -164,7 +169,8 @@ async def serve_upload_api(kube: Kube, config: ApiServerConfig) -> None:
         await serving.refresh(ctx)
 
     try:
-        await _serve(make_api_app(api, requestheader), plane, ctx, periodic)
+        async with following(profile, partial(apply_profile, ctx)):
+            await _serve(make_api_app(api, requestheader), plane, ctx, periodic)
     finally:
         async_kube.close()
 
@@ -221,7 +227,8 @@ async def serve_upload_proxy(kube: Kube, config: UploadProxyConfig) -> None:
     upstream = await credentials.first()
     cert_store = CertStore(kube, _cert_config(plane, config.service, config.cert_secret))
     serving = _ServingCert(cert_store)
-    ctx = serving_context(await serving.refresh())
+    profile = FollowedProfile(kube)
+    ctx = serving_context(await serving.refresh(), profile=await profile.first())
     async_kube = AsyncKube(kube)
 
     async def keys() -> Mapping[str, bytes]:
@@ -241,16 +248,21 @@ async def serve_upload_proxy(kube: Kube, config: UploadProxyConfig) -> None:
         before = serving.bundle
         pair = await serving.refresh()
         if before is None or pair != before.serving:
-            proxy.use(serving=serving_context(pair))
+            proxy.use(serving=serving_context(pair, profile=profile.current))
         renewed = await credentials.changed()
         if renewed is not None:
             proxy.use(upstream=renewed)
+
+    def reprofile(fresh: TLSProfile) -> None:
+        if serving.bundle is not None:
+            proxy.use(serving=serving_context(serving.bundle.serving, profile=fresh))
 
     try:
         port = await proxy.start(plane.host, plane.port, ctx)
         log.info("serving on %s:%d", plane.host, port)
         try:
-            await run_until_stopped(plane.check_interval, periodic)
+            async with following(profile, reprofile):
+                await run_until_stopped(plane.check_interval, periodic)
         finally:
             await proxy.stop()
     finally:

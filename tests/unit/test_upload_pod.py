@@ -5,6 +5,7 @@ checked by a real TLS handshake on loopback."""
 from __future__ import annotations
 
 import base64
+import dataclasses
 import datetime as dt
 import socket
 import ssl
@@ -16,7 +17,9 @@ from typing import Any
 import pytest
 from cryptography import x509
 
+from cdi.api.config import CDIConfig
 from cdi.api.quantity import scratch_ceiling
+from cdi.api.tlsprofile import INTERMEDIATE
 from cdi.pki.certs import KeyPair, issue_client, new_ca
 from cdi.pki.upload import issue_server_credentials
 from cdi.render import RenderError
@@ -81,6 +84,8 @@ def test_the_upload_pod_follows_the_contract_for_a_filesystem_claim() -> None:
         "OWNER_UID": "pvc-uid",
         "DEADLINE": "2026-01-01T19:12:00Z",
         "UPLOAD_SERVER_PORT": "8443",
+        "TLS_CIPHERS": ",".join(INTERMEDIATE.ciphers),
+        "TLS_MIN_VERSION": "VersionTLS12",
         "UPLOAD_SERVER_ADDRESS": {"fieldRef": {"fieldPath": "status.podIP"}},
     }
     container = spec["containers"][0]
@@ -97,6 +102,16 @@ def test_the_upload_pod_follows_the_contract_for_a_filesystem_claim() -> None:
     assert volumes[mounts["/data"]]["persistentVolumeClaim"] == {"claimName": "disk"}
     assert "command" not in container  # the image's entry point runs the server
     assert "/scratch" not in mounts and "UPLOAD_SCRATCH_DIR" not in env(pod)
+
+
+def test_the_upload_pod_carries_cdiconfigs_tls_profile_in_cdis_variables() -> None:
+    modern = CDIConfig.from_dict({"spec": {"tlsSecurityProfile": {"type": "Modern", "modern": {}}}})
+    values = env(render_upload_pod(pvc(), dataclasses.replace(CONFIG, cdi_config=modern)))
+    assert values["TLS_MIN_VERSION"] == "VersionTLS13"
+    assert (
+        values["TLS_CIPHERS"]
+        == "TLS_AES_128_GCM_SHA256,TLS_AES_256_GCM_SHA384,TLS_CHACHA20_POLY1305_SHA256"
+    )
 
 
 def test_a_block_claim_is_a_device_without_overhead() -> None:
