@@ -10,21 +10,39 @@ target's StorageProfile, these functions say what the clone flavour
   for the provisioner, or no snapshot API at all), different provisioners, different volume
   modes, a bigger target on a class without volume expansion;
 - ``fill_size`` / ``size_problem``: ``storage`` without a size takes the source's request; a
-  target smaller than the source is CDI's ``ErrIncompatiblePVC``;
+  target smaller than the source is CDI's ``ErrIncompatiblePVC`` (the size rule below);
 - ``csi_target``: a same-namespace CSI clone is the target claim with ``dataSource`` = source;
 - ``temporary_claim`` / ``moved_target``: a cross-namespace CSI clone is made in the source
   namespace (the CSI driver clones only within a namespace) as ``tmp-pvc-<dv uid>``, whose
   volume then moves to the target claim (``cdi.controller.flavours.clone.move``).
+
+The size rule (issue 29). Within one volume mode, and for every ``pvc``-API clone but block to
+filesystem, CDI's: the source claim's request must not exceed the target's
+(``ValidateRequestedCloneSize``). Across modes, the claims' requests do not measure the same
+thing: a filesystem claim written by the ``storage`` API is inflated for the filesystem's
+overhead, and what a clone moves is ``disk.img`` or the whole device. CDI skips the check for a
+``storage``-API filesystem source ("needs a better more complex check ... to account for
+fsOverhead") and lets the copy fail later; we compare what moves with the room it lands in:
+
+- filesystem -> block (``storage`` API): the image's virtual size, when the controller recorded
+  it on the source (the sealed claim record of the import, upload or copy that wrote it), else
+  what the source claim can hold after its class's overhead (``usable_space``), must fit in the
+  target device;
+- block -> filesystem (both APIs): the device's size must fit in the target claim after the
+  target class's overhead (CDI checks only the raw requests, and the copy then runs out of
+  room).
+The message is CDI's, with the two numbers compared.
 """
 
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from cdi.api.constants import ANN_SELECTED_NODE, GROUP
+from cdi.api.constants import ANN_SELECTED_NODE, GROUP, MIB
 from cdi.api.quantity import Quantity, QuantityError
 from cdi.render.pvc import required_space
 
@@ -137,12 +155,42 @@ def fill_size(target: JSON, source: Mapping[str, Any], overhead: float = 0.0) ->
     return out
 
 
-def size_problem(source: Mapping[str, Any], target: Mapping[str, Any]) -> str | None:
-    """CDI's ``ValidateRequestedCloneSize`` message, or None when the target is big enough."""
+def usable_space(overhead: float, capacity: int) -> int:
+    """CDI ``GetUsableSpace``: what a filesystem claim of ``capacity`` bytes holds as
+    ``disk.img`` once the overhead is off, rounded down to 1 MiB (qemu-img rounds sizes up).
+    The inverse of ``required_space`` for whole MiB."""
+    return math.ceil((1 - overhead) * capacity) // MIB * MIB
+
+
+@dataclass(frozen=True)
+class CloneSizes:
+    """What the size rule needs beside the two claims."""
+
+    storage_api: bool = False  # the DataVolume says ``storage`` (else ``pvc``)
+    source_overhead: float = 0.0  # CDIConfig's filesystem overhead for the source's class
+    target_overhead: float = 0.0  # ... and for the target's
+    image_size: int = 0  # disk.img's virtual size in a filesystem source (0: not recorded)
+
+
+def size_problem(
+    source: Mapping[str, Any], target: Mapping[str, Any], sizes: CloneSizes | None = None
+) -> str | None:
+    """CDI's ``ValidateRequestedCloneSize`` message, or None when the target is big enough
+    (the size rule in the module docstring)."""
+    sizes = sizes or CloneSizes()
     src, tgt = requested(source), requested(target)
-    if src is None or tgt is None or tgt >= src:
+    if src is None or tgt is None:
         return None
-    return f"{SMALLER} {tgt} < {src}"
+    pair = (volume_mode(source), volume_mode(target))
+    if pair == ("Block", "Filesystem"):
+        room = usable_space(sizes.target_overhead, tgt)
+        if not sizes.storage_api and tgt < src:
+            return f"{SMALLER} {tgt} < {src}"
+        return f"{SMALLER} {room} < {src}" if room < src else None
+    if pair == ("Filesystem", "Block") and sizes.storage_api:
+        content = sizes.image_size or usable_space(sizes.source_overhead, src)
+        return f"{SMALLER} {tgt} < {content}" if tgt < content else None
+    return f"{SMALLER} {tgt} < {src}" if tgt < src else None
 
 
 def annotate(target: JSON, plan: StrategyPlan, source_ns: str, source_name: str) -> JSON:

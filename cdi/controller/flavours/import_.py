@@ -178,7 +178,8 @@ class ImportFlavour:
         decision = policy.decide(outcome, attempt)
         base = dataclasses.replace(claim.record, reason=outcome.reason, message=outcome.message)
         if decision == Decision.SUCCEED:
-            new = dataclasses.replace(base, outcome=OUTCOME_SUCCEEDED)
+            size = outcome.termination.virtual_size if outcome.termination else 0
+            new = dataclasses.replace(base, outcome=OUTCOME_SUCCEEDED, virtual_size=size)
         elif decision == Decision.RETRY:
             new = dataclasses.replace(base, failed_attempts=attempt + 1)
         else:

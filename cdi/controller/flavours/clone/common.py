@@ -13,12 +13,16 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from cdi.api.constants import ANN_CONTENT_TYPE, ContentType, Phase
+from cdi.api.codec import SchemaError
+from cdi.api.config import CDIConfig
+from cdi.api.constants import ANN_CONTENT_TYPE, CDICONFIG_NAME, ContentType, Phase
 from cdi.api.types import DataVolume
 from cdi.controller.flavours import JSON, FlavourDeps
+from cdi.controller.record import ImportRecord, read_sealed
 from cdi.controller.status import ClaimProblem, View
-from cdi.kube.client import STORAGE_CLASSES, AsyncKube
+from cdi.kube.client import CDI_CONFIGS, STORAGE_CLASSES, AsyncKube
 from cdi.kube.workqueue import Result
+from cdi.render import clone as plan
 
 if TYPE_CHECKING:  # the flavour's parts, made by CloneFlavour.__init__ (their modules import this)
     from cdi.controller.flavours.clone.auth import CloneAuthorizer
@@ -90,6 +94,39 @@ class CloneSteps:
 
     async def _classes(self, names: set[str]) -> dict[str, JSON]:
         return {n: c for n in names if n and (c := await self.kube.get_or_none(STORAGE_CLASSES, n))}
+
+    async def _sizes(
+        self, dv: DataVolume, src: Mapping[str, Any], desired: JSON, image_size: int = 0
+    ) -> plan.CloneSizes:
+        """What the size rule needs when the modes differ (``cdi.render.clone``): the classes'
+        overheads, and ``image_size``, the image size recorded on a filesystem source."""
+        storage_api = dv.spec.storage is not None
+        pair = (plan.volume_mode(src), plan.volume_mode(desired))
+        if pair == ("Block", "Filesystem"):
+            return plan.CloneSizes(storage_api, target_overhead=await self._overhead(desired))
+        if pair != ("Filesystem", "Block") or not storage_api:
+            return plan.CloneSizes(storage_api)
+        return plan.CloneSizes(
+            storage_api, source_overhead=await self._overhead(src), image_size=image_size
+        )
+
+    def _image_size(self, src: Mapping[str, Any]) -> int:
+        """disk.img's virtual size as the controller recorded it on ``src`` (0: not known). With
+        a seal, only the sealed record counts: the source's namespace may edit the claim."""
+        seal = self.deps.seal
+        if seal is None:
+            return ImportRecord.from_pvc(src).virtual_size
+        read = read_sealed(seal, src)
+        return 0 if read.altered else read.record.virtual_size
+
+    async def _overhead(self, claim: Mapping[str, Any]) -> float:
+        """The filesystem overhead CDIConfig sets for the claim's class."""
+        raw = await self.kube.get_or_none(CDI_CONFIGS, CDICONFIG_NAME)
+        try:
+            config = CDIConfig.from_dict(raw) if raw else CDIConfig()
+        except SchemaError:
+            config = CDIConfig()
+        return float(config.filesystem_overhead((claim.get("spec") or {}).get("storageClassName")))
 
 
 def _class_of(claim: Mapping[str, Any]) -> str:

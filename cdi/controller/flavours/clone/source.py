@@ -18,9 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from cdi.api.cloneauth import CloneSource, clone_source
-from cdi.api.codec import SchemaError
-from cdi.api.config import CDIConfig
-from cdi.api.constants import CDICONFIG_NAME, Phase
+from cdi.api.constants import Phase
 from cdi.api.types import DataVolume
 from cdi.controller.flavours import JSON, Claim
 from cdi.controller.flavours.clone.common import (
@@ -33,7 +31,7 @@ from cdi.controller.flavours.clone.common import (
 from cdi.controller.flavours.clone.snapshot import SnapshotSteps
 from cdi.controller.record import OUTCOME_SUCCEEDED, ImportRecord
 from cdi.controller.status import View
-from cdi.kube.client import CDI_CONFIGS, DATA_SOURCES, PODS, STORAGE_PROFILES
+from cdi.kube.client import DATA_SOURCES, PODS, STORAGE_PROFILES
 from cdi.kube.events import NORMAL, WARNING
 from cdi.kube.workqueue import Result
 from cdi.render import clone as plan
@@ -82,7 +80,8 @@ class SourceSteps(SnapshotSteps):
             return None, _step(view, Phase.CLONE_SCHEDULED), wait
         overhead = await self._overhead(desired) if plan.needs_overhead(src, desired) else 0.0
         desired = plan.fill_size(desired, src, overhead)
-        problem = content_problem(dv, src) or plan.size_problem(src, desired)
+        sizes = await self._sizes(dv, src, desired, self._image_size(src))
+        problem = content_problem(dv, src) or plan.size_problem(src, desired, sizes)
         if problem is not None:
             await self._event(obj, WARNING, REASON_INCOMPATIBLE_PVC, problem)
             return None, _problem(view, REASON_INCOMPATIBLE_PVC, problem), Result(30.0)
@@ -125,17 +124,6 @@ class SourceSteps(SnapshotSteps):
                 name = str(inner["name"])
                 found[(ns, name)] = await self.kube.get_or_none(DATA_SOURCES, name, ns)
         return clone_source(dv.spec, dv.namespace, lambda ns, name: found.get((ns, name)))
-
-    async def _overhead(self, desired: JSON) -> float:
-        """The filesystem overhead CDIConfig sets for the target's class."""
-        raw = await self.kube.get_or_none(CDI_CONFIGS, CDICONFIG_NAME)
-        try:
-            config = CDIConfig.from_dict(raw) if raw else CDIConfig()
-        except SchemaError:
-            config = CDIConfig()
-        return float(
-            config.filesystem_overhead((desired.get("spec") or {}).get("storageClassName"))
-        )
 
     async def _plan(
         self, obj: Mapping[str, Any], src: Mapping[str, Any], desired: JSON

@@ -1,0 +1,95 @@
+"""The clone size rule across volume modes (issue 29; ``cdi.render.clone.size_problem``): a
+``storage``-API filesystem source into a block target is measured by its image, not by its
+claim's overhead-inflated request; a block source into a filesystem target must fit after the
+target's overhead. Within one mode, and for ``pvc``-API clones, CDI's raw request compare."""
+
+from __future__ import annotations
+
+import pytest
+
+from cdi.render import clone as plan
+from cdi.render.pvc import required_space
+from tests.unit.test_clone_render import claim
+
+MiB = 1024 * 1024
+OVERHEAD = 0.055
+STORAGE = plan.CloneSizes(storage_api=True, source_overhead=OVERHEAD, target_overhead=OVERHEAD)
+PVC_API = plan.CloneSizes(storage_api=False, source_overhead=OVERHEAD, target_overhead=OVERHEAD)
+
+
+def fs(size: int) -> dict:
+    return claim(str(size), mode="Filesystem")
+
+
+def block(size: int) -> dict:
+    return claim(str(size), cls="blk", mode="Block")
+
+
+def inflated(size: int) -> int:
+    return required_space(OVERHEAD, size)
+
+
+def test_usable_space_undoes_the_storage_api_inflation_for_whole_mebibytes() -> None:
+    for mib in (1, 64, 256, 1000, 10240):
+        assert plan.usable_space(OVERHEAD, inflated(mib * MiB)) == mib * MiB
+    assert plan.usable_space(OVERHEAD, 256 * MiB) < 256 * MiB
+
+
+def test_the_issue_case_a_storage_api_fs_golden_into_an_equal_block_target_is_admitted() -> None:
+    # 256Mi asked on both sides; the source claim was inflated for its filesystem's overhead
+    assert plan.size_problem(fs(inflated(256 * MiB)), block(256 * MiB), STORAGE) is None
+
+
+def test_fs_to_block_is_measured_by_the_recorded_image_size_when_known() -> None:
+    source = fs(inflated(256 * MiB))
+    image = plan.CloneSizes(True, OVERHEAD, OVERHEAD, image_size=24 * MiB)
+    assert plan.size_problem(source, block(32 * MiB), image) is None  # holds the 24 MiB image
+    assert plan.size_problem(source, block(16 * MiB), image) == (
+        f"{plan.SMALLER} {16 * MiB} < {24 * MiB}"
+    )
+    # not recorded: what the source could hold at most
+    assert plan.size_problem(source, block(32 * MiB), STORAGE) == (
+        f"{plan.SMALLER} {32 * MiB} < {256 * MiB}"
+    )
+
+
+def test_fs_to_block_with_the_pvc_api_keeps_cdis_raw_compare() -> None:
+    source = fs(inflated(256 * MiB))
+    assert plan.size_problem(source, block(256 * MiB), PVC_API) == (
+        f"{plan.SMALLER} {256 * MiB} < {inflated(256 * MiB)}"
+    )
+    assert plan.size_problem(source, block(inflated(256 * MiB)), PVC_API) is None
+
+
+@pytest.mark.parametrize("sizes", [STORAGE, PVC_API])
+def test_block_to_fs_needs_the_device_to_fit_after_the_target_overhead(
+    sizes: plan.CloneSizes,
+) -> None:
+    device = 256 * MiB
+    assert plan.size_problem(block(device), fs(inflated(device)), sizes) is None
+    # the same raw size (CDI admits it with the pvc API, and the copy runs out of room)
+    room = plan.usable_space(OVERHEAD, device)
+    assert plan.size_problem(block(device), fs(device), sizes) == (
+        f"{plan.SMALLER} {room} < {device}"
+    )
+
+
+def test_block_to_fs_with_the_pvc_api_is_refused_first_by_the_raw_compare() -> None:
+    assert plan.size_problem(block(256 * MiB), fs(128 * MiB), PVC_API) == (
+        f"{plan.SMALLER} {128 * MiB} < {256 * MiB}"
+    )
+
+
+@pytest.mark.parametrize("sizes", [STORAGE, PVC_API, None])
+def test_within_one_mode_the_requests_compare_as_cdi_does(sizes: plan.CloneSizes | None) -> None:
+    for make in (fs, block):
+        assert plan.size_problem(make(64 * MiB), make(64 * MiB), sizes) is None
+        assert plan.size_problem(make(64 * MiB), make(128 * MiB), sizes) is None
+        assert plan.size_problem(make(64 * MiB), make(32 * MiB), sizes) == (
+            f"{plan.SMALLER} {32 * MiB} < {64 * MiB}"
+        )
+
+
+def test_a_claim_without_a_size_is_not_judged() -> None:
+    assert plan.size_problem(claim(None), block(MiB), STORAGE) is None
+    assert plan.size_problem(block(MiB), claim(None), STORAGE) is None
