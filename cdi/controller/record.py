@@ -37,9 +37,6 @@ ANN_RUNNING_REASON = "cdi.kubevirt.io/storage.condition.running.reason"
 ANN_RUNNING_MESSAGE = "cdi.kubevirt.io/storage.condition.running.message"
 ANN_IMPORT_POD_UID = "cdi.kubevirt.io/storage.import.importPodUID"
 ANN_BYTES_WRITTEN = "cdi.kubevirt.io/storage.import.bytesWritten"
-# Ours: the virtual size of the image the worker wrote (its termination message), so a later
-# clone of this claim into a block volume is sized by the image, not by the claim (issue 29).
-ANN_VIRTUAL_SIZE = "cdi.kubevirt.io/storage.import.virtualSize"
 # Ours: the whole record, sealed by the controller (``cdi.controller.seal``), written in the same
 # patch as CDI's keys above. Where the record authorizes an act beyond the tenant's reach (a
 # populator's PV handover), the controller reads this, never the keys a tenant can rewrite.
@@ -58,7 +55,6 @@ class ImportRecord:
     message: str | None = None
     pod_name: str | None = None
     pod_uid: str | None = None  # of the pod the controller created for the current attempt
-    virtual_size: int = 0  # of the image written, once Succeeded (0: not known)
 
     @property
     def done(self) -> bool:
@@ -81,7 +77,6 @@ class ImportRecord:
             message=ann.get(ANN_RUNNING_MESSAGE) or None,
             pod_name=ann.get(ANN_IMPORT_POD_NAME) or None,
             pod_uid=ann.get(ANN_IMPORT_POD_UID) or None,
-            virtual_size=_size(ann.get(ANN_VIRTUAL_SIZE)),
         )
 
     def annotations(self) -> dict[str, str | None]:
@@ -94,7 +89,6 @@ class ImportRecord:
             ANN_RUNNING_MESSAGE: self.message,
             ANN_IMPORT_POD_NAME: self.pod_name,
             ANN_IMPORT_POD_UID: self.pod_uid,
-            ANN_VIRTUAL_SIZE: str(self.virtual_size) if self.virtual_size > 0 else None,
         }
 
     def differs_from(self, pvc: Mapping[str, Any] | None) -> bool:
@@ -112,23 +106,12 @@ class ImportRecord:
         except ValueError:
             return None
         names = {f.name for f in fields(cls)}
-        # records sealed before ``virtual_size`` existed still read (as "not known")
-        if not isinstance(raw, dict) or not names - LATER_FIELDS <= set(raw) <= names:
+        if not isinstance(raw, dict) or set(raw) != names:
             return None
         try:
             return cls(**raw)
         except TypeError:
             return None
-
-
-LATER_FIELDS = frozenset({"virtual_size"})
-
-
-def _size(raw: object) -> int:
-    try:
-        return max(0, int(str(raw))) if raw is not None else 0
-    except ValueError:
-        return 0
 
 
 def sealed_annotations(seal: Seal | None, pvc: Mapping[str, Any], record: ImportRecord) -> dict:

@@ -24,10 +24,11 @@ overhead, and what a clone moves is ``disk.img`` or the whole device. CDI skips 
 ``storage``-API filesystem source ("needs a better more complex check ... to account for
 fsOverhead") and lets the copy fail later; we compare what moves with the room it lands in:
 
-- filesystem -> block (``storage`` API): the image's virtual size, when the controller recorded
-  it on the source (the sealed claim record of the import, upload or copy that wrote it), else
-  what the source claim can hold after its class's overhead (``usable_space``), must fit in the
-  target device;
+- filesystem -> block (``storage`` API): ``disk.img`` must fit in the target device. Its size
+  is what the source claim holds after its class's overhead (``usable_space``) at most: an
+  import or upload grows ``disk.img`` to the volume's usable size (CDI's resize, and a VM may
+  since have grown its partitions into it), so the original image's virtual size is not what a
+  clone moves; the claim's inflated request is not either;
 - block -> filesystem (both APIs): the device's size must fit in the target claim after the
   target class's overhead (CDI checks only the raw requests, and the copy then runs out of
   room).
@@ -169,7 +170,6 @@ class CloneSizes:
     storage_api: bool = False  # the DataVolume says ``storage`` (else ``pvc``)
     source_overhead: float = 0.0  # CDIConfig's filesystem overhead for the source's class
     target_overhead: float = 0.0  # ... and for the target's
-    image_size: int = 0  # disk.img's virtual size in a filesystem source (0: not recorded)
 
 
 def size_problem(
@@ -188,7 +188,7 @@ def size_problem(
             return f"{SMALLER} {tgt} < {src}"
         return f"{SMALLER} {room} < {src}" if room < src else None
     if pair == ("Filesystem", "Block") and sizes.storage_api:
-        content = sizes.image_size or usable_space(sizes.source_overhead, src)
+        content = usable_space(sizes.source_overhead, src)
         return f"{SMALLER} {tgt} < {content}" if tgt < content else None
     return f"{SMALLER} {tgt} < {src}" if tgt < src else None
 

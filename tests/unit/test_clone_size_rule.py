@@ -1,7 +1,8 @@
 """The clone size rule across volume modes (issue 29; ``cdi.render.clone.size_problem``): a
-``storage``-API filesystem source into a block target is measured by its image, not by its
-claim's overhead-inflated request; a block source into a filesystem target must fit after the
-target's overhead. Within one mode, and for ``pvc``-API clones, CDI's raw request compare."""
+``storage``-API filesystem source into a block target is measured by what its ``disk.img`` can
+be (the source's usable space), not by its claim's overhead-inflated request; a block source
+into a filesystem target must fit after the target's overhead. Within one mode, and for
+``pvc``-API clones, CDI's raw request compare."""
 
 from __future__ import annotations
 
@@ -40,17 +41,15 @@ def test_the_issue_case_a_storage_api_fs_golden_into_an_equal_block_target_is_ad
     assert plan.size_problem(fs(inflated(256 * MiB)), block(256 * MiB), STORAGE) is None
 
 
-def test_fs_to_block_is_measured_by_the_recorded_image_size_when_known() -> None:
+def test_fs_to_block_is_measured_by_what_the_source_disk_img_can_be() -> None:
     source = fs(inflated(256 * MiB))
-    image = plan.CloneSizes(True, OVERHEAD, OVERHEAD, image_size=24 * MiB)
-    assert plan.size_problem(source, block(32 * MiB), image) is None  # holds the 24 MiB image
-    assert plan.size_problem(source, block(16 * MiB), image) == (
-        f"{plan.SMALLER} {16 * MiB} < {24 * MiB}"
+    assert plan.size_problem(source, block(300 * MiB), STORAGE) is None
+    assert plan.size_problem(source, block(255 * MiB), STORAGE) == (
+        f"{plan.SMALLER} {255 * MiB} < {256 * MiB}"
     )
-    # not recorded: what the source could hold at most
-    assert plan.size_problem(source, block(32 * MiB), STORAGE) == (
-        f"{plan.SMALLER} {32 * MiB} < {256 * MiB}"
-    )
+    # a class with more overhead leaves less room for disk.img in the same claim
+    roomy = plan.CloneSizes(True, source_overhead=0.2)
+    assert plan.size_problem(source, block(255 * MiB), roomy) is None
 
 
 def test_fs_to_block_with_the_pvc_api_keeps_cdis_raw_compare() -> None:

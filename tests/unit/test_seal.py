@@ -3,8 +3,6 @@ from what a tenant wrote there, and the populator hands over only a PV bound to 
 
 from __future__ import annotations
 
-import dataclasses
-import json
 from typing import Any
 
 from cdi.controller.populators.handover import bound_to
@@ -114,14 +112,3 @@ def test_the_rebind_patch_is_guarded_by_the_checked_version() -> None:
     target = {"metadata": {"name": "t", "namespace": "ns", "uid": "t-uid"}}
     assert rebind_patch(target, "7")["metadata"] == {"resourceVersion": "7"}
     assert "metadata" not in rebind_patch(target)
-
-
-def test_the_record_keeps_the_image_size_and_reads_records_sealed_before_it() -> None:
-    done = ImportRecord(0, "Succeeded", "Completed", "Import Complete", "importer-p", "u", 25165824)
-    assert ImportRecord.from_json(done.to_json()) == done
-    assert done.annotations()["cdi.kubevirt.io/storage.import.virtualSize"] == "25165824"
-    older = json.loads(done.to_json())
-    del older["virtual_size"]  # a record sealed by an earlier controller
-    read = ImportRecord.from_json(json.dumps(older))
-    assert read == dataclasses.replace(done, virtual_size=0)
-    assert ImportRecord.from_json(json.dumps({**older, "extra": 1})) is None

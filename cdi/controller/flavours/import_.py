@@ -178,8 +178,7 @@ class ImportFlavour:
         decision = policy.decide(outcome, attempt)
         base = dataclasses.replace(claim.record, reason=outcome.reason, message=outcome.message)
         if decision == Decision.SUCCEED:
-            size = outcome.termination.virtual_size if outcome.termination else 0
-            new = dataclasses.replace(base, outcome=OUTCOME_SUCCEEDED, virtual_size=size)
+            new = dataclasses.replace(base, outcome=OUTCOME_SUCCEEDED)
         elif decision == Decision.RETRY:
             new = dataclasses.replace(base, failed_attempts=attempt + 1)
         else:

@@ -124,7 +124,6 @@ class Assessment:
     reason: str | None = None  # of the last termination (a restart, or the end)
     message: str | None = None
     preallocation_applied: bool = False
-    virtual_size: int = 0  # of the image written (the termination message), on success
 
 
 def _container_status(pod: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -182,8 +181,7 @@ def _finished(pod: dict[str, Any], base: Assessment) -> Assessment:
     if outcome.succeeded:
         applied = bool(term and term.preallocation_applied)
         message = (term.message if term else "") or UPLOAD_COMPLETE
-        size = term.virtual_size if term else 0
-        return Assessment(Action.SUCCEED, base.restarts, REASON_COMPLETED, message, applied, size)
+        return Assessment(Action.SUCCEED, base.restarts, REASON_COMPLETED, message, applied)
     return Assessment(Action.FAIL, base.restarts, outcome.reason, outcome.message)
 
 
@@ -375,7 +373,7 @@ def _recorded(record: ImportRecord, verdict: Assessment) -> ImportRecord:
     if verdict.reason and verdict.action not in (Action.CREATE, Action.IMPOSTOR):
         out = dataclasses.replace(out, reason=verdict.reason, message=verdict.message)
     if verdict.action == Action.SUCCEED:
-        out = dataclasses.replace(out, outcome=OUTCOME_SUCCEEDED, virtual_size=verdict.virtual_size)
+        out = dataclasses.replace(out, outcome=OUTCOME_SUCCEEDED)
     elif verdict.action == Action.FAIL:
         out = dataclasses.replace(out, outcome=OUTCOME_FAILED)
     return out

@@ -11,15 +11,14 @@ Services and Secrets of the clone are gone afterwards.
 
 from __future__ import annotations
 
-import secrets
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from testkit.kubeclient import ApiError, Kube, ns_path
+from testkit.kubeclient import Kube, ns_path
 from testkit.waiting import wait_until
 from tests.integration.datavolumes.cdi_env import (
+    COPY_CLASS,
     Images,
     ImageServer,
     condition,
@@ -35,44 +34,6 @@ from tests.integration.datavolumes.test_clone_csi import (
 )
 
 pytestmark = pytest.mark.integration
-
-COPY_CLASS = {"Filesystem": "copy-fs", "Block": "copy-block"}
-PROFILES = "/apis/cdi.kubevirt.io/v1beta1/storageprofiles"
-
-
-@pytest.fixture
-def copy_classes(kube: Kube, controller: Any) -> Iterator[None]:
-    """Two local classes whose profiles say ``cloneStrategy: copy``."""
-    for name in COPY_CLASS.values():
-        sc = {"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
-              "metadata": {"name": name}, "provisioner": "testkit.local/loop",
-              "reclaimPolicy": "Delete", "volumeBindingMode": "Immediate",
-              "allowVolumeExpansion": True}  # fmt: skip
-        try:
-            kube.create("/apis/storage.k8s.io/v1/storageclasses", sc)
-        except ApiError as e:
-            if not e.conflict:
-                raise
-    for name in COPY_CLASS.values():
-        wait_until(lambda n=name: kube.get_or_none(f"{PROFILES}/{n}"), f"profile {name}", 60)
-        kube.patch(f"{PROFILES}/{name}", {"spec": {"cloneStrategy": "copy"}})
-        wait_until(
-            lambda n=name: (
-                (kube.get(f"{PROFILES}/{n}").get("status") or {}).get("cloneStrategy") == "copy"
-            ),
-            f"profile {name} says copy",
-            60,
-        )
-    yield
-
-
-@pytest.fixture
-def other_namespace(kube: Kube) -> Iterator[str]:
-    name = f"copy-target-{secrets.token_hex(3)}"
-    kube.create("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
-                                       "metadata": {"name": name}})  # fmt: skip
-    yield name
-    kube.delete_ignore_missing(f"/api/v1/namespaces/{name}")
 
 
 def copy_of(name: str, ns: str, source: str, mode: str, size: str | None = None) -> dict:

@@ -12,8 +12,6 @@ reason; a controller SIGKILLed in the middle of a move finishes it on restart, l
 from __future__ import annotations
 
 import os
-import secrets
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -40,15 +38,6 @@ pytestmark = pytest.mark.integration
 
 CLASS = {"Filesystem": "testkit-fs", "Block": "testkit-block"}
 DEPLOYMENT = "/apis/apps/v1/namespaces/cdi/deployments/cdi-controller"
-
-
-@pytest.fixture
-def other_namespace(kube: Kube) -> Iterator[str]:
-    name = f"clone-target-{secrets.token_hex(3)}"
-    kube.create("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
-                                       "metadata": {"name": name}})  # fmt: skip
-    yield name
-    kube.delete_ignore_missing(f"/api/v1/namespaces/{name}")
 
 
 def import_source(kube: Kube, server: ImageServer, ns: str, name: str, mode: str) -> None:

@@ -15,7 +15,6 @@ with ``NoVolumeSnapshotClass``.
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Iterator
 from typing import Any
 
@@ -72,15 +71,6 @@ def snapshot_classes(kube: Kube, controller: Any) -> Iterator[None]:
         ensure_class(kube, name, "loop.testkit.local", "snapshot")
     ensure_class(kube, NO_SNAPSHOTTER, "testkit.local/loop", "snapshot")
     yield
-
-
-@pytest.fixture
-def other_namespace(kube: Kube) -> Iterator[str]:
-    name = f"snap-target-{secrets.token_hex(3)}"
-    kube.create("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
-                                       "metadata": {"name": name}})  # fmt: skip
-    yield name
-    kube.delete_ignore_missing(f"/api/v1/namespaces/{name}")
 
 
 def import_golden(kube: Kube, server: ImageServer, ns: str, mode: str) -> None:

@@ -18,7 +18,6 @@ from cdi.api.config import CDIConfig
 from cdi.api.constants import ANN_CONTENT_TYPE, CDICONFIG_NAME, ContentType, Phase
 from cdi.api.types import DataVolume
 from cdi.controller.flavours import JSON, FlavourDeps
-from cdi.controller.record import ImportRecord, read_sealed
 from cdi.controller.status import ClaimProblem, View
 from cdi.kube.client import CDI_CONFIGS, STORAGE_CLASSES, AsyncKube
 from cdi.kube.workqueue import Result
@@ -96,28 +95,17 @@ class CloneSteps:
         return {n: c for n in names if n and (c := await self.kube.get_or_none(STORAGE_CLASSES, n))}
 
     async def _sizes(
-        self, dv: DataVolume, src: Mapping[str, Any], desired: JSON, image_size: int = 0
+        self, dv: DataVolume, src: Mapping[str, Any], desired: JSON
     ) -> plan.CloneSizes:
-        """What the size rule needs when the modes differ (``cdi.render.clone``): the classes'
-        overheads, and ``image_size``, the image size recorded on a filesystem source."""
+        """What the size rule needs when the modes differ (``cdi.render.clone``): the API the
+        DataVolume uses and its classes' filesystem overheads."""
         storage_api = dv.spec.storage is not None
         pair = (plan.volume_mode(src), plan.volume_mode(desired))
         if pair == ("Block", "Filesystem"):
             return plan.CloneSizes(storage_api, target_overhead=await self._overhead(desired))
         if pair != ("Filesystem", "Block") or not storage_api:
             return plan.CloneSizes(storage_api)
-        return plan.CloneSizes(
-            storage_api, source_overhead=await self._overhead(src), image_size=image_size
-        )
-
-    def _image_size(self, src: Mapping[str, Any]) -> int:
-        """disk.img's virtual size as the controller recorded it on ``src`` (0: not known). With
-        a seal, only the sealed record counts: the source's namespace may edit the claim."""
-        seal = self.deps.seal
-        if seal is None:
-            return ImportRecord.from_pvc(src).virtual_size
-        read = read_sealed(seal, src)
-        return 0 if read.altered else read.record.virtual_size
+        return plan.CloneSizes(storage_api, source_overhead=await self._overhead(src))
 
     async def _overhead(self, claim: Mapping[str, Any]) -> float:
         """The filesystem overhead CDIConfig sets for the claim's class."""

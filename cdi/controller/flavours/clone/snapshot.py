@@ -291,7 +291,7 @@ class SnapshotSteps(MoveSteps):
         mode = await self.snapshots.source_mode(snap)
         src = as_source_claim(snap, mode or plan.volume_mode(desired))
         desired = plan.fill_size(desired, src)
-        sizes = await self._sizes(dv, src, desired)  # a snapshot carries no image record
+        sizes = await self._sizes(dv, src, desired)
         problem = content_problem(dv, src) or plan.size_problem(src, desired, sizes)
         if problem is not None:
             await self._event(obj, WARNING, REASON_INCOMPATIBLE_PVC, problem)

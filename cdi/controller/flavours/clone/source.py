@@ -80,7 +80,7 @@ class SourceSteps(SnapshotSteps):
             return None, _step(view, Phase.CLONE_SCHEDULED), wait
         overhead = await self._overhead(desired) if plan.needs_overhead(src, desired) else 0.0
         desired = plan.fill_size(desired, src, overhead)
-        sizes = await self._sizes(dv, src, desired, self._image_size(src))
+        sizes = await self._sizes(dv, src, desired)
         problem = content_problem(dv, src) or plan.size_problem(src, desired, sizes)
         if problem is not None:
             await self._event(obj, WARNING, REASON_INCOMPATIBLE_PVC, problem)
