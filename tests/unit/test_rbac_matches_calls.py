@@ -64,6 +64,7 @@ COMPONENTS = {
         "cdi/pki/store.py",
         "cdi/webhooks",
         "cdi/kube/shared_key.py",
+        "cdi/pki/profile.py",
     ),
     # the upload token API (cdi.upload.serve.serve_upload_api)
     "cdi-apiserver": (
@@ -81,6 +82,7 @@ COMPONENTS = {
         "cdi/upload/tokenapi.py",
         "cdi/upload/token.py",
         "cdi/upload/keys.py",
+        "cdi/pki/profile.py",  # CDIConfig: TLS profile and logVerbosity
     ),
     # the import proxy relay (cdi.importproxy, deploy/60-import-proxy.yaml)
     "cdi-import-proxy": ("cdi/importproxy", "cdi/kube/shared_key.py"),
@@ -99,6 +101,7 @@ COMPONENTS = {
         "cdi/upload/readiness.py",
         "cdi/upload/token.py",
         "cdi/pki/contexts.py",
+        "cdi/pki/profile.py",  # CDIConfig: TLS profile and logVerbosity
     ),
 }
 # The upload servers' modules: every function in them that calls the API is in a component.
