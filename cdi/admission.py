@@ -43,7 +43,9 @@ from typing import Any
 from aiohttp import web
 
 from cdi.api.cloneauth import AccessCheck, access_review_body
-from cdi.api.constants import CDICONFIG_NAME
+from cdi.api.codec import SchemaError
+from cdi.api.config import CDIConfig
+from cdi.api.constants import CDICONFIG_NAME, GATE_CLAIM_ADOPTION
 from cdi.api.requester import RequesterSigner
 from cdi.api.tlsprofile import apply as apply_profile
 from cdi.kube.client import (
@@ -59,7 +61,7 @@ from cdi.kube.client import (
 )
 from cdi.kube.errors import KubeError
 from cdi.kube.informer import keys_cache
-from cdi.lifecycle import run_until_stopped
+from cdi.lifecycle import LogVerbosity, run_until_stopped
 from cdi.pki.certs import Bundle
 from cdi.pki.contexts import TLSFiles, required_client_context
 from cdi.pki.profile import FollowedProfile, following
@@ -73,7 +75,6 @@ from cdi.webhooks.visibility import access_review
 
 log = logging.getLogger(__name__)
 
-CLAIM_ADOPTION_GATE = "DataVolumeClaimAdoption"
 AUTH_CONFIG_MAP = ("kube-system", "extension-apiserver-authentication")
 CLIENT_AUTH_MODES = ("certificate", "network")
 
@@ -121,8 +122,11 @@ class KubeLookup:
             return None  # the DataSource kind may not be served at all
 
     def claim_adoption_enabled(self) -> bool:
-        config = self.kube.get_or_none(CDI_CONFIGS, CDICONFIG_NAME) or {}
-        return CLAIM_ADOPTION_GATE in ((config.get("spec") or {}).get("featureGates") or [])
+        found = self.kube.get_or_none(CDI_CONFIGS, CDICONFIG_NAME) or {}
+        try:
+            return CDIConfig.from_dict(found).gate(GATE_CLAIM_ADOPTION)
+        except SchemaError:
+            return False  # an unreadable CDIConfig turns no gate on
 
     def allows(self, user: UserInfo, namespace: str, check: AccessCheck) -> bool:
         body = access_review_body(user, namespace, check)
@@ -220,7 +224,7 @@ async def serve_webhook(kube: Kube, config: WebhookConfig) -> None:
     client_ca, names = await run_blocking(trust.read) if trust else (None, ())
     caller = ApiServerCaller(names) if trust else None
     files = TLSFiles()
-    profile = FollowedProfile(kube)
+    profile = FollowedProfile(kube, on_config=LogVerbosity().apply)
     ctx = required_client_context(bundle.serving, files, client_ca, await profile.first())
 
     # the existing-claim check of every DataVolume create, answered from a claim informer

@@ -2,7 +2,8 @@
 
 The webhook and the upload processes (token API, proxy) all run the same loop: wait for a stop
 signal or the next check (certificate rotation, key rotation), run the check, keep serving if
-it fails. One helper, so a fix to shutdown or to the cadence lands in every process.
+it fails. One helper, so a fix to shutdown or to the cadence lands in every process. And how
+their logging follows CDIConfig ``logVerbosity`` (``LogVerbosity``), the same in every process.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import contextlib
 import logging
 import signal
 from collections.abc import Awaitable, Callable
+
+from cdi.api.config import CDIConfig
 
 log = logging.getLogger(__name__)
 
@@ -33,3 +36,28 @@ async def run_until_stopped(interval: float, periodic: Callable[[], Awaitable[No
             await periodic()
         except Exception as exc:  # keep serving with what we have; retry later
             log.warning("periodic check failed: %s", exc)
+
+
+class LogVerbosity:
+    """CDIConfig ``spec.logVerbosity`` applied to this process: the root logger's level follows
+    it (``cdi.api.config.log_level_for``), and goes back to the ``--log-level`` flag's
+    (``flag_level``, else the level when this was made) once it is unset. The caller hands it
+    every CDIConfig it reads: the controller from its informer, the webhook and the upload
+    processes from the TLS profile's periodic read (``cdi.pki.profile``)."""
+
+    def __init__(self, logger: logging.Logger | None = None, flag_level: int | None = None) -> None:
+        self.logger = logger if logger is not None else logging.getLogger()
+        self.flag_level = self.logger.level if flag_level is None else flag_level
+
+    def apply(self, config: CDIConfig) -> None:
+        wanted = config.log_level
+        level = self.flag_level if wanted is None else wanted
+        if level == self.logger.level:
+            return
+        self.logger.setLevel(level)
+        # WARNING: a change of what this process logs shows whatever the level is now
+        log.warning(
+            "log level %s (CDIConfig logVerbosity %s)",
+            logging.getLevelName(level),
+            "unset" if config.spec.log_verbosity is None else config.spec.log_verbosity,
+        )

@@ -50,9 +50,6 @@ def add_controller_parser(sub: argparse._SubParsersAction) -> None:  # type: ign
     p.add_argument("--progress-interval", type=float, default=2.0)
     p.add_argument("--resync", type=float, default=300.0, help="informer resync seconds")
     p.add_argument(
-        "--claim-adoption", action="store_true", help="feature gate DataVolumeClaimAdoption"
-    )
-    p.add_argument(
         "--cluster-cidr",
         action="append",
         default=[],
@@ -234,7 +231,6 @@ def cmd_controller(a: argparse.Namespace) -> int:
             pull_policy=a.pull_policy,
             policy=FailurePolicy(a.max_attempts, a.retry_base_delay, a.retry_max_delay),
             progress_interval=a.progress_interval,
-            claim_adoption_gate=a.claim_adoption,
             cluster_cidrs=tuple(a.cluster_cidr),
             upload=UploadSettings(
                 image=a.uploadserver_image,
@@ -250,6 +246,7 @@ def cmd_controller(a: argparse.Namespace) -> int:
         metrics_host=a.metrics_host,
         metrics_port=a.metrics_port or None,
         requester_key=_requester_key(a, kube),
+        log_level=logging.getLogger().level,  # the flag's, set above
     )
 
     def term() -> Manager:

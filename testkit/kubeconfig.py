@@ -15,7 +15,7 @@ from pathlib import Path
 import yaml
 
 ADMIN = "admin"
-UNPRIVILEGED = ("alice", "bob")
+UNPRIVILEGED = ("alice", "bob", "carol")
 
 
 @dataclass(frozen=True)

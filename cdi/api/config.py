@@ -10,6 +10,8 @@ per-StorageClass over global, and CDI's defaults when neither says anything.
 from __future__ import annotations
 
 import dataclasses
+import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from cdi.api.codec import ApiObject, api_field
@@ -168,6 +170,35 @@ class CDIConfigStatus(ApiObject):
     image_pull_secrets: tuple[LocalObjectReference, ...] = ()
 
 
+def parse_go_bool(text: str) -> bool:
+    """Go's ``strconv.ParseBool``, with unparsable text meaning False (as CDI ignores the error)."""
+    return text in ("1", "t", "T", "TRUE", "true", "True")
+
+
+def claim_adoption_allowed(annotation: str | None, gate: Callable[[], bool]) -> bool:
+    """CDI's ``AllowClaimAdoption``: a DataVolume may take over an existing claim of its name
+    when its ``allowClaimAdoption`` annotation says so (present, it decides), else when the
+    ``DataVolumeClaimAdoption`` gate is on (``gate``, asked only then). The webhook admits and
+    the controller adopts by this one rule, so nothing admitted stalls."""
+    if annotation is not None:
+        return parse_go_bool(annotation)
+    return gate()
+
+
+def log_level_for(verbosity: int) -> int:
+    """CDI's ``logVerbosity`` (klog's ``-v``) as a ``logging`` level.
+
+    CDI's components run at 1 and log their routine progress at V(1), details at V(3) and
+    above. Our INFO lines are that routine progress, so: 0 (and below) keeps only warnings and
+    errors, 1 and 2 show INFO too, 3 and up add DEBUG.
+    """
+    if verbosity <= 0:
+        return logging.WARNING
+    if verbosity < 3:
+        return logging.INFO
+    return logging.DEBUG
+
+
 DEFAULT_POD_RESOURCES = ResourceRequirements(
     requests={"cpu": Quantity.parse("100m"), "memory": Quantity.parse("60M")},
     limits={"cpu": Quantity.parse("750m"), "memory": Quantity.parse("600M")},
@@ -232,6 +263,17 @@ class CDIConfig(ApiObject):
             policy, cluster_cidrs=tuple(dict.fromkeys((*policy.cluster_cidrs, *cidrs)))
         )
         return dataclasses.replace(self, spec=dataclasses.replace(self.spec, import_policy=merged))
+
+    def gate(self, name: str) -> bool:
+        """CDI feature gate ``name`` is on: ``spec.featureGates``, the one place a gate is set
+        (the webhook and the controller both ask here)."""
+        return name in self.spec.feature_gates
+
+    @property
+    def log_level(self) -> int | None:
+        """The ``logging`` level ``spec.logVerbosity`` asks for; None: unset (the flag's)."""
+        verbosity = self.spec.log_verbosity
+        return None if verbosity is None else log_level_for(verbosity)
 
     @property
     def tls_profile(self) -> TLSProfile:

@@ -174,6 +174,8 @@ MAX_LABEL_LENGTH: Final = 63  # DNS-1035/1123 label
 # --- Annotations (all cdi.kubevirt.io/...) ------------------------------------------------------
 
 _A = "cdi.kubevirt.io/"
+# CDIConfig spec.featureGates the product reads (CDI's pkg/feature-gates).
+GATE_CLAIM_ADOPTION: Final = "DataVolumeClaimAdoption"
 # User-facing, set on the DataVolume.
 ANN_IMMEDIATE_BINDING: Final = _A + "storage.bind.immediate.requested"
 ANN_USE_POPULATOR: Final = _A + "storage.usePopulator"

@@ -48,7 +48,7 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from cdi.api.codec import SchemaError
-from cdi.api.config import CDIConfig, StorageProfile
+from cdi.api.config import CDIConfig, StorageProfile, claim_adoption_allowed
 from cdi.api.constants import (
     ANN_ALLOW_CLAIM_ADOPTION,
     ANN_CREATED_FOR_DATAVOLUME,
@@ -56,6 +56,7 @@ from cdi.api.constants import (
     ANN_POPULATED_FOR,
     ANN_PRE_POPULATED,
     CDICONFIG_NAME,
+    GATE_CLAIM_ADOPTION,
     ConditionReason,
     Phase,
 )
@@ -140,7 +141,6 @@ class ControllerConfig:
     pull_policy: str = "IfNotPresent"
     policy: FailurePolicy = field(default_factory=FailurePolicy)
     progress_interval: float = 2.0
-    claim_adoption_gate: bool = False  # CDI feature gate DataVolumeClaimAdoption
     cluster_cidrs: tuple[str, ...] = ()  # pod/service/node ranges imports may not reach
     requester_key: bytes | None = None  # checks the webhook's requester record (clones)
     upload: UploadSettings = field(default_factory=UploadSettings)
@@ -446,8 +446,11 @@ class Step:
 
     async def _adopt(self, pvc: dict[str, Any]) -> dict[str, Any] | None:
         dv, r = self.dv, self.r
-        allowed = dv.annotations.get(ANN_ALLOW_CLAIM_ADOPTION)
-        if not (allowed == "true" or (allowed is None and r.config.claim_adoption_gate)):
+        # the webhook's rule; the gate read live from CDIConfig (the informer's copy)
+        if not claim_adoption_allowed(
+            dv.annotations.get(ANN_ALLOW_CLAIM_ADOPTION),
+            lambda: r.cdi_config().gate(GATE_CLAIM_ADOPTION),
+        ):
             msg = f'Resource "{dv.name}" already exists and is not managed by DataVolume'
             self._see(problem=ClaimProblem(ConditionReason.ERR_RESOURCE_EXISTS, msg))
             return None

@@ -10,7 +10,8 @@ their caches, then run each reconciler's workers off its own queue (a key is onl
   DataVolume that controls it (or that it was created for), and a StorageClass/StorageProfile/
   CDIConfig change to every DataVolume still waiting for its claim;
 - StorageProfiles: a StorageClass or a StorageProfile maps to the profile of that name;
-- CDIConfig: any StorageClass or CDIConfig change maps to the singleton ``config``;
+- CDIConfig: any StorageClass or CDIConfig change maps to the singleton ``config``; a CDIConfig
+  change also sets the process's log level from ``logVerbosity`` (``cdi.lifecycle``);
 - populators (one loop per source kind: import, upload, clone): a claim whose ``dataSourceRef``
   names that kind maps to itself, its prime claim and importer pods to it, an upload server
   pod through the prime that owns it (``cdi.controller.populators``).
@@ -99,6 +100,7 @@ from cdi.kube.informer import Informer, wait_all_synced
 from cdi.kube.informer_slim import SLIM_PAGE, Slim, keys_only, kubevirt_and
 from cdi.kube.leader import LeaderConfig, LeaderElector, LeadershipLost
 from cdi.kube.workqueue import Backoff, Reconcile, WorkQueue, run_workers
+from cdi.lifecycle import LogVerbosity
 from cdi.render.clone import ANN_CLONE_OF, ANN_CLONE_REQUEST
 from cdi.render.prime import is_prime
 from cdi.render.upload_pod import UPLOAD_COMPONENT, upload_pod_name
@@ -129,6 +131,8 @@ class ManagerConfig:
     # HMAC key of the signed requester record (cdi.api.requester.trusted_requester), from
     # --requester-key-secret / --requester-key-file; None: no record is trusted.
     requester_key: bytes | None = None
+    # --log-level: what the process logs while CDIConfig logVerbosity is unset
+    log_level: int = logging.INFO
 
 
 @dataclass(frozen=True)
@@ -217,6 +221,7 @@ class Manager:
             Sources(self.informers["dv"], self.informers["sc"], self.informers["profile"])
         )
         self.loops = self._loops(identity)
+        self.verbosity = LogVerbosity(flag_level=config.log_level)
         self._metrics_runner: web.AppRunner | None = None
         self._stop = asyncio.Event()
         self.lost_leadership = False
@@ -353,6 +358,10 @@ class Manager:
             self.informers[name].add_handler(lambda _o: config.enqueue(CDICONFIG_NAME))
         for name in ("sc", "profile", "config"):
             self.informers[name].add_handler(lambda _o: self._enqueue_waiting())
+        # logVerbosity, from the cache (an event may be a deletion): while leading
+        self.informers["config"].add_handler(
+            lambda _o: self.verbosity.apply(self.datavolumes.cdi_config())
+        )
         crons = self.loops["dataimportcron"]
         self.informers["cron"].add_handler(lambda o: crons.enqueue(object_key(o)))
         for name in ("dv", "pod", "ds"):

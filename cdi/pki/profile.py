@@ -8,7 +8,9 @@ server, which applies it to the handshakes that start afterwards:
 - the upload proxy, whose connection threads wrap sockets concurrently, gets a new context
   (``proxy.use``), as it does for a rotated certificate.
 A CDIConfig that cannot be read keeps the profile in use (logged); an absent one is CDI's
-default, Intermediate. What each profile means, and OpenSSL's limits: ``cdi.api.tlsprofile``.
+default, Intermediate. ``on_config`` gets every CDIConfig read, for the process's other
+settings from it (its ``logVerbosity``, ``cdi.lifecycle.LogVerbosity``), so one read serves
+both. What each profile means, and OpenSSL's limits: ``cdi.api.tlsprofile``.
 """
 
 from __future__ import annotations
@@ -30,9 +32,15 @@ FOLLOW_INTERVAL = 5.0
 
 
 class FollowedProfile:
-    def __init__(self, kube: Kube, interval: float = FOLLOW_INTERVAL) -> None:
+    def __init__(
+        self,
+        kube: Kube,
+        interval: float = FOLLOW_INTERVAL,
+        on_config: Callable[[CDIConfig], None] | None = None,
+    ) -> None:
         self.kube = kube
         self.interval = interval
+        self.on_config = on_config
         self.current: TLSProfile = INTERMEDIATE
 
     def read(self) -> TLSProfile:
@@ -42,7 +50,10 @@ class FollowedProfile:
         except KubeError as exc:
             log.warning("CDIConfig cannot be read, the TLS profile stays as it is: %s", exc)
             return self.current
-        profile = CDIConfig.from_dict(found or {}).tls_profile
+        config = CDIConfig.from_dict(found or {})
+        if self.on_config is not None:
+            self.on_config(config)
+        profile = config.tls_profile
         if profile.note:
             log.warning("CDIConfig tlsSecurityProfile: %s", profile.note)
         return profile

@@ -34,7 +34,7 @@ from cdi.api.tlsprofile import TLSProfile
 from cdi.api.tlsprofile import apply as apply_profile
 from cdi.kube.client import AsyncKube, Kube
 from cdi.kube.errors import KubeError
-from cdi.lifecycle import run_until_stopped
+from cdi.lifecycle import LogVerbosity, run_until_stopped
 from cdi.pki.certs import Bundle, KeyPair
 from cdi.pki.contexts import load_pair, serving_context, upstream_context
 from cdi.pki.profile import FollowedProfile, following
@@ -158,7 +158,7 @@ async def serve_upload_api(kube: Kube, config: ApiServerConfig) -> None:
         kube, _cert_config(plane, config.service, config.cert_secret), config.api_service
     )
     serving = _ServingCert(cert_store)
-    profile = FollowedProfile(kube)
+    profile = FollowedProfile(kube, on_config=LogVerbosity().apply)
     ctx = serving_context(await serving.refresh(), client_ca=ca, profile=await profile.first())
     async_kube = AsyncKube(kube)
     targets = KubeUploadTargets(async_kube, for_proxy=False)
@@ -227,7 +227,7 @@ async def serve_upload_proxy(kube: Kube, config: UploadProxyConfig) -> None:
     upstream = await credentials.first()
     cert_store = CertStore(kube, _cert_config(plane, config.service, config.cert_secret))
     serving = _ServingCert(cert_store)
-    profile = FollowedProfile(kube)
+    profile = FollowedProfile(kube, on_config=LogVerbosity().apply)
     ctx = serving_context(await serving.refresh(), profile=await profile.first())
     async_kube = AsyncKube(kube)
 

@@ -51,6 +51,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from cdi.api.codec import SchemaError
+from cdi.api.config import claim_adoption_allowed
 from cdi.api.constants import (
     ANN_ALLOW_CLAIM_ADOPTION,
     ANN_CONTENT_TYPE,
@@ -205,15 +206,9 @@ def _claim_may_exist(dv: DataVolume, pvc: Mapping[str, Any], ctx: ClusterLookup)
         return True
     if dv.uid and annotations.get(ANN_CREATED_FOR_DATAVOLUME) == dv.uid:
         return False
-    explicit = dv.annotations.get(ANN_ALLOW_CLAIM_ADOPTION)
-    if explicit is not None:
-        return parse_go_bool(explicit)
-    return ctx.claim_adoption_enabled()
-
-
-def parse_go_bool(text: str) -> bool:
-    """Go's ``strconv.ParseBool``, with unparsable text meaning False (as CDI ignores the error)."""
-    return text in ("1", "t", "T", "TRUE", "true", "True")
+    return claim_adoption_allowed(
+        dv.annotations.get(ANN_ALLOW_CLAIM_ADOPTION), ctx.claim_adoption_enabled
+    )
 
 
 # --- 4-7: target claim -----------------------------------------------------------------------

@@ -82,7 +82,7 @@ COMPONENTS = {
         "cdi/upload/tokenapi.py",
         "cdi/upload/token.py",
         "cdi/upload/keys.py",
-        "cdi/pki/profile.py",  # CDIConfig's TLS profile
+        "cdi/pki/profile.py",  # CDIConfig: TLS profile and logVerbosity
     ),
     # the import proxy relay (cdi.importproxy, deploy/60-import-proxy.yaml)
     "cdi-import-proxy": ("cdi/importproxy", "cdi/kube/shared_key.py"),
@@ -101,7 +101,7 @@ COMPONENTS = {
         "cdi/upload/readiness.py",
         "cdi/upload/token.py",
         "cdi/pki/contexts.py",
-        "cdi/pki/profile.py",  # CDIConfig's TLS profile
+        "cdi/pki/profile.py",  # CDIConfig: TLS profile and logVerbosity
     ),
 }
 # The upload servers' modules: every function in them that calls the API is in a component.
