@@ -36,7 +36,15 @@ import urllib3
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from cdi.kube.errors import Gone, KubeError, NotFound, NotLeading, Unavailable, from_status
+from cdi.kube.errors import (
+    Conflict,
+    Gone,
+    KubeError,
+    NotFound,
+    NotLeading,
+    Unavailable,
+    from_status,
+)
 
 JSON = dict[str, Any]
 T = TypeVar("T")
@@ -301,6 +309,24 @@ class Kube:
             body["preconditions"] = {"uid": uid}
         self._call("DELETE", res.path(namespace, name), body)
 
+    def delete_if_present(
+        self,
+        res: Resource,
+        name: str,
+        namespace: str | None = None,
+        *,
+        propagation: str | None = "Background",
+        uid: str | None = None,
+    ) -> bool:
+        """``delete`` for a clean-up that only wants the object gone: already gone (404) is
+        done, and so is a 409 (with ``uid``: another object holds the name now, which is not
+        this call's to delete). True when this call deleted it."""
+        try:
+            self.delete(res, name, namespace, propagation=propagation, uid=uid)
+        except (NotFound, Conflict):
+            return False
+        return True
+
     def watch(
         self,
         res: Resource,
@@ -378,6 +404,7 @@ class AsyncKube:
     patch = _OnThreads(Kube.patch)
     replace = _OnThreads(Kube.replace)
     delete = _OnThreads(Kube.delete)
+    delete_if_present = _OnThreads(Kube.delete_if_present)
 
     def __init__(self, kube: Kube, max_threads: int = API_CONCURRENCY) -> None:
         self.sync = kube

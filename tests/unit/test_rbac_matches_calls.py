@@ -50,6 +50,7 @@ VERBS = {
     "patch": "patch",
     "replace": "update",
     "delete": "delete",
+    "delete_if_present": "delete",
 }
 COMPONENTS = {
     "cdi-controller": (

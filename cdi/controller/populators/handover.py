@@ -62,7 +62,7 @@ from cdi.controller.record import (
     ANN_SEALED_RECORD,
     OUTCOME_FAILED,
     OUTCOME_SUCCEEDED,
-    ImportRecord,
+    ClaimRecord,
     read_sealed,
 )
 from cdi.controller.seal import Seal, object_uid
@@ -122,7 +122,7 @@ class PrimePopulator:
         """The prime claim to create for ``target``, to be filled from ``source``."""
         raise NotImplementedError
 
-    async def work(self, target: JSON, prime: JSON, record: ImportRecord) -> Result:
+    async def work(self, target: JSON, prime: JSON, record: ClaimRecord) -> Result:
         """One step of the worker that fills a ready prime (``populate`` decides when)."""
         raise NotImplementedError
 
@@ -205,7 +205,7 @@ class PrimePopulator:
             pass
         return Result(requeue_after=1.0)
 
-    async def sealed_record(self, target: JSON, prime: JSON) -> ImportRecord:
+    async def sealed_record(self, target: JSON, prime: JSON) -> ClaimRecord:
         """The controller's own record on the prime; CDI's keys there, if someone else changed
         them, are ignored and a Warning says so once."""
         read = read_sealed(self.seal, prime)
@@ -249,7 +249,7 @@ class PrimePopulator:
     async def mirror(
         self,
         target: JSON,
-        record: ImportRecord,
+        record: ClaimRecord,
         pod_phase: str | None,
         progress: Progress | None,
         extra: Mapping[str, str] | None = None,
