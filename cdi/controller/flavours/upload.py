@@ -7,8 +7,9 @@ one level-triggered step on a PVC (DataVolume or not) and says what it saw; ``Up
 is the DataVolume face (``Flavour`` protocol: phases, events, ``sync``/``finish``) and
 ``cdi.controller.uploadpvc`` the face for plain PVCs.
 
-What a step decides is a pure function of the pod (``assess``), so every path is visible in one
-place and unit-testable; the worker then acts on the decision:
+What a step decides is a pure function of the pod (``assess``, on the worker pod engine
+``cdi.controller.workerpod``, which says whether the pod is ours and reads it), so every path is
+visible in one place and unit-testable; the worker then acts on the decision:
 
 ==================================  =========================================================
 the server pod                      action

@@ -12,7 +12,8 @@ level-triggered step and says what it saw:
    ``<target uid>-source-pod-tls`` in the source namespace (CN = that client name, signed by
    the ``cdi-uploadserver-client-ca``, with the server CA to verify the server by), then the
    pod ``<target uid>-source-pod`` (``cdi.render.clone_pod``), whose UID is recorded on the
-   target claim (``clone.sourcePodUID``); a pod at that name with another UID is deleted unread;
+   target claim (``clone.sourcePodUID``); a pod at that name with another UID is deleted unread
+   (the worker pod engine, ``cdi.controller.workerpod``, as for every worker pod);
 3. the upload server's termination decides the outcome: Succeeded ("Clone Complete") or its
    typed failure; the source pod and its Secret go (and the server's pod, Service and Secret,
    which the worker removes itself).
