@@ -35,7 +35,6 @@ from typing import Any
 from cdi.api.constants import IMPORTER_CONTAINER_NAME
 from cdi.controller.policy import Outcome, pod_outcome
 from cdi.kube.client import PODS, AsyncKube
-from cdi.kube.errors import Conflict
 from cdi.kube.events import WARNING, EventRecorder
 
 JSON = dict[str, Any]
@@ -128,11 +127,8 @@ def _last_restart(cs: Mapping[str, Any], container: str) -> Outcome | None:
 async def create_pod(kube: AsyncKube, pod: JSON, namespace: str) -> str | None:
     """Create a worker pod; the UID to record (before anything reads the pod), or None when a
     pod already holds the name (409): never adopted, the next assessment judges it."""
-    try:
-        created = await kube.create(PODS, pod, namespace)
-    except Conflict:
-        return None
-    return pod_uid(created) or ""
+    created = await kube.create_if_absent(PODS, pod, namespace)
+    return None if created is None else pod_uid(created) or ""
 
 
 async def remove_impostor(

@@ -266,6 +266,17 @@ class Kube:
         query = {"dryRun": "All" if dry_run else None}
         return dict(self._call("POST", res.path(ns), obj, query=query))
 
+    def create_if_absent(
+        self, res: Resource, obj: JSON, namespace: str | None = None
+    ) -> JSON | None:
+        """``create`` for an object that may exist already (a deterministic name, made by an
+        earlier step, another replica or someone else): the created object, or None when the
+        name is taken (409). Never adoption: what holds the name is the caller's to judge."""
+        try:
+            return self.create(res, obj, namespace)
+        except Conflict:
+            return None
+
     def patch(
         self,
         res: Resource,
@@ -405,6 +416,7 @@ class AsyncKube:
     replace = _OnThreads(Kube.replace)
     delete = _OnThreads(Kube.delete)
     delete_if_present = _OnThreads(Kube.delete_if_present)
+    create_if_absent = _OnThreads(Kube.create_if_absent)
 
     def __init__(self, kube: Kube, max_threads: int = API_CONCURRENCY) -> None:
         self.sync = kube

@@ -60,7 +60,6 @@ from cdi.controller.record import (
 from cdi.controller.status import ClaimProblem, FlavourPhases, View
 from cdi.controller.workerpod import Trust, create_pod, pod_uid, remove_impostor
 from cdi.kube.client import PODS, PVCS, SECRETS, SERVICES, Resource
-from cdi.kube.errors import Conflict
 from cdi.kube.events import NORMAL, WARNING
 from cdi.kube.workqueue import Result
 from cdi.pki.upload import SERVER_CERT_LIFETIME, UploadCAs, issue_server_credentials
@@ -254,7 +253,8 @@ class UploadWorker:
         except RenderError as exc:
             return Seen(verdict, record, ClaimProblem(exc.reason, exc.message), 30.0)
         await self._replace_secret(render_upload_secret(pvc, creds.secret_data()), ns)
-        await self._create_ignoring_conflict(SERVICES, render_upload_service(pvc), ns)
+        # None: made by an earlier step; its spec is ours (name and selector are fixed)
+        await self.deps.kube.create_if_absent(SERVICES, render_upload_service(pvc), ns)
         uid = await create_pod(self.deps.kube, pod, ns)
         if uid is None:
             return Seen(verdict, record, requeue_after=1.0)  # someone's pod: next step judges
@@ -265,17 +265,9 @@ class UploadWorker:
 
     async def _replace_secret(self, secret: JSON, ns: str) -> None:
         """A fresh certificate every time a pod is created: an old Secret goes first."""
-        try:
-            await self.deps.kube.create(SECRETS, secret, ns)
-        except Conflict:
+        if await self.deps.kube.create_if_absent(SECRETS, secret, ns) is None:
             await self._delete(SECRETS, secret["metadata"]["name"], ns)
             await self.deps.kube.create(SECRETS, secret, ns)
-
-    async def _create_ignoring_conflict(self, res: Resource, obj: JSON, ns: str) -> None:
-        try:
-            await self.deps.kube.create(res, obj, ns)
-        except Conflict:
-            pass  # made by an earlier step; its spec is ours (name and selector are fixed)
 
     async def _delete(self, res: Resource, name: str, ns: str, uid: str | None = None) -> None:
         await self.deps.kube.delete_if_present(res, name, ns, uid=uid)

@@ -67,7 +67,7 @@ from cdi.controller.record import (
 )
 from cdi.controller.seal import Seal, object_uid
 from cdi.kube.client import PVCS, PVS, AsyncKube, split_key
-from cdi.kube.errors import Conflict, NotFound
+from cdi.kube.errors import Conflict
 from cdi.kube.events import NORMAL, WARNING, EventRecorder
 from cdi.kube.workqueue import Result
 from cdi.render.prime import claim_ref_uid, populator_kind, prime_name, rebind_patch, source_name
@@ -199,10 +199,9 @@ class PrimePopulator:
         await self.event_once(target, WARNING, REASON_IMPOSTOR, message)
         if bound or meta.get("deletionTimestamp"):
             return Result(requeue_after=SOURCE_RECHECK)
-        try:
-            await self.kube.delete(PVCS, meta["name"], meta["namespace"], uid=meta.get("uid"))
-        except (NotFound, Conflict):
-            pass
+        await self.kube.delete_if_present(
+            PVCS, meta["name"], meta["namespace"], uid=meta.get("uid")
+        )
         return Result(requeue_after=1.0)
 
     async def sealed_record(self, target: JSON, prime: JSON) -> ClaimRecord:
@@ -234,9 +233,8 @@ class PrimePopulator:
             return Result(requeue_after=SOURCE_RECHECK)
         prime = self.render(target, source)
         meta = target["metadata"]
-        try:
-            created = await self.kube.create(PVCS, prime, meta["namespace"])
-        except Conflict:
+        created = await self.kube.create_if_absent(PVCS, prime, meta["namespace"])
+        if created is None:
             return Result(requeue_after=1.0)
         self._made[object_uid(target)] = object_uid(created)
         await self.annotate(target, self.prime_record(target, created))
@@ -315,9 +313,9 @@ class PrimePopulator:
         if ann.get(ANN_RETAIN_AFTER_COMPLETION) == "true":
             return
         meta = prime["metadata"]
-        try:
-            await self.kube.delete(PVCS, meta["name"], meta["namespace"], uid=meta.get("uid"))
-        except (NotFound, Conflict):
+        if not await self.kube.delete_if_present(
+            PVCS, meta["name"], meta["namespace"], uid=meta.get("uid")
+        ):
             return
         pv = (target.get("spec") or {}).get("volumeName")
         message = f"{self.activity} complete; volume {pv} bound to the claim"

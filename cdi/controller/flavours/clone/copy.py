@@ -42,7 +42,6 @@ from cdi.controller.record import OUTCOME_SUCCEEDED, ClaimRecord
 from cdi.controller.status import ClaimProblem, View
 from cdi.controller.workerpod import Assessment, Trust, assess, create_pod, remove_impostor
 from cdi.kube.client import PODS, PVCS, SECRETS, SERVICES
-from cdi.kube.errors import Conflict
 from cdi.kube.workqueue import Result
 from cdi.pki.certs import KeyPair, issue_client
 from cdi.pki.upload import CLIENT_CA_SECRET, SERVER_CA_SECRET, ensure_ca
@@ -203,9 +202,7 @@ class HostAssistedCopy:
 
     async def _replace(self, secret: JSON, ns: str) -> None:
         """A fresh client certificate for every source pod: an old Secret goes first."""
-        try:
-            await self.kube.create(SECRETS, secret, ns)
-        except Conflict:
+        if await self.kube.create_if_absent(SECRETS, secret, ns) is None:
             await self._delete_secret(str(secret["metadata"]["name"]), ns)
             await self.kube.create(SECRETS, secret, ns)
 
