@@ -67,6 +67,7 @@ def test_a_pod_squatting_the_upload_server_name_is_deleted_and_never_read(
     done = TerminationMessage("Completed", "Upload Complete").to_json()
     pod = impostor("cdi-upload-squatup", created, verdict=done, exit_code=0)
     pod["metadata"]["labels"] = {"cdi.kubevirt.io": "cdi-upload-server"}
+    pod["spec"]["containers"][0]["name"] = "cdi-upload-server"  # read, it would end the upload
     theirs = kube.create(ns_path(namespace, "pods"), pod)["metadata"]["uid"]
     dv = wait_phase(kube, namespace, "squatup", ("UploadReady", "Succeeded", "Failed"), 120)
     assert dv["status"]["phase"] == "UploadReady", dv["status"]
