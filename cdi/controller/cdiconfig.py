@@ -21,7 +21,7 @@ from cdi.api.codec import SchemaError
 from cdi.api.config import CDIConfig
 from cdi.api.constants import CDICONFIG_NAME
 from cdi.kube.client import CDI_CONFIGS, SERVICES, AsyncKube, Resource
-from cdi.kube.errors import Conflict, Forbidden, NotFound
+from cdi.kube.errors import Forbidden, NotFound
 from cdi.kube.workqueue import Result
 from cdi.render import cdiconfig as render
 
@@ -53,9 +53,8 @@ class CDIConfigReconciler:
             return Result()
         obj = await self.kube.get_or_none(CDI_CONFIGS, CDICONFIG_NAME)
         if obj is None:
-            try:
-                obj = await self.kube.create(CDI_CONFIGS, render.new_config())
-            except Conflict:
+            obj = await self.kube.create_if_absent(CDI_CONFIGS, render.new_config())
+            if obj is None:
                 return Result(requeue_after=0.5)
         try:
             config = CDIConfig.from_dict(obj)

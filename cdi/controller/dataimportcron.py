@@ -5,13 +5,13 @@ Level-triggered like the others: the key is the cron's ``namespace/name``; its p
 imports (DataVolumes labelled ``cdi.kubevirt.io/dataImportCron``) and its DataSource map back to
 it, so tampering (the DataSource repointed or deleted, the last import deleted) is repaired by
 the next reconcile, which simply makes the world match ``dataimportcron_desired`` again. The
-poller pod is trusted only by the UID recorded on the cron when it was created (as importer
-pods are), so a pod a tenant names like it cannot choose the digest that gets imported.
+poller pod is trusted only by the UID recorded on the cron when it was created, by the engine
+every worker pod goes through (``cdi.controller.workerpod``), so a pod a tenant names like it
+cannot choose the digest that gets imported: it is deleted by its UID, never read.
 """
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import logging
 from collections.abc import Callable, Mapping
@@ -31,9 +31,9 @@ from cdi.controller.dataimportcron_desired import (
     LABEL_CRON,
     Cron,
 )
-from cdi.controller.policy import pod_outcome
+from cdi.controller.workerpod import Trust, assess, create_pod, remove_impostor
 from cdi.kube.client import CDI_CONFIGS, DATA_SOURCES, DATAVOLUMES, PODS, AsyncKube
-from cdi.kube.errors import Conflict, NotFound
+from cdi.kube.errors import Conflict
 from cdi.kube.workqueue import Result
 from cdi.render.importer_pod import ImporterPodConfig
 
@@ -101,21 +101,22 @@ class DataImportCronReconciler:
         """(cron object, still polling, a poll finished now)."""
         pod = await self.kube.get_or_none(PODS, cron.poller_name, cron.namespace)
         recorded = cron.annotations.get(ANN_POLLER_UID)
-        if pod is not None and (pod.get("metadata") or {}).get("uid") != recorded:
-            await self._delete_poller(cron)  # not ours: never read
+        seen = assess(pod, recorded)
+        if seen.impostor is not None:
+            await remove_impostor(self.kube, seen.impostor, cron.namespace)  # never read
             return obj, True, False
-        if pod is None:
+        if seen.trust == Trust.ABSENT:
             if not desired.poll_due(cron, now):
                 return obj, False, False
-            created = await self.kube.create(
-                PODS, desired.poller_pod(cron, self._pod_config(config))
-            )
-            uid = (created.get("metadata") or {}).get("uid")
-            return await self._annotate(cron, {ANN_POLLER_UID: uid}), True, False
-        outcome = pod_outcome(pod)
+            poller = desired.poller_pod(cron, self._pod_config(config))
+            uid = await create_pod(self.kube, poller, cron.namespace)
+            if uid is None:  # someone's pod at the name: the next reconcile judges it
+                return obj, True, False
+            return await self._annotate(cron, {ANN_POLLER_UID: uid or None}), True, False
+        outcome = seen.outcome
         if outcome is None:
             return obj, True, False
-        await self._delete_poller(cron)
+        await self.kube.delete_if_present(PODS, cron.poller_name, cron.namespace, uid=recorded)
         digest = outcome.termination.source_digest if outcome.termination else None
         if outcome.succeeded and digest:
             nxt = desired.next_poll(cron.schedule, now)
@@ -220,12 +221,7 @@ class DataImportCronReconciler:
             and ((dv.get("metadata") or {}).get("labels") or {}).get(LABEL_CRON) == cron.name
         ]
         for name in desired.to_collect(ours, current, cron.keep):
-            with contextlib.suppress(NotFound):
-                await self.kube.delete(DATAVOLUMES, name, cron.namespace)
-
-    async def _delete_poller(self, cron: Cron) -> None:
-        with contextlib.suppress(NotFound):
-            await self.kube.delete(PODS, cron.poller_name, cron.namespace)
+            await self.kube.delete_if_present(DATAVOLUMES, name, cron.namespace)
 
 
 def _soonest(cron: Cron, now: dt.datetime, busy: bool) -> float | None:

@@ -5,19 +5,20 @@ cache (seen through its own last status write, ``cdi.kube.own_writes``, so it do
 the cache's lag with 409s; a stale read still only costs a 409 and a retry, since the status
 patch carries the resourceVersion read), the PVC from the claim cache too, seen through this
 process's own claim writes (the import flavour's records, its pod UID records above all, go
-through ``FlavourDeps.claims``; other flavours' claims are read fresh), or, when the claim
-cache has never seen it, not at all: it is created straight away (a 409 says it exists after
-all, and it is read then). A guarded record write over a stale cached claim costs a 409 and
-a retry in 0.5 s; an impostor verdict is checked against a fresh GET before a pod is deleted
-(``ImportFlavour._recorded_now``). The worker pods,
-storage classes and config from informer caches, picks the flavour from the spec's source
-(``cdi.controller.flavours.table``: import, upload, clone from a PVC, a snapshot or a
-DataSource; imageio and vddk map to ``Unsupported`` and are left alone), then takes at most
+through ``FlavourDeps.claims``, ``Flavour.claim_from_cache``; other flavours' claims are read
+fresh: the upload and copy workers also serve other reconcilers, and a clone decides on claims
+it does not write through it), or, when the claim cache has never seen it, not at all: it is
+created straight away (a 409 says it exists after all, and it is read then). A guarded record
+write over a stale cached claim costs a 409 and a retry in 0.5 s; an impostor verdict is
+checked against a fresh GET before a pod is deleted (``ImportFlavour._recorded_now``). The
+worker pods, storage classes and config from informer caches, picks the flavour from the
+spec's source (``cdi.controller.flavours.table``: import, upload, clone from a PVC, a snapshot
+or a DataSource; imageio and vddk map to ``Unsupported`` and are left alone), then takes at most
 one step toward the goal and writes the status once:
 
 1. no PVC: render it (``cdi.render.pvc``), let a flavour that shapes its claim reshape it
-   first (clone: ``before_claim`` picks size, strategy and ``dataSource``, and may create no
-   claim yet), and create it, owned by the DataVolume, with the
+   first (``Flavour.before_claim``; clone: picks size, strategy and ``dataSource``, and may
+   create no claim yet), and create it, owned by the DataVolume, with the
    flavour's first record on it (the import flavour's first pod name), so the worker pod can
    follow in the same pass without another write first; a PVC that
    exists and is not ours is adopted only when the DataVolume allows it
@@ -67,13 +68,11 @@ from cdi.controller.flavours import (
     Flavour,
     FlavourDeps,
     FlavourTable,
-    Forgets,
     PhaseEvent,
-    ShapesClaim,
     Unsupported,
     select_flavour,
 )
-from cdi.controller.flavours.import_ import ImportFlavour, ImportSettings
+from cdi.controller.flavours.import_ import ImportSettings
 from cdi.controller.flavours.table import standard_flavours
 from cdi.controller.flavours.upload import UploadSettings
 from cdi.controller.parsed import ParseCache
@@ -86,7 +85,7 @@ from cdi.controller.populators.datavolume import (
 )
 from cdi.controller.progress import Scraper
 from cdi.controller.proxy_relay import RelaySettings
-from cdi.controller.record import OUTCOME_SUCCEEDED, ImportRecord
+from cdi.controller.record import OUTCOME_SUCCEEDED, ClaimRecord
 from cdi.controller.status import ClaimProblem, View, compute_status
 from cdi.kube.client import DATAVOLUMES, JSON, PVCS, AsyncKube, split_key
 from cdi.kube.errors import Conflict
@@ -102,12 +101,6 @@ log = logging.getLogger(__name__)
 
 ANN_DEFAULT_CLASS = "storageclass.kubernetes.io/is-default-class"
 ANN_DEFAULT_VIRT_CLASS = "storageclass.kubevirt.io/is-default-virt-class"
-
-# Flavours whose every claim write goes through ``FlavourDeps.claims``, so their claim may be
-# read from the informer cache: the import flavour (the one under load). Upload and clone read
-# it fresh: their workers also serve other reconcilers, and a clone decides on claims it does
-# not write through it.
-CACHED_CLAIM_FLAVOURS = (ImportFlavour,)
 
 CLAIM_EVENTS: Mapping[str, PhaseEvent] = {  # the phases every flavour shares
     Phase.PENDING: PhaseEvent(NORMAL, ConditionReason.PENDING, "PVC {claim} Pending"),
@@ -217,7 +210,7 @@ class DataVolumeReconciler:
             self.own_claims.forget(key)
             self.deferred_phases.pop(key, None)
             for flavour in {id(f): f for f in self.flavours.values()}.values():
-                if isinstance(flavour, Forgets):
+                if not isinstance(flavour, Unsupported):
                     await flavour.forget(namespace or "", name)
             return Result()
         if (obj.get("metadata") or {}).get("deletionTimestamp"):
@@ -351,7 +344,7 @@ class Step:
             if adopted is None:
                 return Result(requeue_after=30.0)
             pvc = adopted
-        record = ImportRecord.from_pvc(pvc)
+        record = ClaimRecord.from_pvc(pvc)
         phase = (pvc.get("status") or {}).get("phase") or "Pending"
         self._see(pvc_phase=phase, record=record)
         if (pvc.get("metadata") or {}).get("deletionTimestamp"):
@@ -370,8 +363,7 @@ class Step:
             return Result()
         waiting = r.waits_for_consumer(pvc)
         immediate = ANN_IMMEDIATE_BINDING in dv.annotations
-        fills_unbound = isinstance(self.flavour, ShapesClaim) and self.flavour.fills_unbound
-        early = fills_unbound or self._starts_unbound(pvc)
+        early = self.flavour.fills_unbound or self._starts_unbound(pvc)
         if phase != "Bound" and not (waiting and immediate) and not early:
             self._see(waiting_for_consumer=waiting)
             return Result()
@@ -390,7 +382,7 @@ class Step:
             seen = r.own_claims.freshest(key, cache.get(key))
             if seen is None:
                 return None
-            if isinstance(self.flavour, CACHED_CLAIM_FLAVOURS) and not is_partial(seen):
+            if self.flavour.claim_from_cache and not is_partial(seen):
                 self.cached_claim = True
                 return seen
         return await r.kube.get_or_none(PVCS, dv.name, dv.namespace)
@@ -403,11 +395,12 @@ class Step:
         return (meta.get("annotations") or {}).get(ANN_CREATED_FOR_DATAVOLUME) == self.dv.uid
 
     def _starts_unbound(self, pvc: Mapping[str, Any]) -> bool:
-        """An importer pod may be created before its claim is Bound when the claim's class
-        binds Immediately: the scheduler holds the pod until the binder and provisioner are
-        done, so the bind round trip overlaps the pod's creation (docs/controller.md)."""
+        """A worker pod (``pod_before_bind``: the importer) may be created before its claim is
+        Bound when the claim's class binds Immediately: the scheduler holds the pod until the
+        binder and provisioner are done, so the bind round trip overlaps the pod's creation
+        (docs/controller.md)."""
         return (
-            isinstance(self.flavour, ImportFlavour)
+            self.flavour.pod_before_bind
             and populator_kind(pvc) is None
             and self.r.binds_immediately(pvc)
         )
@@ -426,19 +419,18 @@ class Step:
         desired = self._render_pvc()
         if desired is None:
             return None, Result(requeue_after=30.0)
-        if isinstance(self.flavour, ShapesClaim):
-            shaped, self.view, result = await self.flavour.before_claim(
-                self.dv, self.obj, desired, self.view
-            )
-            if shaped is None:
-                return None, result
-            desired = shaped
+        shaped, self.view, result = await self.flavour.before_claim(
+            self.dv, self.obj, desired, self.view
+        )
+        if shaped is None:
+            return None, result
+        desired = shaped
         desired = await populated_claim(
             self.r.kube, self.dv, desired, self.r.caches.storage_classes
         )
-        if isinstance(self.flavour, ImportFlavour) and populator_kind(desired) is None:
-            annotations = desired["metadata"].setdefault("annotations", {})
-            annotations.update(self.flavour.first_record(self.dv.name))
+        first = self.flavour.first_record(self.dv.name)
+        if first and populator_kind(desired) is None:
+            desired["metadata"].setdefault("annotations", {}).update(first)
         # a 409 (someone, or we before a restart, made it already) goes to the caller
         created = await self.r.kube.create(PVCS, desired, self.dv.namespace)
         self.r.own_claims.wrote(created)
@@ -460,7 +452,7 @@ class Step:
         annotations: dict[str, Any] = dict(desired["metadata"]["annotations"])
         current = (pvc.get("metadata") or {}).get("annotations") or {}
         if ANN_PRE_POPULATED in dv.annotations or current.get(ANN_POPULATED_FOR) == dv.name:
-            done = ImportRecord(
+            done = ClaimRecord(
                 outcome=OUTCOME_SUCCEEDED, reason=REASON_COMPLETED, message="PVC pre-populated"
             )
             annotations.update(done.annotations())

@@ -23,7 +23,6 @@ from cdi.api.config import CDIConfig
 from cdi.controller.flavours import Claim, FlavourDeps
 from cdi.importproxy.ticket import issue
 from cdi.kube.client import SECRETS, SERVICES
-from cdi.kube.errors import Conflict
 from cdi.kube.shared_key import ensure_shared_key
 from cdi.render import RenderError
 from cdi.render.proxy_auth import (
@@ -66,10 +65,8 @@ class ProxyRelay:
         ticket = issue(claim.dv.namespace, claim.name, issued, self.settings.ticket_lifetime)
         secret = render_proxy_auth_secret(claim.dv, claim.name, config, ticket.userinfo(key))
         assert secret is not None  # there are credentials
-        try:
-            await self.deps.kube.create(SECRETS, secret, claim.dv.namespace)
-        except Conflict:
-            pass  # the same ticket's Secret (same content, same name) exists
+        # None: the same ticket's Secret (same content, same name) exists
+        await self.deps.kube.create_if_absent(SECRETS, secret, claim.dv.namespace)
         proxy = relayed(config.import_proxy, url)
         return str(secret["metadata"]["name"]), with_import_proxy(config, proxy)
 

@@ -1,21 +1,21 @@
-"""The durable record of an import, kept in annotations on the target PVC.
+"""The claim record: the durable state of the work that fills a claim, in annotations on it.
 
-Importer pods are deleted after success and a controller may restart at any moment, so what
+Worker pods are deleted after success and a controller may restart at any moment, so what
 has happened so far must live in the cluster, not in memory. CDI keeps it on the PVC
 (``storage.pod.restarts``, ``storage.pod.phase``, ``storage.import.fatalError``,
-``storage.condition.running.*``); so do we, with the same keys, so ``kubectl describe pvc``
-reads the same. ``ImportRecord`` parses and renders those annotations; the reconciler writes
-them with one merge patch per decision, before acting on the decision (bump the attempt count,
-then create the next pod), so a crash in between is repaired by the next reconcile.
+``storage.condition.running.*``) for every worker (its upload controller writes the same keys
+as its import controller); so do we, with the same keys, so ``kubectl describe pvc`` reads the
+same. ``ClaimRecord`` is that record whatever fills the claim (import, upload, host-assisted
+clone, a populator's prime): it parses and renders those annotations; the flavours write them
+with one merge patch per decision, before acting on the decision (bump the attempt count, then
+create the next pod), so a crash in between is repaired by the next reconcile.
 
-The record also names the pod the controller created for the current attempt by UID
-(``ANN_IMPORT_POD_UID``, ours, not CDI's): a pod is the import pod only when its UID is the one
-recorded from the create response, never because of its name, labels or owner reference, which
-any tenant allowed to create pods can copy (``cdi.controller.pods.claim_pod``).
-
-The keys are CDI's for every worker pod (its upload controller writes the same ones), so the
-reconciler reads this record whatever the flavour; only ``pod_name``
-(``storage.import.importPodName``) is the import flavour's own.
+The record also names the worker pod the controller created for the current attempt by UID
+(``ANN_IMPORT_POD_UID``, ours, not CDI's; the key keeps its historical name for every flavour):
+a pod is the worker pod only when its UID is the one recorded from the create response, never
+because of its name, labels or owner reference, which any tenant allowed to create pods can copy
+(``cdi.controller.workerpod.assess``). Only ``pod_name`` (``storage.import.importPodName``) is
+the import flavour's own.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ OUTCOME_FAILED = "Failed"
 
 
 @dataclass(frozen=True)
-class ImportRecord:
+class ClaimRecord:
     failed_attempts: int = 0  # = index of the current attempt
     outcome: str | None = None  # Succeeded | Failed once the import is over
     reason: str | None = None  # of the last finished attempt
@@ -61,7 +61,7 @@ class ImportRecord:
         return self.outcome in (OUTCOME_SUCCEEDED, OUTCOME_FAILED)
 
     @classmethod
-    def from_pvc(cls, pvc: Mapping[str, Any] | None) -> ImportRecord:
+    def from_pvc(cls, pvc: Mapping[str, Any] | None) -> ClaimRecord:
         ann = ((pvc or {}).get("metadata") or {}).get("annotations") or {}
         try:
             restarts = max(0, int(ann.get(ANN_POD_RESTARTS) or 0))
@@ -99,7 +99,7 @@ class ImportRecord:
         return json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))
 
     @classmethod
-    def from_json(cls, text: str) -> ImportRecord | None:
+    def from_json(cls, text: str) -> ClaimRecord | None:
         """The record ``to_json`` wrote, or None if ``text`` is not one."""
         try:
             raw = json.loads(text)
@@ -114,7 +114,7 @@ class ImportRecord:
             return None
 
 
-def sealed_annotations(seal: Seal | None, pvc: Mapping[str, Any], record: ImportRecord) -> dict:
+def sealed_annotations(seal: Seal | None, pvc: Mapping[str, Any], record: ClaimRecord) -> dict:
     """What to write beside ``record.annotations()`` so the record can be read back sealed."""
     if seal is None or not object_uid(pvc):
         return {}
@@ -126,7 +126,7 @@ class SealedRead:
     """The record the controller sealed on a claim, and whether the claim's CDI keys were
     changed since by someone else (``altered``: they are ignored)."""
 
-    record: ImportRecord
+    record: ClaimRecord
     altered: bool
 
 
@@ -136,6 +136,6 @@ def read_sealed(seal: Seal, pvc: Mapping[str, Any]) -> SealedRead:
     ann = (pvc.get("metadata") or {}).get("annotations") or {}
     raw = ann.get(ANN_SEALED_RECORD)
     value = seal.open(SEAL_PURPOSE, object_uid(pvc), raw)
-    record = (ImportRecord.from_json(value) if value is not None else None) or ImportRecord()
+    record = (ClaimRecord.from_json(value) if value is not None else None) or ClaimRecord()
     broken = raw is not None and value is None
-    return SealedRead(record, broken or ImportRecord.from_pvc(pvc) != record)
+    return SealedRead(record, broken or ClaimRecord.from_pvc(pvc) != record)

@@ -46,7 +46,7 @@ from cdi.api.constants import (
     Phase,
 )
 from cdi.controller.progress import Progress
-from cdi.controller.record import OUTCOME_FAILED, OUTCOME_SUCCEEDED, ImportRecord
+from cdi.controller.record import OUTCOME_FAILED, OUTCOME_SUCCEEDED, ClaimRecord
 
 Condition = dict[str, Any]
 
@@ -86,7 +86,7 @@ class View:
     pvc_phase: str | None = None  # None: no PVC
     waiting_for_consumer: bool = False
     problem: ClaimProblem | None = None
-    record: ImportRecord = field(default_factory=ImportRecord)
+    record: ClaimRecord = field(default_factory=ClaimRecord)
     pod_phase: str | None = None  # of the current attempt's worker pod
     progress: Progress | None = None  # fresh reading, when the pod is running
     retry_in: float | None = None  # seconds until the next attempt's pod is created

@@ -29,7 +29,7 @@ from cdi.api.codec import SchemaError
 from cdi.api.config import StorageProfileSpec
 from cdi.controller.status import merge_conditions
 from cdi.kube.client import STORAGE_CLASSES, STORAGE_PROFILES, VOLUME_SNAPSHOT_CLASSES, AsyncKube
-from cdi.kube.errors import Conflict, NotFound
+from cdi.kube.errors import NotFound
 from cdi.kube.workqueue import Result
 from cdi.render import storageprofile as render
 from cdi.render.clone_snapshot import choose_snapshot_class
@@ -52,9 +52,8 @@ class StorageProfileReconciler:
                 await self._delete(key)
             return Result()
         if profile is None:
-            try:
-                profile = await self.kube.create(STORAGE_PROFILES, render.new_profile(sc))
-            except Conflict:
+            profile = await self.kube.create_if_absent(STORAGE_PROFILES, render.new_profile(sc))
+            if profile is None:
                 return Result(requeue_after=0.5)  # created meanwhile: read it next time
         try:
             spec = StorageProfileSpec.from_dict(profile.get("spec") or {})
@@ -75,10 +74,7 @@ class StorageProfileReconciler:
         return choice.name if choice else None
 
     async def _delete(self, name: str) -> None:
-        try:
-            await self.kube.delete(STORAGE_PROFILES, name)
-        except NotFound:
-            pass
+        await self.kube.delete_if_present(STORAGE_PROFILES, name)
 
     async def _annotate(self, sc: JSON, profile: JSON) -> JSON:
         meta = profile.get("metadata") or {}

@@ -34,7 +34,7 @@ from cdi.api.constants import (
     KIND_DATAVOLUME,
 )
 from cdi.controller.flavours.upload import Action, Target, UploadWorker
-from cdi.controller.record import ImportRecord
+from cdi.controller.record import ClaimRecord
 from cdi.kube.client import PVCS, AsyncKube, split_key
 from cdi.kube.events import NORMAL, WARNING, EventRecorder
 from cdi.kube.workqueue import Result
@@ -88,7 +88,7 @@ class UploadPVCReconciler:
         if not is_upload_target(pvc):
             await self.worker.remove(pvc)
             return Result()
-        record = ImportRecord.from_pvc(pvc)
+        record = ClaimRecord.from_pvc(pvc)
         config = self.cdi_config()
         claim = Target(pvc, record, config)
         if record.done:
@@ -109,7 +109,7 @@ class UploadPVCReconciler:
         annotations = (pvc.get("metadata") or {}).get("annotations") or {}
         return waiting and ANN_IMMEDIATE_BINDING in annotations
 
-    async def _event(self, pvc: dict[str, Any], action: Action, record: ImportRecord) -> None:
+    async def _event(self, pvc: dict[str, Any], action: Action, record: ClaimRecord) -> None:
         ann = pvc["metadata"].get("annotations") or {}
         name = pvc["metadata"]["name"]
         if action == Action.READY and ann.get("cdi.kubevirt.io/storage.pod.ready") != "true":

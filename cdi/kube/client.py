@@ -36,7 +36,15 @@ import urllib3
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from cdi.kube.errors import Gone, KubeError, NotFound, NotLeading, Unavailable, from_status
+from cdi.kube.errors import (
+    Conflict,
+    Gone,
+    KubeError,
+    NotFound,
+    NotLeading,
+    Unavailable,
+    from_status,
+)
 
 JSON = dict[str, Any]
 T = TypeVar("T")
@@ -258,6 +266,17 @@ class Kube:
         query = {"dryRun": "All" if dry_run else None}
         return dict(self._call("POST", res.path(ns), obj, query=query))
 
+    def create_if_absent(
+        self, res: Resource, obj: JSON, namespace: str | None = None
+    ) -> JSON | None:
+        """``create`` for an object that may exist already (a deterministic name, made by an
+        earlier step, another replica or someone else): the created object, or None when the
+        name is taken (409). Never adoption: what holds the name is the caller's to judge."""
+        try:
+            return self.create(res, obj, namespace)
+        except Conflict:
+            return None
+
     def patch(
         self,
         res: Resource,
@@ -300,6 +319,24 @@ class Kube:
         if uid:
             body["preconditions"] = {"uid": uid}
         self._call("DELETE", res.path(namespace, name), body)
+
+    def delete_if_present(
+        self,
+        res: Resource,
+        name: str,
+        namespace: str | None = None,
+        *,
+        propagation: str | None = "Background",
+        uid: str | None = None,
+    ) -> bool:
+        """``delete`` for a clean-up that only wants the object gone: already gone (404) is
+        done, and so is a 409 (with ``uid``: another object holds the name now, which is not
+        this call's to delete). True when this call deleted it."""
+        try:
+            self.delete(res, name, namespace, propagation=propagation, uid=uid)
+        except (NotFound, Conflict):
+            return False
+        return True
 
     def watch(
         self,
@@ -378,6 +415,8 @@ class AsyncKube:
     patch = _OnThreads(Kube.patch)
     replace = _OnThreads(Kube.replace)
     delete = _OnThreads(Kube.delete)
+    delete_if_present = _OnThreads(Kube.delete_if_present)
+    create_if_absent = _OnThreads(Kube.create_if_absent)
 
     def __init__(self, kube: Kube, max_threads: int = API_CONCURRENCY) -> None:
         self.sync = kube

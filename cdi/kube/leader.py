@@ -39,7 +39,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from cdi.kube.client import LEASES, AsyncKube
-from cdi.kube.errors import Conflict, KubeError, NotFound
+from cdi.kube.errors import Conflict, KubeError
 
 log = logging.getLogger(__name__)
 
@@ -135,9 +135,8 @@ class LeaderElector:
         cfg = self.config
         sent = self.clock()
         now = micro_time()
-        try:
-            lease = await self.kube.get(LEASES, cfg.name, cfg.namespace)
-        except NotFound:
+        lease = await self.kube.get_or_none(LEASES, cfg.name, cfg.namespace)
+        if lease is None:
             return await self._create(now, sent)
         spec: dict[str, Any] = dict(lease.get("spec") or {})
         holder = str(spec.get("holderIdentity") or "")
@@ -179,9 +178,7 @@ class LeaderElector:
                 "leaseTransitions": 0,
             },
         }
-        try:
-            await self.kube.create(LEASES, lease)
-        except Conflict:
+        if await self.kube.create_if_absent(LEASES, lease) is None:
             return False
         self._observed, self._observed_at = (self.identity, now), self.clock()
         self._renewed_at = sent

@@ -16,7 +16,6 @@ import base64
 import secrets
 
 from cdi.kube.client import SECRETS, Kube
-from cdi.kube.errors import Conflict
 
 DATA_KEY = "key"
 KEY_BYTES = 32
@@ -45,9 +44,7 @@ def ensure_shared_key(kube: Kube, namespace: str, name: str, attempts: int = 5) 
             "metadata": {"name": name, "namespace": namespace},
             "data": {DATA_KEY: base64.b64encode(key).decode("ascii")},
         }
-        try:
-            kube.create(SECRETS, body)
-        except Conflict:
+        if kube.create_if_absent(SECRETS, body) is None:
             continue  # another process created it first: read theirs
         return key
     raise RuntimeError(f"Secret {namespace}/{name} exists without a usable {DATA_KEY!r}")

@@ -13,9 +13,9 @@ from aiohttp import web
 
 from cdi.api.config import CDIConfig
 from cdi.api.types import DataVolume
-from cdi.controller.pods import claim_pod
 from cdi.controller.progress import MAX_METRICS_BYTES, HttpScraper
-from cdi.controller.record import ImportRecord
+from cdi.controller.record import ClaimRecord
+from cdi.controller.workerpod import assess
 from cdi.render.pvc import render_pvc
 
 INTERNAL = {
@@ -71,8 +71,8 @@ def test_internal_annotations_on_a_datavolume_never_reach_the_pvc() -> None:
 
 
 def test_a_forged_outcome_on_the_datavolume_is_not_read_back_as_the_record() -> None:
-    record = ImportRecord.from_pvc(render_pvc(_dv(INTERNAL), None, CDIConfig()))
-    assert record == ImportRecord()
+    record = ClaimRecord.from_pvc(render_pvc(_dv(INTERNAL), None, CDIConfig()))
+    assert record == ClaimRecord()
     assert not record.done
 
 
@@ -81,13 +81,13 @@ def _pod(uid: str) -> dict[str, Any]:
 
 
 def test_a_pod_is_ours_only_by_the_recorded_uid() -> None:
-    pods = {"importer-disk": _pod("u-1")}
-    assert claim_pod(pods, "importer-disk", "u-1").pod == pods["importer-disk"]
-    impostor = claim_pod(pods, "importer-disk", "u-2")
-    assert (impostor.pod, impostor.impostor) == (None, pods["importer-disk"])
-    unrecorded = claim_pod(pods, "importer-disk", None)
-    assert (unrecorded.pod, unrecorded.impostor) == (None, pods["importer-disk"])
-    assert claim_pod({}, "importer-disk", "u-1").pod is None
+    pod = _pod("u-1")
+    assert assess(pod, "u-1").pod == pod
+    impostor = assess(pod, "u-2")
+    assert (impostor.pod, impostor.impostor) == (None, pod)
+    unrecorded = assess(pod, None)
+    assert (unrecorded.pod, unrecorded.impostor) == (None, pod)
+    assert assess(None, "u-1").pod is None
 
 
 # --- the scraper against real loopback servers --------------------------------------------------

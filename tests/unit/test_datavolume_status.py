@@ -8,12 +8,12 @@ import pytest
 
 from cdi.controller.flavours.import_ import IMPORT_PHASES
 from cdi.controller.progress import Progress
-from cdi.controller.record import ImportRecord
+from cdi.controller.record import ClaimRecord
 from cdi.controller.status import ClaimProblem, View, compute_status, merge_conditions
 
 T0, T1 = "2026-01-01T00:00:00Z", "2026-01-01T00:01:00Z"
-SUCCEEDED = ImportRecord(outcome="Succeeded", reason="Completed", message="Import Complete")
-FAILED = ImportRecord(outcome="Failed", reason="ChecksumMismatch", message="sha256 differs")
+SUCCEEDED = ClaimRecord(outcome="Succeeded", reason="Completed", message="Import Complete")
+FAILED = ClaimRecord(outcome="Failed", reason="ChecksumMismatch", message="sha256 differs")
 
 
 def importing(**observed: Any) -> View:
@@ -93,7 +93,7 @@ def test_progress_is_not_available_before_the_first_reading() -> None:
 
 
 def test_retry_waiting_reports_attempt_and_restart_count() -> None:
-    record = ImportRecord(failed_attempts=1, reason="SourceUnavailable", message="503")
+    record = ClaimRecord(failed_attempts=1, reason="SourceUnavailable", message="503")
     status = compute_status(
         importing(pvc_phase="Bound", record=record, retry_in=2.0, max_attempts=3), None, T0
     )

@@ -8,7 +8,7 @@ import pytest
 
 from cdi.api.termination import TerminationMessage
 from cdi.controller.policy import Decision, FailurePolicy, Outcome, pod_outcome
-from cdi.controller.record import ImportRecord
+from cdi.controller.record import ClaimRecord
 
 
 def pod(phase: str, message: str = "", reason: str = "Error", exit_code: int = 1) -> dict:
@@ -85,7 +85,7 @@ def test_retry_delay_doubles_and_is_capped() -> None:
 
 
 def test_import_record_round_trips_through_pvc_annotations() -> None:
-    record = ImportRecord(
+    record = ClaimRecord(
         failed_attempts=2,
         outcome="Failed",
         reason="UnsafeImage",
@@ -93,11 +93,11 @@ def test_import_record_round_trips_through_pvc_annotations() -> None:
         pod_name="importer-x-retry-2",
     )
     pvc = {"metadata": {"annotations": {k: v for k, v in record.annotations().items() if v}}}
-    assert ImportRecord.from_pvc(pvc) == record
+    assert ClaimRecord.from_pvc(pvc) == record
     assert not record.differs_from(pvc)
-    assert ImportRecord.from_pvc(None) == ImportRecord()
+    assert ClaimRecord.from_pvc(None) == ClaimRecord()
 
 
 def test_failed_pod_phase_without_fatal_error_is_not_terminal() -> None:
     pvc = {"metadata": {"annotations": {"cdi.kubevirt.io/storage.pod.phase": "Failed"}}}
-    assert not ImportRecord.from_pvc(pvc).done
+    assert not ClaimRecord.from_pvc(pvc).done

@@ -17,6 +17,7 @@ from cdi.api.constants import Phase, SourceKind
 from cdi.api.types import DataVolume
 from cdi.controller.flavours import (
     Claim,
+    FlavourDefaults,
     FlavourDeps,
     FlavourTable,
     PhaseEvent,
@@ -28,7 +29,7 @@ from cdi.controller.flavours.import_ import ImportFlavour, ImportSettings
 from cdi.controller.flavours.table import standard_flavours
 from cdi.controller.flavours.upload import UploadFlavour
 from cdi.controller.progress import Progress
-from cdi.controller.record import ImportRecord
+from cdi.controller.record import ClaimRecord
 from cdi.controller.status import FlavourPhases, View, compute_status
 from cdi.kube.client import AsyncKube, Kube
 from cdi.kube.events import EventRecorder
@@ -129,7 +130,7 @@ def test_clones_and_datasource_references_get_the_clone_flavour(table: FlavourTa
         assert isinstance(select_flavour(from_source(kind), table), CloneFlavour)
 
 
-class StubUpload:
+class StubUpload(FlavourDefaults):
     """A second flavour, as the upload flavour will plug in: only the table changes."""
 
     phases = UPLOAD
@@ -160,7 +161,7 @@ def conds(status: dict[str, Any]) -> dict[str, dict[str, Any]]:
         ({"pvc_phase": "Bound", "pod_phase": "Pending"}, "UploadScheduled"),
         ({"pvc_phase": "Bound", "pod_phase": "Running"}, "UploadReady"),
         ({"pvc_phase": "Pending", "waiting_for_consumer": True}, "WaitForFirstConsumer"),
-        ({"pvc_phase": "Bound", "record": ImportRecord(outcome="Succeeded")}, "Succeeded"),
+        ({"pvc_phase": "Bound", "record": ClaimRecord(outcome="Succeeded")}, "Succeeded"),
         ({"pvc_phase": "Lost"}, "Failed"),
     ],
 )
@@ -196,7 +197,7 @@ def test_a_flavour_step_of_its_own_is_the_phase_until_the_outcome() -> None:
         CLONE,
         pvc_phase="Bound",
         step=Phase.CSI_CLONE_IN_PROGRESS,
-        record=ImportRecord(outcome="Succeeded", reason="Completed", message="Clone Complete"),
+        record=ClaimRecord(outcome="Succeeded", reason="Completed", message="Clone Complete"),
     )
     status = compute_status(done, status, T0)
     assert (status["phase"], status["progress"]) == ("Succeeded", "100.0%")

@@ -50,6 +50,8 @@ VERBS = {
     "patch": "patch",
     "replace": "update",
     "delete": "delete",
+    "delete_if_present": "delete",
+    "create_if_absent": "create",
 }
 COMPONENTS = {
     "cdi-controller": (
@@ -121,7 +123,6 @@ RBAC_FILES = ("1*-rbac-*.yaml", "50-upload.yaml", "60-import-proxy.yaml")
 INDIRECT: dict[tuple[str, str], tuple[Resource, ...]] = {
     ("cdi.pki.store", "_publish_to"): (VALIDATING_WEBHOOKS, MUTATING_WEBHOOKS),
     # the upload flavour's helpers, called with the server's Service and its pod/Service/Secret
-    ("cdi.controller.flavours.upload", "_create_ignoring_conflict"): (SERVICES,),
     ("cdi.controller.flavours.upload", "_delete"): (PODS, SERVICES, SECRETS),
     ("cdi.controller.flavours.upload", "remove"): (PODS, SERVICES),
     # the upload proxy's client certificate and server CA bundle, kept by the controller

@@ -8,7 +8,7 @@ from typing import Any
 from cdi.controller.populators.handover import bound_to
 from cdi.controller.record import (
     ANN_SEALED_RECORD,
-    ImportRecord,
+    ClaimRecord,
     read_sealed,
     sealed_annotations,
 )
@@ -16,7 +16,7 @@ from cdi.controller.seal import Seal
 from cdi.render.prime import rebind_patch
 
 SEAL = Seal.from_shared_key(b"k" * 32)
-RUNNING = ImportRecord(failed_attempts=1, pod_name="importer-p-1", pod_uid="pod-uid")
+RUNNING = ClaimRecord(failed_attempts=1, pod_name="importer-p-1", pod_uid="pod-uid")
 
 
 def claim(uid: str, annotations: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -24,7 +24,7 @@ def claim(uid: str, annotations: dict[str, Any] | None = None) -> dict[str, Any]
                          "annotations": annotations or {}}}  # fmt: skip
 
 
-def written(uid: str, record: ImportRecord) -> dict[str, Any]:
+def written(uid: str, record: ClaimRecord) -> dict[str, Any]:
     """A claim as the flavour writes it: CDI's keys and the sealed record, in one patch."""
     pvc = claim(uid)
     ann = {k: v for k, v in record.annotations().items() if v is not None}
@@ -51,10 +51,10 @@ def test_without_a_shared_key_each_process_seals_with_its_own() -> None:
 
 
 def test_the_record_round_trips_through_json() -> None:
-    done = ImportRecord(2, "Succeeded", "Completed", "Import Complete", "importer-p-2", "u")
-    assert ImportRecord.from_json(done.to_json()) == done
+    done = ClaimRecord(2, "Succeeded", "Completed", "Import Complete", "importer-p-2", "u")
+    assert ClaimRecord.from_json(done.to_json()) == done
     for junk in ("", "[]", "{}", '{"outcome": "Succeeded"}', "not json"):
-        assert ImportRecord.from_json(junk) is None
+        assert ClaimRecord.from_json(junk) is None
 
 
 def test_the_sealed_record_is_read_and_a_forged_outcome_beside_it_is_ignored() -> None:
@@ -68,7 +68,7 @@ def test_the_sealed_record_is_read_and_a_forged_outcome_beside_it_is_ignored() -
 
 def test_a_claim_with_no_seal_has_a_fresh_record_whatever_its_keys_say() -> None:
     fresh = read_sealed(SEAL, claim("prime-uid"))
-    assert fresh.record == ImportRecord() and not fresh.altered
+    assert fresh.record == ClaimRecord() and not fresh.altered
     forged = read_sealed(
         SEAL, claim("prime-uid", {"cdi.kubevirt.io/storage.pod.phase": "Succeeded"})
     )
@@ -76,7 +76,7 @@ def test_a_claim_with_no_seal_has_a_fresh_record_whatever_its_keys_say() -> None
 
 
 def test_a_sealed_success_copied_from_another_claim_does_not_verify() -> None:
-    done = ImportRecord(outcome="Succeeded", pod_name="importer-p-0", pod_uid="pod")
+    done = ClaimRecord(outcome="Succeeded", pod_name="importer-p-0", pod_uid="pod")
     elsewhere = written("another-prime-uid", done)
     pvc = claim("prime-uid", dict(elsewhere["metadata"]["annotations"]))
     read = read_sealed(SEAL, pvc)

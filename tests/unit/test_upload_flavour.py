@@ -16,7 +16,7 @@ from cdi.controller.flavours.upload import (
 )
 from cdi.controller.flavours.upload import _recorded as recorded
 from cdi.controller.manager import WORKER_PODS, is_upload_pod, owner_key
-from cdi.controller.record import ImportRecord
+from cdi.controller.record import ClaimRecord
 from cdi.controller.status import View, compute_status
 
 T0 = "2026-01-01T00:00:00Z"
@@ -79,21 +79,21 @@ def test_a_completed_server_succeeds_with_its_message() -> None:
         "Upload Complete",
     )
     assert verdict.preallocation_applied
-    assert recorded(ImportRecord(), verdict).outcome == "Succeeded"
+    assert recorded(ClaimRecord(), verdict).outcome == "Succeeded"
 
 
 def test_a_passed_deadline_renews_the_pod_instead_of_ending_the_upload() -> None:
     msg = TerminationMessage("DeadlinePassed", "deadlinePassed: certificates due for renewal")
     verdict = assess(pod("Succeeded", terminated=ended(msg)), "u1")
     assert verdict.action == Action.RENEW
-    assert recorded(ImportRecord(), verdict).outcome is None
+    assert recorded(ClaimRecord(), verdict).outcome is None
 
 
 def test_a_failed_pod_fails_with_the_typed_reason() -> None:
     msg = TerminationMessage("ImageTooLarge", "image is larger than the volume")
     verdict = assess(pod("Failed", terminated=ended(msg, 1)), "u1")
     assert (verdict.action, verdict.reason) == (Action.FAIL, "ImageTooLarge")
-    record = recorded(ImportRecord(), verdict)
+    record = recorded(ClaimRecord(), verdict)
     assert (record.outcome, record.reason) == ("Failed", "ImageTooLarge")
 
 
@@ -106,7 +106,7 @@ def test_restarts_are_counted_with_the_last_reason() -> None:
     last = ended(TerminationMessage("InternalError", "boom", transient=True), 1)
     verdict = assess(pod("Running", ready=True, restarts=2, last=last), "u1")
     assert (verdict.action, verdict.restarts, verdict.reason) == (Action.READY, 2, "InternalError")
-    record = recorded(ImportRecord(failed_attempts=1), verdict)
+    record = recorded(ClaimRecord(failed_attempts=1), verdict)
     assert record.failed_attempts == 2
     assert record.annotations()["cdi.kubevirt.io/storage.pod.restarts"] == "2"
 
@@ -122,7 +122,7 @@ def test_upload_ready_has_cdis_conditions_and_restart_count() -> None:
         UPLOAD_PHASES,
         pvc_phase="Bound",
         pod_phase=phase_for(verdict),
-        record=recorded(ImportRecord(), verdict),
+        record=recorded(ClaimRecord(), verdict),
     )
     status = compute_status(view, None, T0)
     c = conds(status)

@@ -10,7 +10,12 @@ What differs by source is the work that fills the claim, so that is a ``Flavour`
 - ``events``: its phase events (reason and message per phase, CDI's);
 - ``sync(claim, view) -> (view, Result)``: one level-triggered step of its work on a claim
   that is ready for it (bound, or immediately bindable), returning what it saw;
-- ``finish(claim)``: what to do once the outcome is recorded on the PVC (clean up workers).
+- ``finish(claim)``: what to do once the outcome is recorded on the PVC (clean up workers);
+- plain attributes for what the reconciler treats differently (``claim_from_cache``,
+  ``pod_before_bind``, ``fills_unbound``, ``first_record``, ``before_claim``, ``forget``), with
+  neutral defaults in ``FlavourDefaults``: the reconciler never asks a flavour's type.
+
+Every worker pod a flavour creates is trusted by one engine, ``cdi.controller.workerpod``.
 
 ``select_flavour`` maps the DataVolume's source to a flavour through one table
 (``cdi.controller.flavours.table``): import (``import_``), upload (``upload``), clone from a
@@ -25,13 +30,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol
 
 from cdi.api.config import CDIConfig
 from cdi.api.constants import KIND_DATASOURCE, SourceKind
 from cdi.api.types import DataVolume
 from cdi.controller.progress import Scraper
-from cdi.controller.record import ImportRecord
+from cdi.controller.record import ClaimRecord
 from cdi.controller.seal import Seal
 from cdi.controller.status import FlavourPhases, View
 from cdi.kube.client import AsyncKube
@@ -61,7 +66,7 @@ class Claim:
     dv: DataVolume
     obj: Mapping[str, Any]
     pvc: JSON
-    record: ImportRecord
+    record: ClaimRecord
     pods: Mapping[str, JSON] = field(default_factory=dict)
     cdi_config: CDIConfig = field(default_factory=CDIConfig)
     # the record is the controller's sealed one (``cdi.controller.record.read_sealed``), not the
@@ -96,13 +101,42 @@ class FlavourDeps:
 
 
 class Flavour(Protocol):
-    """One kind of DataVolume work (import, upload, clone)."""
+    """One kind of DataVolume work (import, upload, clone).
+
+    What the reconciler must know about a flavour is a plain attribute of it, never its type:
+    ``claim_from_cache`` (every claim write of the flavour goes through ``FlavourDeps.claims``,
+    so its claim may be read from the informer cache seen through them), ``pod_before_bind``
+    (its worker pod may be created while a claim of an Immediate class is still Pending: the
+    scheduler holds the pod until the bind), ``fills_unbound`` (``sync`` is called while the
+    claim is still Pending: a clone waits for its bind there). ``FlavourDefaults`` gives a
+    flavour that shapes nothing the neutral ones."""
 
     @property
     def phases(self) -> FlavourPhases: ...
 
     @property
     def events(self) -> Mapping[str, PhaseEvent]: ...
+
+    @property
+    def claim_from_cache(self) -> bool: ...
+
+    @property
+    def pod_before_bind(self) -> bool: ...
+
+    @property
+    def fills_unbound(self) -> bool: ...
+
+    def first_record(self, claim_name: str) -> Mapping[str, str]:
+        """Annotations a new claim (not a populator's) is created with: the flavour's first
+        record, so its worker can follow in the same pass with no write first."""
+        ...
+
+    async def before_claim(
+        self, dv: DataVolume, obj: Mapping[str, Any], desired: JSON, view: View
+    ) -> tuple[JSON | None, View, Result]:
+        """The claim to create from the rendered ``desired`` while none exists (a clone picks
+        size, strategy, ``dataSource``, a moved volume), or None (not yet) and the result."""
+        ...
 
     async def sync(self, claim: Claim, view: View) -> tuple[View, Result]:
         """Take at most one step of the work on a claim ready for it; say what was seen."""
@@ -112,28 +146,30 @@ class Flavour(Protocol):
         """The outcome is on the PVC: release what the work needed (worker pods, Services)."""
         ...
 
+    async def forget(self, namespace: str, name: str) -> None:
+        """The DataVolume ``namespace/name`` is gone: undo what no owner reference collects (a
+        clone's temporary claim or source pod in another namespace)."""
+        ...
 
-@runtime_checkable
-class ShapesClaim(Protocol):
-    """A flavour that decides its claim itself (a clone: size, ``dataSource``, a moved volume).
 
-    The reconciler calls ``before_claim`` with the rendered claim while none exists, and creates
-    what it returns (None: not yet); ``fills_unbound`` flavours get ``sync`` while the claim is
-    still Pending (a clone waits for its bind there)."""
+class FlavourDefaults:
+    """The neutral answers of a flavour that reads its claim fresh, starts its worker on a bound
+    claim, and leaves the claim and other namespaces alone."""
 
-    fills_unbound: bool
+    claim_from_cache = False
+    pod_before_bind = False
+    fills_unbound = False
+
+    def first_record(self, claim_name: str) -> Mapping[str, str]:
+        return {}
 
     async def before_claim(
         self, dv: DataVolume, obj: Mapping[str, Any], desired: JSON, view: View
-    ) -> tuple[JSON | None, View, Result]: ...
+    ) -> tuple[JSON | None, View, Result]:
+        return desired, view, Result()
 
-
-@runtime_checkable
-class Forgets(Protocol):
-    """A flavour that leaves objects no owner reference can collect (a clone's temporary claim
-    in another namespace): ``forget`` runs when the DataVolume's key is found gone."""
-
-    async def forget(self, namespace: str, name: str) -> None: ...
+    async def forget(self, namespace: str, name: str) -> None:
+        return None
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ of the DataVolumes waiting go first.
 The attempt number is the record's count of failed attempts, and the pod's name, labels and
 metrics address are inputs of ``render_importer_pod``, so the pod created is exactly the pure
 renderer's output. The UID of the pod the create returned is recorded on the PVC at once, and
-only the pod with that UID is followed (``cdi.controller.pods.claim_pod``): any other pod at the
+only the pod with that UID is followed (``cdi.controller.workerpod``): any other pod at the
 attempt's name (a tenant's look-alike, or our own orphan from a crash between create and
 record) gets a Warning event and is deleted, never read for its phase, termination message or
 metrics; the attempt's pod is then created afresh. A recorded pod that has gone from the pod
@@ -43,22 +43,21 @@ from cdi.api.constants import (
     ConditionReason,
     Phase,
 )
-from cdi.controller.flavours import JSON, Claim, FlavourDeps, PhaseEvent
-from cdi.controller.pods import claim_pod, pod_uid
+from cdi.controller.flavours import JSON, Claim, FlavourDefaults, FlavourDeps, PhaseEvent
 from cdi.controller.policy import Decision, FailurePolicy, Outcome, pod_outcome, pod_problem
 from cdi.controller.progress import Progress, parse_metrics
 from cdi.controller.proxy_relay import ProxyRelay, RelaySettings
 from cdi.controller.record import (
     OUTCOME_FAILED,
     OUTCOME_SUCCEEDED,
-    ImportRecord,
+    ClaimRecord,
     read_sealed,
     sealed_annotations,
 )
 from cdi.controller.registry_result import result_patch, with_node_digest
 from cdi.controller.status import ClaimProblem, FlavourPhases, View
+from cdi.controller.workerpod import assess, create_pod, pod_uid, remove_impostor
 from cdi.kube.client import PODS, PVCS
-from cdi.kube.errors import Conflict, NotFound
 from cdi.kube.events import NORMAL, WARNING
 from cdi.kube.workqueue import Result
 from cdi.render import RenderError
@@ -111,11 +110,15 @@ def parse_time(text: str | None) -> float | None:
         return None
 
 
-class ImportFlavour:
+class ImportFlavour(FlavourDefaults):
     """Fill a claim by running importer pods, retrying transient failures with backoff."""
 
     phases = IMPORT_PHASES
     events = IMPORT_EVENTS
+    # every claim write goes through ``FlavourDeps.claims`` (the flavour under load reads its
+    # claim from the cache), and the importer may be scheduled while an Immediate claim binds
+    claim_from_cache = True
+    pod_before_bind = True
 
     def __init__(self, deps: FlavourDeps, settings: ImportSettings) -> None:
         self.deps = deps
@@ -133,28 +136,28 @@ class ImportFlavour:
         # lives only until its record is written.
         self._created: dict[tuple[str, str], str] = {}
 
-    @staticmethod
-    def first_record(claim_name: str) -> dict[str, str]:
+    def first_record(self, claim_name: str) -> dict[str, str]:
         """The record a new claim is created with: the first attempt's pod name (the intent
         ``_start_attempt`` would otherwise write first), so the pod follows with no write."""
-        record = ImportRecord(pod_name=importer_pod_name(claim_name, 0))
+        record = ClaimRecord(pod_name=importer_pod_name(claim_name, 0))
         return {k: v for k, v in record.annotations().items() if v is not None}
 
     async def sync(self, claim: Claim, view: View) -> tuple[View, Result]:
         attempt = claim.record.failed_attempts
         view = dataclasses.replace(view, max_attempts=self.settings.policy.max_attempts)
-        match = claim_pod(claim.pods, importer_pod_name(claim.name, attempt), claim.record.pod_uid)
-        if match.impostor is not None:
-            if not self._made_here(claim, match.impostor):
-                return await self._remove_impostor(claim, view, match.impostor)
-            await self._record_created(claim, match.impostor)
+        name = importer_pod_name(claim.name, attempt)
+        seen = assess(claim.pods.get(name), claim.record.pod_uid)
+        if seen.impostor is not None:
+            if not self._made_here(claim, seen.impostor):
+                return await self._remove_impostor(claim, view, seen.impostor)
+            await self._record_created(claim, seen.impostor)
             return dataclasses.replace(view, pod_phase="Pending"), Result(requeue_after=1.0)
-        pod = match.pod
+        pod = seen.pod
         if pod is None:
             return await self._start_attempt(claim, view, attempt)
-        pod_phase = (pod.get("status") or {}).get("phase") or "Pending"
+        pod_phase = seen.phase
         view = dataclasses.replace(view, pod_phase=pod_phase)
-        outcome = pod_outcome(pod)
+        outcome = seen.outcome
         if outcome is None:
             view = dataclasses.replace(view, pod_problem=pod_problem(pod))
             if pod_phase != "Running":
@@ -236,29 +239,28 @@ class ImportFlavour:
         except RenderError as exc:
             problem = ClaimProblem(exc.reason, exc.message)
             return dataclasses.replace(view, problem=problem), Result(requeue_after=30.0)
-        try:
-            created = await self.deps.kube.create(PODS, pod, dv.namespace)
-        except Conflict:
+        uid = await create_pod(self.deps.kube, pod, dv.namespace)
+        if uid is None:
             # Someone's pod holds the name, and it is not one we recorded: never adopt it.
             found = await self.deps.kube.get_or_none(PODS, name, dv.namespace)
             if found is None:
                 return view, Result(requeue_after=1.0)
             if self._made_here(claim, found):
                 await self._record_created(claim, found)
-            elif intent.pod_uid is None or pod_uid(found) != intent.pod_uid:
+            elif not assess(found, intent.pod_uid).ours:
                 return await self._remove_impostor(claim, view, found)
             # ours, recorded, and not yet in the informer's cache
             return dataclasses.replace(view, pod_phase="Pending"), Result(requeue_after=1.0)
         # Unguarded: creating the pod may bind the claim (a new resourceVersion) before this
         # write, and a lost UID would make our own pod look like an impostor. The guarded
         # intent above already settled this attempt; only the leader writes these keys.
-        self._created[(dv.namespace, name)] = pod_uid(created) or ""
+        self._created[(dv.namespace, name)] = uid
         view = dataclasses.replace(view, pod_phase="Pending")
         if self.deps.burst():
             # new DataVolumes wait for their claims and pods: the record is a follow-up's
             # (``_made_here`` knows the pod meanwhile; a new leader would re-create it once)
             return view, Result(requeue_after=settings.progress_interval)
-        recorded = dataclasses.replace(intent, pod_uid=pod_uid(created))
+        recorded = dataclasses.replace(intent, pod_uid=uid or None)
         await self._record(pvc, recorded, guarded=False)
         del self._created[(dv.namespace, name)]  # recorded: the PVC vouches for it now
         return view, Result(requeue_after=settings.progress_interval)
@@ -274,24 +276,17 @@ class ImportFlavour:
     ) -> tuple[View, Result]:
         """A pod at the attempt's name the controller did not record: say so, delete it (by UID,
         so a pod created meanwhile is spared) and create the attempt's pod when it is gone."""
-        meta = pod.get("metadata") or {}
-        uid = meta.get("uid")
         if await self._recorded_now(claim, pod):  # the claim was read from a lagging cache
             return dataclasses.replace(view, pod_phase="Pending"), Result(requeue_after=0.5)
-        if not meta.get("deletionTimestamp"):
-            await self.deps.events.emit(
-                dict(claim.obj),
-                WARNING,
-                REASON_UNRECORDED_POD,
-                f"Pod {meta.get('name')} (uid {uid}) was not created by the controller for "
-                "this import; it is ignored and deleted",
-            )
-            try:
-                await self.deps.kube.delete(
-                    PODS, str(meta.get("name")), claim.dv.namespace, uid=uid
-                )
-            except (NotFound, Conflict):
-                pass
+        await remove_impostor(
+            self.deps.kube,
+            pod,
+            claim.dv.namespace,
+            events=self.deps.events,
+            about=claim.obj,
+            reason=REASON_UNRECORDED_POD,
+            work="import",
+        )
         view = dataclasses.replace(view, pod_phase=None)
         return view, Result(requeue_after=self.settings.progress_interval)
 
@@ -313,7 +308,7 @@ class ImportFlavour:
         recorded pod that has gone from the cache costs this GET."""
         return await self._server_record(claim) == claim.record
 
-    async def _server_record(self, claim: Claim) -> ImportRecord | None:
+    async def _server_record(self, claim: Claim) -> ClaimRecord | None:
         """The record on the claim as the API server holds it now (a GET, not the cache);
         None when the claim is gone."""
         meta = claim.pvc.get("metadata") or {}
@@ -322,7 +317,7 @@ class ImportFlavour:
             return None
         if claim.sealed and self.deps.seal is not None:
             return read_sealed(self.deps.seal, fresh).record
-        return ImportRecord.from_pvc(fresh)
+        return ClaimRecord.from_pvc(fresh)
 
     def _made_here(self, claim: Claim, pod: Mapping[str, Any]) -> bool:
         """The pod is one this process created (its UID record may not have been written)."""
@@ -356,7 +351,7 @@ class ImportFlavour:
         text = await self.deps.scraper(str(ip), self.settings.metrics.port)
         return parse_metrics(text, claim.dv.uid) if text else None
 
-    async def _record(self, pvc: JSON, record: ImportRecord, *, guarded: bool = True) -> JSON:
+    async def _record(self, pvc: JSON, record: ClaimRecord, *, guarded: bool = True) -> JSON:
         """Write ``record`` on the PVC; ``guarded``: only over the version that was read."""
         if not record.differs_from(pvc):
             return pvc
@@ -379,9 +374,5 @@ class ImportFlavour:
         for name, pod in claim.pods.items():
             if (pod.get("status") or {}).get("phase") == "Failed":
                 continue
-            try:
-                await self.deps.kube.delete(
-                    PODS, name, claim.dv.namespace, uid=pod["metadata"].get("uid")
-                )
-            except (NotFound, Conflict):
-                pass
+            uid = pod["metadata"].get("uid")
+            await self.deps.kube.delete_if_present(PODS, name, claim.dv.namespace, uid=uid)

@@ -7,8 +7,9 @@ one level-triggered step on a PVC (DataVolume or not) and says what it saw; ``Up
 is the DataVolume face (``Flavour`` protocol: phases, events, ``sync``/``finish``) and
 ``cdi.controller.uploadpvc`` the face for plain PVCs.
 
-What a step decides is a pure function of the pod (``assess``), so every path is visible in one
-place and unit-testable; the worker then acts on the decision:
+What a step decides is a pure function of the pod (``assess``, on the worker pod engine
+``cdi.controller.workerpod``, which says whether the pod is ours and reads it), so every path is
+visible in one place and unit-testable; the worker then acts on the decision:
 
 ==================================  =========================================================
 the server pod                      action
@@ -47,18 +48,18 @@ from cdi.api.constants import (
     Phase,
 )
 from cdi.api.termination import REASON_COMPLETED
-from cdi.controller.flavours import JSON, Claim, FlavourDeps, PhaseEvent
-from cdi.controller.pods import pod_uid
-from cdi.controller.policy import Outcome, pod_outcome
+from cdi.controller import workerpod
+from cdi.controller.flavours import JSON, Claim, FlavourDefaults, FlavourDeps, PhaseEvent
+from cdi.controller.policy import Outcome
 from cdi.controller.record import (
     OUTCOME_FAILED,
     OUTCOME_SUCCEEDED,
-    ImportRecord,
+    ClaimRecord,
     sealed_annotations,
 )
 from cdi.controller.status import ClaimProblem, FlavourPhases, View
+from cdi.controller.workerpod import Trust, create_pod, pod_uid, remove_impostor
 from cdi.kube.client import PODS, PVCS, SECRETS, SERVICES, Resource
-from cdi.kube.errors import Conflict, NotFound
 from cdi.kube.events import NORMAL, WARNING
 from cdi.kube.workqueue import Result
 from cdi.pki.upload import SERVER_CERT_LIFETIME, UploadCAs, issue_server_credentials
@@ -116,8 +117,8 @@ class Action(StrEnum):
 
 
 @dataclass(frozen=True)
-class Assessment:
-    """What the server pod says, and what to do about it."""
+class Verdict:
+    """What the server pod says (``cdi.controller.workerpod.assess``), and what to do about it."""
 
     action: Action
     restarts: int = 0
@@ -126,66 +127,38 @@ class Assessment:
     preallocation_applied: bool = False
 
 
-def _container_status(pod: Mapping[str, Any]) -> Mapping[str, Any]:
-    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
-        if cs.get("name") == UPLOAD_COMPONENT:
-            return dict(cs)
-    return {}
-
-
-def _ready(pod: Mapping[str, Any]) -> bool:
-    conds = (pod.get("status") or {}).get("conditions") or []
-    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conds)
-
-
-def _last_restart(cs: Mapping[str, Any]) -> Outcome | None:
-    """The outcome of the container's previous run, as ``pod_outcome`` reads a finished pod."""
-    last = (cs.get("lastState") or {}).get("terminated")
-    if not last:
-        return None
-    shaped = {"status": {"phase": "Failed", "containerStatuses": [
-        {"name": UPLOAD_COMPONENT, "state": {"terminated": last}}
-    ]}}  # fmt: skip
-    return pod_outcome(shaped, UPLOAD_COMPONENT)
-
-
-def assess(pod: Mapping[str, Any] | None, recorded_uid: str | None) -> Assessment:
+def assess(pod: Mapping[str, Any] | None, recorded_uid: str | None) -> Verdict:
     """The decision for one step, from the pod at the server's name and the UID recorded."""
-    if pod is None:
-        return Assessment(Action.CREATE)
-    if recorded_uid is None or pod_uid(pod) != recorded_uid:
-        return Assessment(Action.IMPOSTOR)
-    cs = _container_status(pod)
-    restarts = int(cs.get("restartCount") or 0)
-    last = _last_restart(cs)
-    base = Assessment(
-        Action.WAIT, restarts, last.reason if last else None, last.message if last else None
+    seen = workerpod.assess(pod, recorded_uid, UPLOAD_COMPONENT)
+    if seen.trust == Trust.ABSENT:
+        return Verdict(Action.CREATE)
+    if seen.trust == Trust.IMPOSTOR:
+        return Verdict(Action.IMPOSTOR)
+    last = seen.last_restart
+    base = Verdict(
+        Action.WAIT, seen.restarts, last.reason if last else None, last.message if last else None
     )
-    phase = (pod.get("status") or {}).get("phase") or "Pending"
-    if (pod.get("metadata") or {}).get("deletionTimestamp"):
+    if seen.deleting:
         return base
-    if phase in ("Succeeded", "Failed"):
-        return _finished(dict(pod), base)
-    if phase == "Running" and _ready(pod):
+    if seen.outcome is not None:
+        return _finished(seen.outcome, seen.phase, base)
+    if seen.phase == "Running" and seen.ready:
         return dataclasses.replace(base, action=Action.READY)
     return base
 
 
-def _finished(pod: dict[str, Any], base: Assessment) -> Assessment:
-    outcome = pod_outcome(pod, UPLOAD_COMPONENT)
-    if outcome is None:  # not finished after all
-        return base
+def _finished(outcome: Outcome, phase: str | None, base: Verdict) -> Verdict:
     term = outcome.termination
-    if outcome.reason == REASON_DEADLINE_PASSED and pod["status"].get("phase") == "Succeeded":
+    if outcome.reason == REASON_DEADLINE_PASSED and phase == "Succeeded":
         return dataclasses.replace(base, action=Action.RENEW)
     if outcome.succeeded:
         applied = bool(term and term.preallocation_applied)
         message = (term.message if term else "") or UPLOAD_COMPLETE
-        return Assessment(Action.SUCCEED, base.restarts, REASON_COMPLETED, message, applied)
-    return Assessment(Action.FAIL, base.restarts, outcome.reason, outcome.message)
+        return Verdict(Action.SUCCEED, base.restarts, REASON_COMPLETED, message, applied)
+    return Verdict(Action.FAIL, base.restarts, outcome.reason, outcome.message)
 
 
-def phase_for(assessment: Assessment) -> str | None:
+def phase_for(assessment: Verdict) -> str | None:
     """The pod phase the status function should see (UploadReady only once ready)."""
     return {Action.READY: "Running", Action.SUCCEED: None, Action.FAIL: None}.get(
         assessment.action, "Pending"
@@ -197,7 +170,7 @@ class Target:
     """A PVC to fill by upload: as read this step, its record, and the config in force."""
 
     pvc: JSON
-    record: ImportRecord
+    record: ClaimRecord
     cdi_config: CDIConfig = field(default_factory=CDIConfig)
     client_name: str = UPLOAD_CLIENT_NAME  # the CN the server demands (a clone's own name)
 
@@ -214,8 +187,8 @@ class Target:
 class Seen:
     """What one step of the worker saw and wrote."""
 
-    assessment: Assessment
-    record: ImportRecord
+    assessment: Verdict
+    record: ClaimRecord
     problem: ClaimProblem | None = None
     requeue_after: float | None = None
 
@@ -236,7 +209,15 @@ class UploadWorker:
             return await self._create(claim, record, verdict)
         if verdict.action == Action.IMPOSTOR:
             assert pod is not None
-            await self._remove_impostor(claim, pod, event_target)
+            await remove_impostor(
+                self.deps.kube,
+                pod,
+                ns,
+                events=self.deps.events,
+                about=event_target,
+                reason=REASON_UNRECORDED_POD,
+                work="upload",
+            )
             return Seen(verdict, record, requeue_after=1.0)
         if verdict.action == Action.RENEW:
             await self._delete(PODS, upload_pod_name(name), ns, pod_uid(pod or {}))
@@ -253,7 +234,7 @@ class UploadWorker:
             return Seen(verdict, record)
         return Seen(verdict, record, requeue_after=None if ready else self.settings.poll_interval)
 
-    async def _create(self, claim: Target, record: ImportRecord, verdict: Assessment) -> Seen:
+    async def _create(self, claim: Target, record: ClaimRecord, verdict: Verdict) -> Seen:
         pvc, ns, name = claim.pvc, claim.namespace, claim.name
         server_ca, client_ca = await self.deps.kube.call(self.cas.load)
         now = dt.datetime.fromtimestamp(self.deps.clock(), dt.UTC)
@@ -272,55 +253,29 @@ class UploadWorker:
         except RenderError as exc:
             return Seen(verdict, record, ClaimProblem(exc.reason, exc.message), 30.0)
         await self._replace_secret(render_upload_secret(pvc, creds.secret_data()), ns)
-        await self._create_ignoring_conflict(SERVICES, render_upload_service(pvc), ns)
-        try:
-            created = await self.deps.kube.create(PODS, pod, ns)
-        except Conflict:
+        # None: made by an earlier step; its spec is ours (name and selector are fixed)
+        await self.deps.kube.create_if_absent(SERVICES, render_upload_service(pvc), ns)
+        uid = await create_pod(self.deps.kube, pod, ns)
+        if uid is None:
             return Seen(verdict, record, requeue_after=1.0)  # someone's pod: next step judges
-        record = dataclasses.replace(record, pod_uid=pod_uid(created))
+        record = dataclasses.replace(record, pod_uid=uid)
         # Unguarded: the pod may bind the claim (a new resourceVersion) before this write.
         await self._write(pvc, record, ready=False, guarded=False)
         return Seen(verdict, record, requeue_after=self.settings.poll_interval)
 
     async def _replace_secret(self, secret: JSON, ns: str) -> None:
         """A fresh certificate every time a pod is created: an old Secret goes first."""
-        try:
-            await self.deps.kube.create(SECRETS, secret, ns)
-        except Conflict:
+        if await self.deps.kube.create_if_absent(SECRETS, secret, ns) is None:
             await self._delete(SECRETS, secret["metadata"]["name"], ns)
             await self.deps.kube.create(SECRETS, secret, ns)
 
-    async def _create_ignoring_conflict(self, res: Resource, obj: JSON, ns: str) -> None:
-        try:
-            await self.deps.kube.create(res, obj, ns)
-        except Conflict:
-            pass  # made by an earlier step; its spec is ours (name and selector are fixed)
-
-    async def _remove_impostor(
-        self, claim: Target, pod: Mapping[str, Any], event_target: Mapping[str, Any]
-    ) -> None:
-        meta = pod.get("metadata") or {}
-        if meta.get("deletionTimestamp"):
-            return
-        await self.deps.events.emit(
-            dict(event_target),
-            WARNING,
-            REASON_UNRECORDED_POD,
-            f"Pod {meta.get('name')} (uid {meta.get('uid')}) was not created by the controller "
-            "for this upload; it is ignored and deleted",
-        )
-        await self._delete(PODS, str(meta.get("name")), claim.namespace, meta.get("uid"))
-
     async def _delete(self, res: Resource, name: str, ns: str, uid: str | None = None) -> None:
-        try:
-            await self.deps.kube.delete(res, name, ns, uid=uid)
-        except (NotFound, Conflict):
-            pass
+        await self.deps.kube.delete_if_present(res, name, ns, uid=uid)
 
     async def _write(
         self,
         pvc: JSON,
-        record: ImportRecord,
+        record: ClaimRecord,
         *,
         ready: bool,
         extra: Mapping[str, str] | None = None,
@@ -367,7 +322,7 @@ class UploadWorker:
         await self._delete(SECRETS, upload_secret_name(name), ns)
 
 
-def _recorded(record: ImportRecord, verdict: Assessment) -> ImportRecord:
+def _recorded(record: ClaimRecord, verdict: Verdict) -> ClaimRecord:
     """The record after this step: restarts and their last reason; the outcome when over."""
     out = dataclasses.replace(record, failed_attempts=max(record.failed_attempts, verdict.restarts))
     if verdict.reason and verdict.action not in (Action.CREATE, Action.IMPOSTOR):
@@ -379,7 +334,7 @@ def _recorded(record: ImportRecord, verdict: Assessment) -> ImportRecord:
     return out
 
 
-class UploadFlavour:
+class UploadFlavour(FlavourDefaults):
     """The DataVolume face of ``UploadWorker`` (``source.upload``)."""
 
     phases = UPLOAD_PHASES

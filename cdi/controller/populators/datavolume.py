@@ -36,7 +36,7 @@ from cdi.api.constants import (
 )
 from cdi.api.types import DataVolume
 from cdi.controller.progress import Progress
-from cdi.controller.record import OUTCOME_SUCCEEDED, ImportRecord
+from cdi.controller.record import OUTCOME_SUCCEEDED, ClaimRecord
 from cdi.controller.status import View
 from cdi.kube.client import CSI_DRIVERS, VOLUME_IMPORT_SOURCES, VOLUME_UPLOAD_SOURCES, AsyncKube
 from cdi.kube.errors import Conflict
@@ -98,7 +98,7 @@ def pending_population(pvc: Mapping[str, Any], waits_for_consumer: bool) -> bool
 def population_view(view: View, pvc: Mapping[str, Any], waits_for_consumer: bool) -> View:
     """What the DataVolume's status depends on, read from its populated claim."""
     ann = (pvc.get("metadata") or {}).get("annotations") or {}
-    record = ImportRecord.from_pvc(pvc)
+    record = ClaimRecord.from_pvc(pvc)
     phase = (pvc.get("status") or {}).get("phase") or "Pending"
     bound = phase == "Bound"
     view = dataclasses.replace(view, pvc_phase=phase)

@@ -62,12 +62,12 @@ from cdi.controller.record import (
     ANN_SEALED_RECORD,
     OUTCOME_FAILED,
     OUTCOME_SUCCEEDED,
-    ImportRecord,
+    ClaimRecord,
     read_sealed,
 )
 from cdi.controller.seal import Seal, object_uid
 from cdi.kube.client import PVCS, PVS, AsyncKube, split_key
-from cdi.kube.errors import Conflict, NotFound
+from cdi.kube.errors import Conflict
 from cdi.kube.events import NORMAL, WARNING, EventRecorder
 from cdi.kube.workqueue import Result
 from cdi.render.prime import claim_ref_uid, populator_kind, prime_name, rebind_patch, source_name
@@ -122,7 +122,7 @@ class PrimePopulator:
         """The prime claim to create for ``target``, to be filled from ``source``."""
         raise NotImplementedError
 
-    async def work(self, target: JSON, prime: JSON, record: ImportRecord) -> Result:
+    async def work(self, target: JSON, prime: JSON, record: ClaimRecord) -> Result:
         """One step of the worker that fills a ready prime (``populate`` decides when)."""
         raise NotImplementedError
 
@@ -199,13 +199,12 @@ class PrimePopulator:
         await self.event_once(target, WARNING, REASON_IMPOSTOR, message)
         if bound or meta.get("deletionTimestamp"):
             return Result(requeue_after=SOURCE_RECHECK)
-        try:
-            await self.kube.delete(PVCS, meta["name"], meta["namespace"], uid=meta.get("uid"))
-        except (NotFound, Conflict):
-            pass
+        await self.kube.delete_if_present(
+            PVCS, meta["name"], meta["namespace"], uid=meta.get("uid")
+        )
         return Result(requeue_after=1.0)
 
-    async def sealed_record(self, target: JSON, prime: JSON) -> ImportRecord:
+    async def sealed_record(self, target: JSON, prime: JSON) -> ClaimRecord:
         """The controller's own record on the prime; CDI's keys there, if someone else changed
         them, are ignored and a Warning says so once."""
         read = read_sealed(self.seal, prime)
@@ -234,9 +233,8 @@ class PrimePopulator:
             return Result(requeue_after=SOURCE_RECHECK)
         prime = self.render(target, source)
         meta = target["metadata"]
-        try:
-            created = await self.kube.create(PVCS, prime, meta["namespace"])
-        except Conflict:
+        created = await self.kube.create_if_absent(PVCS, prime, meta["namespace"])
+        if created is None:
             return Result(requeue_after=1.0)
         self._made[object_uid(target)] = object_uid(created)
         await self.annotate(target, self.prime_record(target, created))
@@ -249,7 +247,7 @@ class PrimePopulator:
     async def mirror(
         self,
         target: JSON,
-        record: ImportRecord,
+        record: ClaimRecord,
         pod_phase: str | None,
         progress: Progress | None,
         extra: Mapping[str, str] | None = None,
@@ -315,9 +313,9 @@ class PrimePopulator:
         if ann.get(ANN_RETAIN_AFTER_COMPLETION) == "true":
             return
         meta = prime["metadata"]
-        try:
-            await self.kube.delete(PVCS, meta["name"], meta["namespace"], uid=meta.get("uid"))
-        except (NotFound, Conflict):
+        if not await self.kube.delete_if_present(
+            PVCS, meta["name"], meta["namespace"], uid=meta.get("uid")
+        ):
             return
         pv = (target.get("spec") or {}).get("volumeName")
         message = f"{self.activity} complete; volume {pv} bound to the claim"

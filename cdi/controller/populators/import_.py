@@ -36,7 +36,7 @@ from cdi.controller.flavours import JSON, Claim
 from cdi.controller.flavours.import_ import IMPORT_PHASES, ImportFlavour
 from cdi.controller.pods import owned_pods
 from cdi.controller.populators.handover import PrimePopulator
-from cdi.controller.record import ImportRecord
+from cdi.controller.record import ClaimRecord
 from cdi.controller.seal import Seal
 from cdi.controller.status import View
 from cdi.kube.client import VOLUME_IMPORT_SOURCES, AsyncKube
@@ -81,7 +81,7 @@ class ImportPopulator(PrimePopulator):
     def render(self, target: JSON, source: JSON) -> JSON:
         return render_prime(target, source)
 
-    async def work(self, target: JSON, prime: JSON, record: ImportRecord) -> Result:
+    async def work(self, target: JSON, prime: JSON, record: ClaimRecord) -> Result:
         try:
             request = import_request(target, prime)
         except RenderError as exc:

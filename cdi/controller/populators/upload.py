@@ -35,7 +35,7 @@ from cdi.controller.flavours import JSON
 from cdi.controller.flavours.upload import Target, UploadWorker, phase_for
 from cdi.controller.populators.datavolume import Store
 from cdi.controller.populators.handover import PrimePopulator
-from cdi.controller.record import ImportRecord
+from cdi.controller.record import ClaimRecord
 from cdi.controller.seal import Seal
 from cdi.kube.client import VOLUME_UPLOAD_SOURCES, AsyncKube
 from cdi.kube.events import NORMAL, EventRecorder
@@ -75,7 +75,7 @@ class UploadPopulator(PrimePopulator):
     def render(self, target: JSON, source: JSON) -> JSON:
         return render_upload_prime(target, source)
 
-    async def work(self, target: JSON, prime: JSON, record: ImportRecord) -> Result:
+    async def work(self, target: JSON, prime: JSON, record: ClaimRecord) -> Result:
         seen = await self.worker.step(Target(prime, record, self.cdi_config()), target)
         ready = phase_for(seen.assessment) == "Running"
         was_ready = (target["metadata"].get("annotations") or {}).get(ANN_POD_READY) == "true"

@@ -20,7 +20,7 @@ import pytest
 
 from cdi.api.constants import Phase, SourceKind
 from cdi.controller.datavolume import Caches, ControllerConfig, DataVolumeReconciler
-from cdi.controller.flavours import Claim, FlavourDeps, FlavourTable, PhaseEvent
+from cdi.controller.flavours import Claim, FlavourDefaults, FlavourDeps, FlavourTable, PhaseEvent
 from cdi.controller.flavours.import_ import ImportSettings
 from cdi.controller.flavours.table import standard_flavours
 from cdi.controller.status import FlavourPhases, View
@@ -36,7 +36,7 @@ from tests.integration.datavolumes.cdi_env import condition, datavolume, dv_path
 pytestmark = pytest.mark.integration
 
 
-class PretendUpload:
+class PretendUpload(FlavourDefaults):
     """In the upload flavour's place: its worker is always just scheduled."""
 
     phases = FlavourPhases(

@@ -38,7 +38,7 @@ from cdi.controller.datavolume import Caches, ControllerConfig, DataVolumeReconc
 from cdi.controller.flavours import FlavourDeps
 from cdi.controller.flavours.import_ import ImportSettings
 from cdi.controller.flavours.table import standard_flavours
-from cdi.controller.record import ANN_IMPORT_POD_UID, OUTCOME_SUCCEEDED, ImportRecord
+from cdi.controller.record import ANN_IMPORT_POD_UID, OUTCOME_SUCCEEDED, ClaimRecord
 from cdi.kube.client import PODS, PVCS, STORAGE_CLASSES, AsyncKube
 from cdi.kube.client import Kube as ProductKube
 from cdi.kube.events import EventRecorder
@@ -292,7 +292,7 @@ async def test_a_finished_imports_pod_is_not_made_again_when_the_claim_cache_lag
     claim_path = ns_path(namespace, "persistentvolumeclaims", "done")
     recorded = kube.get(claim_path)
     assert recorded["metadata"]["annotations"][ANN_IMPORT_POD_UID]
-    finished = dataclasses.replace(ImportRecord.from_pvc(recorded), outcome=OUTCOME_SUCCEEDED)
+    finished = dataclasses.replace(ClaimRecord.from_pvc(recorded), outcome=OUTCOME_SUCCEEDED)
     kube.patch(claim_path, {"metadata": {"annotations": finished.annotations()}})
     kube.delete(ns_path(namespace, "pods", "importer-done"))
     since = kube.get(ns_path(namespace, "pods"))["metadata"]["resourceVersion"]

@@ -18,7 +18,7 @@ import pytest
 
 from cdi.controller.flavours import FlavourDeps
 from cdi.controller.flavours.upload import Action, Target, UploadSettings, UploadWorker
-from cdi.controller.record import ImportRecord
+from cdi.controller.record import ClaimRecord
 from cdi.kube.client import PODS, PVCS, SECRETS, AsyncKube, Kube
 from cdi.kube.events import EventRecorder
 from testkit.cluster import Cluster
@@ -66,7 +66,7 @@ def test_a_server_past_its_deadline_is_recreated_with_a_fresh_certificate(
                 if (pvc.get("status") or {}).get("phase") != "Bound":
                     await asyncio.sleep(0.2)
                     continue
-                step = await worker.step(Target(pvc, ImportRecord.from_pvc(pvc)), pvc)
+                step = await worker.step(Target(pvc, ClaimRecord.from_pvc(pvc)), pvc)
                 pod = await kube.get_or_none(PODS, "cdi-upload-renewed", namespace)
                 secret = await kube.get_or_none(SECRETS, "cdi-upload-renewed-tls", namespace)
                 cert = base64.b64decode(((secret or {}).get("data") or {}).get("tls.crt", ""))

@@ -12,7 +12,8 @@ level-triggered step and says what it saw:
    ``<target uid>-source-pod-tls`` in the source namespace (CN = that client name, signed by
    the ``cdi-uploadserver-client-ca``, with the server CA to verify the server by), then the
    pod ``<target uid>-source-pod`` (``cdi.render.clone_pod``), whose UID is recorded on the
-   target claim (``clone.sourcePodUID``); a pod at that name with another UID is deleted unread;
+   target claim (``clone.sourcePodUID``); a pod at that name with another UID is deleted unread
+   (the worker pod engine, ``cdi.controller.workerpod``, as for every worker pod);
 3. the upload server's termination decides the outcome: Succeeded ("Clone Complete") or its
    typed failure; the source pod and its Secret go (and the server's pod, Service and Secret,
    which the worker removes itself).
@@ -36,14 +37,11 @@ from typing import Any
 from cdi.api.constants import GROUP
 from cdi.controller.flavours import JSON, Claim, FlavourDeps
 from cdi.controller.flavours.upload import Action, Seen, Target, UploadSettings, UploadWorker
-from cdi.controller.pods import pod_uid
-from cdi.controller.policy import pod_outcome
 from cdi.controller.progress import Progress, parse_metrics
-from cdi.controller.record import OUTCOME_SUCCEEDED, ImportRecord
+from cdi.controller.record import OUTCOME_SUCCEEDED, ClaimRecord
 from cdi.controller.status import ClaimProblem, View
+from cdi.controller.workerpod import Assessment, Trust, assess, create_pod, remove_impostor
 from cdi.kube.client import PODS, PVCS, SECRETS, SERVICES
-from cdi.kube.errors import Conflict, NotFound
-from cdi.kube.events import WARNING
 from cdi.kube.workqueue import Result
 from cdi.pki.certs import KeyPair, issue_client
 from cdi.pki.upload import CLIENT_CA_SECRET, SERVER_CA_SECRET, ensure_ca
@@ -64,7 +62,7 @@ from cdi.render.worker_pod import Metrics, WorkerPod
 ANN_SOURCE_POD_UID = f"{GROUP}/clone.sourcePodUID"
 REASON_UNRECORDED_SOURCE_POD = "UnrecordedCloneSourcePod"
 REASON_BAD_CLIENT_NAME = "ErrCloneClientName"
-CLONE_COMPLETE = ImportRecord(
+CLONE_COMPLETE = ClaimRecord(
     outcome=OUTCOME_SUCCEEDED, reason="Completed", message="Clone Complete"
 )
 
@@ -130,19 +128,29 @@ class HostAssistedCopy:
         ns = str(source["metadata"]["namespace"])
         pod = await self.kube.get_or_none(PODS, source_pod_name(claim.pvc), ns)
         recorded = (claim.pvc["metadata"].get("annotations") or {}).get(ANN_SOURCE_POD_UID)
-        if pod is None:
+        verdict = assess(pod, recorded, CLONE_SOURCE)
+        if verdict.trust == Trust.ABSENT:
             problem = await self._create_source(claim, source)
             view = dataclasses.replace(view, pod_phase="Pending", problem=problem or view.problem)
             return view, Result(requeue_after=30.0 if problem else 1.0)
-        if pod_uid(pod) != recorded:
-            await self._remove_impostor(claim, pod)
+        if verdict.impostor is not None:
+            await remove_impostor(
+                self.kube,
+                verdict.impostor,
+                ns,
+                events=self.deps.events,
+                about=claim.obj,
+                reason=REASON_UNRECORDED_SOURCE_POD,
+                work="clone",
+            )
             return dataclasses.replace(view, pod_phase="Pending"), Result(requeue_after=1.0)
-        record = _with_restarts(seen.record, pod)
+        record = _with_restarts(seen.record, verdict)
         if record != seen.record:
             await self._annotate(claim.pvc, record.annotations())
-        phase = (pod.get("status") or {}).get("phase") or "Pending"
+        phase = verdict.phase
         shown = "Running" if phase in ("Running", "Succeeded") else "Pending"
-        progress = await self._scrape(claim, pod) if phase == "Running" else None
+        ours = verdict.pod or {}
+        progress = await self._scrape(claim, ours) if phase == "Running" else None
         view = dataclasses.replace(view, record=record, pod_phase=shown, progress=progress)
         return view, Result(requeue_after=1.0)
 
@@ -185,34 +193,18 @@ class HostAssistedCopy:
         host = cluster_ip if cluster_ip not in ("", "None") else ""
         config = CloneSourcePod(settings, client_secret_name(claim.pvc), upload_host=host)
         pod = render_clone_source_pod(claim.dv, source, claim.pvc, config)
-        try:
-            created = await self.kube.create(PODS, pod, ns)
-        except Conflict:
+        uid = await create_pod(self.kube, pod, ns)
+        if uid is None:
             return None  # someone's pod: the next step judges it
         # Unguarded: the upload server may have bound the claim meanwhile.
-        await self._annotate(claim.pvc, {ANN_SOURCE_POD_UID: pod_uid(created)})
+        await self._annotate(claim.pvc, {ANN_SOURCE_POD_UID: uid or None})
         return None
 
     async def _replace(self, secret: JSON, ns: str) -> None:
         """A fresh client certificate for every source pod: an old Secret goes first."""
-        try:
-            await self.kube.create(SECRETS, secret, ns)
-        except Conflict:
+        if await self.kube.create_if_absent(SECRETS, secret, ns) is None:
             await self._delete_secret(str(secret["metadata"]["name"]), ns)
             await self.kube.create(SECRETS, secret, ns)
-
-    async def _remove_impostor(self, claim: Claim, pod: Mapping[str, Any]) -> None:
-        meta = pod.get("metadata") or {}
-        if meta.get("deletionTimestamp"):
-            return
-        await self.deps.events.emit(
-            dict(claim.obj),
-            WARNING,
-            REASON_UNRECORDED_SOURCE_POD,
-            f"Pod {meta.get('name')} (uid {meta.get('uid')}) was not created by the controller "
-            "for this clone; it is ignored and deleted",
-        )
-        await self._delete_pod(str(meta.get("name")), str(meta.get("namespace")), meta.get("uid"))
 
     async def _annotate(self, pvc: JSON, annotations: Mapping[str, str | None]) -> None:
         meta = pvc["metadata"]
@@ -220,16 +212,10 @@ class HostAssistedCopy:
         await self.kube.patch(PVCS, meta["name"], patch, meta.get("namespace"))
 
     async def _delete_pod(self, name: str, ns: str, uid: str | None = None) -> None:
-        try:
-            await self.kube.delete(PODS, name, ns, uid=uid)
-        except (NotFound, Conflict):
-            pass
+        await self.kube.delete_if_present(PODS, name, ns, uid=uid)
 
     async def _delete_secret(self, name: str, ns: str) -> None:
-        try:
-            await self.kube.delete(SECRETS, name, ns)
-        except (NotFound, Conflict):
-            pass
+        await self.kube.delete_if_present(SECRETS, name, ns)
 
     async def cleanup(self, claim: Claim, source: Mapping[str, Any]) -> None:
         """The source pod (the recorded one) and its Secret go; so do the server's objects."""
@@ -264,21 +250,12 @@ def _again(seen: Seen) -> Result:
     return Result(requeue_after=seen.requeue_after if seen.requeue_after is not None else 1.0)
 
 
-def _with_restarts(record: ImportRecord, pod: Mapping[str, Any]) -> ImportRecord:
+def _with_restarts(record: ClaimRecord, source: Assessment) -> ClaimRecord:
     """The record with the source container's restarts and its last termination's reason."""
-    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
-        if cs.get("name") != CLONE_SOURCE:
-            continue
-        restarts = int(cs.get("restartCount") or 0)
-        if restarts <= record.failed_attempts:
-            return record
-        last = (cs.get("lastState") or {}).get("terminated") or {}
-        shaped = {"status": {"phase": "Failed", "containerStatuses": [
-            {"name": CLONE_SOURCE, "state": {"terminated": last}}
-        ]}}  # fmt: skip
-        outcome = pod_outcome(shaped, CLONE_SOURCE)
-        out = dataclasses.replace(record, failed_attempts=restarts)
-        if outcome is not None:
-            out = dataclasses.replace(out, reason=outcome.reason, message=outcome.message)
-        return out
-    return record
+    if source.restarts <= record.failed_attempts:
+        return record
+    out = dataclasses.replace(record, failed_attempts=source.restarts)
+    last = source.last_restart
+    if last is not None:
+        out = dataclasses.replace(out, reason=last.reason, message=last.message)
+    return out

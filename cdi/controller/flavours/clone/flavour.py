@@ -17,7 +17,7 @@ from typing import Any
 
 from cdi.api.constants import Phase
 from cdi.api.types import DataVolume
-from cdi.controller.flavours import JSON, Claim, FlavourDeps, PhaseEvent
+from cdi.controller.flavours import JSON, Claim, FlavourDefaults, FlavourDeps, PhaseEvent
 from cdi.controller.flavours.clone.auth import REASON_UNAUTHORIZED, CloneAuthorizer
 from cdi.controller.flavours.clone.common import POLL, WITHOUT_SOURCE, Throttle, _problem, _step
 from cdi.controller.flavours.clone.copy import CopySettings, HostAssistedCopy
@@ -25,7 +25,7 @@ from cdi.controller.flavours.clone.move import VolumeMove
 from cdi.controller.flavours.clone.snapshot import SnapshotClone
 from cdi.controller.flavours.clone.source import SourceSteps
 from cdi.controller.flavours.upload import UploadSettings
-from cdi.controller.record import OUTCOME_SUCCEEDED, ImportRecord
+from cdi.controller.record import OUTCOME_SUCCEEDED, ClaimRecord
 from cdi.controller.status import FlavourPhases, View
 from cdi.kube.client import PVCS
 from cdi.kube.events import NORMAL, WARNING
@@ -65,12 +65,12 @@ CLONE_EVENTS: Mapping[str, PhaseEvent] = {
     Phase.SUCCEEDED: PhaseEvent(NORMAL, "CloneSucceeded", "Successfully cloned into {claim}"),
     Phase.FAILED: PhaseEvent(WARNING, "CloneFailed"),
 }
-CLONE_COMPLETE = ImportRecord(
+CLONE_COMPLETE = ClaimRecord(
     outcome=OUTCOME_SUCCEEDED, reason="Completed", message="Clone Complete"
 )
 
 
-class CloneFlavour(SourceSteps):
+class CloneFlavour(SourceSteps, FlavourDefaults):
     phases = CLONE_PHASES
     events = CLONE_EVENTS
     fills_unbound = True

@@ -36,7 +36,6 @@ from cdi.controller.flavours.clone.common import POLL, UNAVAILABLE, _problem, _s
 from cdi.controller.flavours.clone.wffc import Placement
 from cdi.controller.status import View
 from cdi.kube.client import DATAVOLUMES, PVCS, AsyncKube, Resource
-from cdi.kube.errors import Conflict, NotFound
 from cdi.kube.workqueue import Result
 from cdi.render import clone as plan
 from cdi.render.clone import ANN_MOVE_TARGET, LABEL_CLONE_FOR
@@ -102,10 +101,7 @@ class VolumeMove:
         self, dv_uid: str, temporary: JSON, tmp: JSON | None, target_ns: str, target: str
     ) -> MoveState:
         if tmp is None:
-            try:
-                await self.kube.create(PVCS, temporary, temporary["metadata"]["namespace"])
-            except Conflict:
-                pass
+            await self.kube.create_if_absent(PVCS, temporary, temporary["metadata"]["namespace"])
             return MoveState(detail="cloning in the source namespace")
         volume = (tmp.get("spec") or {}).get("volumeName")
         if (tmp.get("status") or {}).get("phase") != "Bound" or not volume:
@@ -136,12 +132,9 @@ class VolumeMove:
         meta = _meta(tmp)
         if meta.get("deletionTimestamp"):
             return
-        try:
-            await self.kube.delete(
-                PVCS, str(meta["name"]), str(meta["namespace"]), uid=str(meta.get("uid"))
-            )
-        except (NotFound, Conflict):
-            pass
+        await self.kube.delete_if_present(
+            PVCS, str(meta["name"]), str(meta["namespace"]), uid=str(meta.get("uid"))
+        )
 
     async def _point(self, pv: JSON, target_ns: str, target: str) -> None:
         ref = (pv.get("spec") or {}).get("claimRef") or {}

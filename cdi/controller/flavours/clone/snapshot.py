@@ -53,7 +53,7 @@ from cdi.kube.client import (
     VOLUME_SNAPSHOTS,
     AsyncKube,
 )
-from cdi.kube.errors import Conflict, KubeError, NotFound
+from cdi.kube.errors import KubeError, NotFound
 from cdi.kube.events import WARNING
 from cdi.kube.workqueue import Result
 from cdi.render import clone as plan
@@ -127,10 +127,8 @@ class SnapshotClone:
             body = render_snapshot(
                 source.namespace, source.name, dv_uid, snapshot_class, target_key
             )
-            try:
-                await self.kube.create(VOLUME_SNAPSHOTS, body, source.namespace)
-            except Conflict:
-                pass  # made meanwhile: judged next time
+            # None: made meanwhile, judged next time
+            await self.kube.create_if_absent(VOLUME_SNAPSHOTS, body, source.namespace)
             return None
         if not made_for(snap, dv_uid):
             msg = f"snapshot {source.namespace}/{name} exists and was not made for this clone"
@@ -167,10 +165,7 @@ class SnapshotClone:
                     f"no storage class restores snapshots of driver {driver or '(unknown)'}"
                 )
             body = temporary_source(snapshot, storage_class, target, mode, dv_uid, key)
-            try:
-                await self.kube.create(PVCS, body, ns)
-            except Conflict:
-                pass
+            await self.kube.create_if_absent(PVCS, body, ns)
             return None
         if (_meta(tmp).get("labels") or {}).get(LABEL_CLONE_FOR) != dv_uid:
             raise SnapshotRefused(f"claim {ns}/{name} exists and was not made for this clone")
@@ -183,10 +178,7 @@ class SnapshotClone:
             return
         if meta.get("deletionTimestamp"):
             return
-        try:
-            await self.kube.delete(PVCS, str(meta["name"]), namespace, uid=str(meta["uid"]))
-        except (NotFound, Conflict):
-            pass
+        await self.kube.delete_if_present(PVCS, str(meta["name"]), namespace, uid=str(meta["uid"]))
 
     # -- after the bind --------------------------------------------------------------------
     async def settle(self, claim: Claim, snapshot_ns: str) -> Phase | None:
@@ -212,12 +204,9 @@ class SnapshotClone:
         meta = _meta(snap)
         if meta.get("deletionTimestamp"):
             return
-        try:
-            await self.kube.delete(
-                VOLUME_SNAPSHOTS, str(meta["name"]), str(meta["namespace"]), uid=str(meta["uid"])
-            )
-        except (NotFound, Conflict):
-            pass
+        await self.kube.delete_if_present(
+            VOLUME_SNAPSHOTS, str(meta["name"]), str(meta["namespace"]), uid=str(meta["uid"])
+        )
 
     async def abandon(self, target_ns: str, target: str) -> int:
         """Delete the temporary snapshots for ``target_ns/target`` whose DataVolume is gone."""

@@ -29,7 +29,7 @@ from cdi.controller.flavours.clone.common import (
     content_problem,
 )
 from cdi.controller.flavours.clone.snapshot import SnapshotSteps
-from cdi.controller.record import OUTCOME_SUCCEEDED, ImportRecord
+from cdi.controller.record import OUTCOME_SUCCEEDED, ClaimRecord
 from cdi.controller.status import View
 from cdi.kube.client import DATA_SOURCES, PODS, STORAGE_PROFILES
 from cdi.kube.events import NORMAL, WARNING
@@ -60,7 +60,7 @@ def populated(pvc: Mapping[str, Any]) -> bool:
         return False
     ann = (pvc.get("metadata") or {}).get("annotations") or {}
     made_for_dv = "cdi.kubevirt.io/createdForDataVolume" in ann
-    return not made_for_dv or ImportRecord.from_pvc(pvc).outcome == OUTCOME_SUCCEEDED
+    return not made_for_dv or ClaimRecord.from_pvc(pvc).outcome == OUTCOME_SUCCEEDED
 
 
 class SourceSteps(SnapshotSteps):
