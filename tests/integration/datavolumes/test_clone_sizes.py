@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from cdi.render.clone import SMALLER, usable_space
+from cdi.render.pvc import required_space
 from testkit.kubeclient import ApiError, Kube, ns_path
 from testkit.waiting import wait_until
 from tests.integration.datavolumes.cdi_env import (
@@ -44,10 +45,13 @@ CONFIG = "/apis/cdi.kubevirt.io/v1beta1/cdiconfigs/config"
 SOURCE = {"Filesystem": "golden-fs", "Block": "golden-block"}
 
 
-def target(name: str, source_mode: str, mode: str, size: int, api: str, strategy: str) -> dict:
+def target(
+    name: str, source_mode: str, mode: str, size: int | None, api: str, strategy: str
+) -> dict:
     cls = (COPY_CLASS if strategy == "copy" else CLASS)[mode]
-    spec: dict[str, Any] = {"storageClassName": cls, "volumeMode": mode,
-                            "resources": {"requests": {"storage": str(size)}}}  # fmt: skip
+    spec: dict[str, Any] = {"storageClassName": cls, "volumeMode": mode}
+    if size is not None:
+        spec["resources"] = {"requests": {"storage": str(size)}}
     if api == "pvc":
         spec["accessModes"] = ["ReadWriteOnce"]
     return {"apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataVolume",
@@ -57,7 +61,7 @@ def target(name: str, source_mode: str, mode: str, size: int, api: str, strategy
 
 
 # name, source mode, target mode, size, API, strategy, same namespace, refusal (None: admitted)
-ADMITTED: list[tuple[str, str, str, int, str, str, bool]] = [
+ADMITTED: list[tuple[str, str, str, int | None, str, str, bool]] = [
     ("fs-block-storage", "Filesystem", "Block", 64 * MiB, "storage", "copy", True),  # the issue
     ("fs-block-bigger", "Filesystem", "Block", 96 * MiB, "storage", "copy", False),
     ("fs-block-csi", "Filesystem", "Block", 64 * MiB, "storage", "csi", False),  # falls back
@@ -65,6 +69,9 @@ ADMITTED: list[tuple[str, str, str, int, str, str, bool]] = [
     ("block-fs-pvc", "Block", "Filesystem", 80 * MiB, "pvc", "copy", True),
     ("block-block-pvc", "Block", "Block", DEVICE, "pvc", "copy", False),
     ("block-block-csi", "Block", "Block", DEVICE, "storage", "csi", True),
+    ("block-block-csi-far", "Block", "Block", DEVICE, "storage", "csi", False),
+    ("block-fs-grown", "Block", "Filesystem", None, "storage", "copy", True),  # size: the device
+    ("fs-fs-pvc", "Filesystem", "Filesystem", 96 * MiB, "pvc", "csi", True),
     ("fs-fs-storage", "Filesystem", "Filesystem", 64 * MiB, "storage", "copy", False),
     ("fs-fs-csi", "Filesystem", "Filesystem", 64 * MiB, "storage", "csi", True),
 ]
@@ -114,9 +121,13 @@ def test_clone_sizes_across_modes_apis_namespaces_and_strategies(
 
     where = {row[0]: create(row) for row in [*ADMITTED, *REFUSED]}
     # the pvc API's webhook check, as CDI's: the claim is smaller than the source's claim
-    with pytest.raises(ApiError) as refused:
-        create(("fs-block-pvc", "Filesystem", "Block", 64 * MiB, "pvc", "copy", True))
-    assert SMALLER in str(refused.value), refused.value
+    for pvc_api in (
+        ("fs-block-pvc", "Filesystem", "Block", 64 * MiB, "pvc", "copy", True),
+        ("fs-fs-pvc-small", "Filesystem", "Filesystem", 64 * MiB, "pvc", "csi", False),
+    ):
+        with pytest.raises(ApiError) as refused:
+            create(pvc_api)
+        assert SMALLER in str(refused.value), refused.value
     for name, _, _, _, _, _, _, message in REFUSED:
         ns = where[name]
 
@@ -131,5 +142,7 @@ def test_clone_sizes_across_modes_apis_namespaces_and_strategies(
     for name, *_ in ADMITTED:
         succeeded(kube, where[name], name, timeout=240)
         same_prefix_then_zeros(data_of(kube, where[name], name), images.reference)
+    grown = kube.get(ns_path(namespace, "persistentvolumeclaims", "block-fs-grown"))["spec"]
+    assert grown["resources"]["requests"]["storage"] == str(required_space(OVERHEAD, DEVICE))
     for name in SOURCE.values():  # the sources are intact
         same_prefix_then_zeros(data_of(kube, namespace, name), images.reference)
