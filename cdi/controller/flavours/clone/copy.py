@@ -183,7 +183,9 @@ class HostAssistedCopy:
         )
         cluster_ip = str(((service or {}).get("spec") or {}).get("clusterIP") or "")
         host = cluster_ip if cluster_ip not in ("", "None") else ""
-        config = CloneSourcePod(settings, client_secret_name(claim.pvc), upload_host=host)
+        config = CloneSourcePod(
+            settings, client_secret_name(claim.pvc), upload_host=host, cdi_config=claim.cdi_config
+        )
         pod = render_clone_source_pod(claim.dv, source, claim.pvc, config)
         try:
             created = await self.kube.create(PODS, pod, ns)
