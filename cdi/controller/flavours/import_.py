@@ -55,10 +55,11 @@ from cdi.controller.record import (
     read_sealed,
     sealed_annotations,
 )
+from cdi.controller.refusals import QUOTA_RETRY, refused_pod
 from cdi.controller.registry_result import result_patch, with_node_digest
 from cdi.controller.status import ClaimProblem, FlavourPhases, View
 from cdi.kube.client import PODS, PVCS
-from cdi.kube.errors import Conflict, NotFound
+from cdi.kube.errors import Conflict, Forbidden, NotFound
 from cdi.kube.events import NORMAL, WARNING
 from cdi.kube.workqueue import Result
 from cdi.render import RenderError
@@ -239,6 +240,10 @@ class ImportFlavour:
             return dataclasses.replace(view, problem=problem), Result(requeue_after=30.0)
         try:
             created = await self.deps.kube.create(PODS, pod, dv.namespace)
+        except Forbidden as exc:  # a quota (or admission) refusal: again later
+            refused = refused_pod(name, exc)
+            view = dataclasses.replace(view, pod_phase="Pending", pod_problem=refused)
+            return view, Result(requeue_after=QUOTA_RETRY)
         except Conflict:
             # Someone's pod holds the name, and it is not one we recorded: never adopt it.
             found = await self.deps.kube.get_or_none(PODS, name, dv.namespace)

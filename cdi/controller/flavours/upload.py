@@ -56,9 +56,10 @@ from cdi.controller.record import (
     ImportRecord,
     sealed_annotations,
 )
+from cdi.controller.refusals import QUOTA_RETRY, refused_pod
 from cdi.controller.status import ClaimProblem, FlavourPhases, View
 from cdi.kube.client import PODS, PVCS, SECRETS, SERVICES, Resource
-from cdi.kube.errors import Conflict, NotFound
+from cdi.kube.errors import Conflict, Forbidden, NotFound
 from cdi.kube.events import NORMAL, WARNING
 from cdi.kube.workqueue import Result
 from cdi.pki.upload import SERVER_CERT_LIFETIME, UploadCAs, issue_server_credentials
@@ -220,6 +221,7 @@ class Seen:
     record: ImportRecord
     problem: ClaimProblem | None = None
     requeue_after: float | None = None
+    pod_problem: tuple[str, str] | None = None  # the server pod's create was refused
 
 
 class UploadWorker:
@@ -273,10 +275,13 @@ class UploadWorker:
             pod = render_upload_pod(pvc, config)
         except RenderError as exc:
             return Seen(verdict, record, ClaimProblem(exc.reason, exc.message), 30.0)
-        await self._replace_secret(render_upload_secret(pvc, creds.secret_data()), ns)
-        await self._create_ignoring_conflict(SERVICES, render_upload_service(pvc), ns)
         try:
+            await self._replace_secret(render_upload_secret(pvc, creds.secret_data()), ns)
+            await self._create_ignoring_conflict(SERVICES, render_upload_service(pvc), ns)
             created = await self.deps.kube.create(PODS, pod, ns)
+        except Forbidden as exc:  # a quota (or admission) refusal: again later
+            refused = refused_pod(upload_pod_name(name), exc)
+            return Seen(verdict, record, requeue_after=QUOTA_RETRY, pod_problem=refused)
         except Conflict:
             return Seen(verdict, record, requeue_after=1.0)  # someone's pod: next step judges
         record = dataclasses.replace(record, pod_uid=pod_uid(created))
@@ -398,6 +403,7 @@ class UploadFlavour:
             record=seen.record,
             pod_phase=phase_for(seen.assessment),
             problem=seen.problem or view.problem,
+            pod_problem=seen.pod_problem,
         )
         return view, Result(requeue_after=seen.requeue_after)
 

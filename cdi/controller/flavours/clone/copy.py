@@ -40,9 +40,10 @@ from cdi.controller.pods import pod_uid
 from cdi.controller.policy import pod_outcome
 from cdi.controller.progress import Progress, parse_metrics
 from cdi.controller.record import OUTCOME_SUCCEEDED, ImportRecord
+from cdi.controller.refusals import QUOTA_RETRY, refused_pod
 from cdi.controller.status import ClaimProblem, View
 from cdi.kube.client import PODS, PVCS, SECRETS, SERVICES
-from cdi.kube.errors import Conflict, NotFound
+from cdi.kube.errors import Conflict, Forbidden, NotFound
 from cdi.kube.events import WARNING
 from cdi.kube.workqueue import Result
 from cdi.pki.certs import KeyPair, issue_client
@@ -119,7 +120,12 @@ class HostAssistedCopy:
         if action == Action.FAIL:
             await self.cleanup(claim, source)
             return dataclasses.replace(view, record=seen.record), Result()
-        view = dataclasses.replace(view, record=seen.record, problem=seen.problem or view.problem)
+        view = dataclasses.replace(
+            view,
+            record=seen.record,
+            problem=seen.problem or view.problem,
+            pod_problem=seen.pod_problem,
+        )
         if action != Action.READY:
             return dataclasses.replace(view, pod_phase="Pending"), _again(seen)
         return await self._source_side(claim, source, seen, view)
@@ -131,7 +137,12 @@ class HostAssistedCopy:
         pod = await self.kube.get_or_none(PODS, source_pod_name(claim.pvc), ns)
         recorded = (claim.pvc["metadata"].get("annotations") or {}).get(ANN_SOURCE_POD_UID)
         if pod is None:
-            problem = await self._create_source(claim, source)
+            try:
+                problem = await self._create_source(claim, source)
+            except Forbidden as exc:  # the source namespace's quota (or admission) refused it
+                refused = refused_pod(source_pod_name(claim.pvc), exc)
+                view = dataclasses.replace(view, pod_phase="Pending", pod_problem=refused)
+                return view, Result(requeue_after=QUOTA_RETRY)
             view = dataclasses.replace(view, pod_phase="Pending", problem=problem or view.problem)
             return view, Result(requeue_after=30.0 if problem else 1.0)
         if pod_uid(pod) != recorded:
