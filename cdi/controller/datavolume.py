@@ -59,6 +59,7 @@ from cdi.api.constants import (
     CDICONFIG_NAME,
     GATE_CLAIM_ADOPTION,
     ConditionReason,
+    ConditionType,
     Phase,
 )
 from cdi.api.termination import REASON_COMPLETED
@@ -86,9 +87,10 @@ from cdi.controller.populators.datavolume import (
 from cdi.controller.progress import Scraper
 from cdi.controller.proxy_relay import RelaySettings
 from cdi.controller.record import OUTCOME_SUCCEEDED, ClaimRecord
+from cdi.controller.refusals import POD_REFUSALS, QUOTA_RETRY, refused_claim
 from cdi.controller.status import ClaimProblem, View, compute_status
 from cdi.kube.client import DATAVOLUMES, JSON, PVCS, AsyncKube, split_key
-from cdi.kube.errors import Conflict
+from cdi.kube.errors import Conflict, QuotaExceeded
 from cdi.kube.events import NORMAL, WARNING, EventRecorder
 from cdi.kube.informer_slim import is_partial
 from cdi.kube.own_writes import OwnWrites
@@ -432,7 +434,11 @@ class Step:
         if first and populator_kind(desired) is None:
             desired["metadata"].setdefault("annotations", {}).update(first)
         # a 409 (someone, or we before a restart, made it already) goes to the caller
-        created = await self.r.kube.create(PVCS, desired, self.dv.namespace)
+        try:
+            created = await self.r.kube.create(PVCS, desired, self.dv.namespace)
+        except QuotaExceeded as exc:  # Pending until the quota admits it (cdi.controller.refusals)
+            self._see(problem=refused_claim(exc))
+            return None, Result(requeue_after=QUOTA_RETRY)
         self.r.own_claims.wrote(created)
         return created, Result(requeue_after=1.0)
 
@@ -480,6 +486,20 @@ class Step:
             await self.r.events.emit(self.obj, *self._event_of(deferred))  # passed through
         if new.get("phase") != old.get("phase"):
             await self._phase_event(str(new["phase"]))
+        await self._refusal_event(old)
+
+    async def _refusal_event(self, old: Mapping[str, Any]) -> None:
+        """A Warning event when a worker pod's create is refused (``cdi.controller.refusals``):
+        once, when the Running condition takes the refusal's reason, not at every retry."""
+        problem = self.view.pod_problem
+        if problem is None or problem[0] not in POD_REFUSALS:
+            return
+        conditions = old.get("conditions") or []
+        running: Mapping[str, Any] = next(
+            (c for c in conditions if c.get("type") == ConditionType.RUNNING), {}
+        )
+        if running.get("reason") != problem[0]:
+            await self.r.events.emit(self.obj, WARNING, *problem)
 
     def _defer_status(self) -> bool:
         """Under a burst, the first write of a DataVolume whose claim (and pod) this reconcile

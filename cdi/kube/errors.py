@@ -50,6 +50,12 @@ class Forbidden(KubeError):
     """403: RBAC or an admission webhook said no."""
 
 
+class QuotaExceeded(Forbidden):
+    """403 from the ResourceQuota admission plugin: the object would take the namespace over
+    one of its quotas. Not permanent: it is admitted once the quota is raised or usage drops,
+    so a refused create is retried (CDI's ``ErrExceededQuota``)."""
+
+
 class Unauthorized(KubeError):
     pass
 
@@ -78,6 +84,14 @@ _BY_STATUS: dict[int, type[KubeError]] = {
 }
 
 
+# The ResourceQuota admission plugin answers 403 with Status.reason "Forbidden" and no cause
+# or detail that sets it apart from an RBAC or webhook refusal; only its message does
+# ("pods \"x\" is forbidden: exceeded quota: q, requested: ..., used: ..., limited: ...",
+# apiserver/pkg/admission/plugin/resourcequota). CDI matches the same words
+# (``ErrQuotaExceeded``). This is the one place that reads a message: callers see the type.
+_QUOTA_MARK = "exceeded quota: "
+
+
 def from_status(status: int, body: Any) -> KubeError:
     """The typed error for an HTTP error status and its (JSON or text) body."""
     data: dict[str, Any] = {}
@@ -91,4 +105,6 @@ def from_status(status: int, body: Any) -> KubeError:
         data = body
     cls = _BY_STATUS.get(status, Unavailable if status >= 500 or status == 0 else KubeError)
     message = str(data.get("message") or f"HTTP {status}")
+    if cls is Forbidden and _QUOTA_MARK in message:
+        cls = QuotaExceeded
     return cls(message, status=status, reason=str(data.get("reason") or ""), body=data)

@@ -11,26 +11,32 @@ alone (``CLONE_STREAM=raw``), as only the controller knows the target's mode.
 
 A pod cannot own objects across namespaces, so the pod carries no owner reference when the
 clone crosses namespaces; it is labelled with the target claim's UID instead, which is how the
-flavour finds (and deletes) it. Security is every worker pod's (``cdi.render.worker_pod``).
+flavour finds (and deletes) it. Security, container resources (CDIConfig's requests and
+limits), the DataVolume's ``priorityClassName`` and CDIConfig's ``imagePullSecrets`` are every
+worker pod's (``cdi.render.worker_pod``); like CDI's, the pod names no service account: the
+DataVolume's lives in the target namespace, not beside the source.
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from cdi.api.config import CDIConfig
 from cdi.api.constants import GROUP, LABEL_APP, LABEL_APP_VALUE, LABEL_COMPONENT
 from cdi.api.types import DataVolume
 from cdi.render.naming import upload_service_name
 from cdi.render.owner import datavolume_reference
 from cdi.render.worker_pod import (
     WorkerPod,
+    admission_fields,
     container_security_context,
     image_fields,
     metrics_ports,
     pod_security_context,
+    worker_resources,
 )
 
 CLONE_SOURCE = "cdi-clone-source"
@@ -54,6 +60,7 @@ class CloneSourcePod:
     # The upload Service's ClusterIP: dialled directly (no cluster DNS needed), the server's
     # certificate still verified for ``upload_server_name`` (``UPLOAD_SERVER_NAME``).
     upload_host: str = ""
+    cdi_config: CDIConfig = field(default_factory=CDIConfig)  # resources, pull secrets
 
 
 def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -169,6 +176,7 @@ def render_clone_source_pod(
         **image_fields(config.settings),
         "env": _env(source, target, config),
         "ports": metrics_ports(config.settings),
+        "resources": worker_resources(config.cdi_config),
         "securityContext": container_security_context(),
         "volumeMounts": [{"name": "client-cert", "mountPath": CERT_DIR, "readOnly": True}],
     }
@@ -196,5 +204,6 @@ def render_clone_source_pod(
                     "secret": {"secretName": config.client_secret, "defaultMode": 0o440},
                 },
             ],
+            **admission_fields(config.cdi_config, dv.spec.priority_class_name),
         },
     }

@@ -106,6 +106,7 @@ from cdi.render.importer_env import SourceSettings, source_settings
 from cdi.render.proxy_auth import without_userinfo
 from cdi.render.worker_pod import (
     WorkerPod,
+    admission_fields,
     block_scratch_empty_dir,
     container_security_context,
     image_fields,
@@ -113,6 +114,7 @@ from cdi.render.worker_pod import (
     metrics_ports,
     pod_security_context,
     worker_metadata,
+    worker_resources,
 )
 
 DATA_VOLUME = "cdi-data-vol"
@@ -184,10 +186,12 @@ def _pod_spec(
         "containers": [_container(dv, pvc_spec, block, settings, config)],
         "volumes": _volumes(claim, pvc_spec, block, settings, config),
     }
+    spec.update(
+        admission_fields(
+            config.cdi_config, dv.spec.priority_class_name, dv.spec.service_account_name
+        )
+    )
     optional = {
-        "priorityClassName": dv.spec.priority_class_name,
-        "serviceAccountName": dv.spec.service_account_name,
-        "imagePullSecrets": [{"name": n} for n in config.cdi_config.image_pull_secrets],
         "nodeSelector": dict(config.node_selector),
         "tolerations": [dict(t) for t in config.tolerations],
         "affinity": dict(config.affinity) if config.affinity else None,
@@ -209,7 +213,7 @@ def _add_node_pull(
             "name": HOLDER_INIT_NAME,
             **image_fields(config),
             "args": ["install-holder", NODE_PULL_HOLDER],
-            "resources": config.cdi_config.pod_resources.to_dict(),  # a Python process
+            "resources": worker_resources(config.cdi_config),  # a Python process
             "terminationMessagePolicy": "FallbackToLogsOnError",
             "securityContext": container_security_context(),
             "volumeMounts": [mount],
@@ -244,7 +248,7 @@ def _container(
         **image_fields(config),
         "env": _env(dv, pvc_spec, block, settings, config),
         "ports": metrics_ports(config),
-        "resources": config.cdi_config.pod_resources.to_dict(),
+        "resources": worker_resources(config.cdi_config),
         "terminationMessagePath": TERMINATION_LOG_PATH,
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "securityContext": container_security_context(),

@@ -57,10 +57,12 @@ from cdi.render.naming import upload_service_name
 from cdi.render.owner import controller_reference
 from cdi.render.worker_pod import (
     WorkerPod,
+    admission_fields,
     block_scratch_empty_dir,
     container_security_context,
     image_fields,
     pod_security_context,
+    worker_resources,
 )
 
 UPLOAD_COMPONENT = "cdi-upload-server"  # CDI's cdi.kubevirt.io label value and container name
@@ -149,12 +151,8 @@ def render_upload_pod(pvc: Mapping[str, Any], config: UploadPodConfig) -> dict[s
             },
         ],
     }
-    optional = {
-        "priorityClassName": ann.get(ANN_PRIORITY_CLASS),
-        "serviceAccountName": ann.get(ANN_SERVICE_ACCOUNT),
-        "imagePullSecrets": [{"name": n} for n in config.cdi_config.image_pull_secrets],
-    }
-    spec.update({k: v for k, v in optional.items() if v})
+    cdi = config.cdi_config
+    spec.update(admission_fields(cdi, ann.get(ANN_PRIORITY_CLASS), ann.get(ANN_SERVICE_ACCOUNT)))
     metadata = _metadata(pvc, name)
     metadata["annotations"] = dict(POD_ANNOTATION_DEFAULTS)
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
@@ -193,7 +191,7 @@ def _container(pvc: Mapping[str, Any], config: UploadPodConfig) -> dict[str, Any
             "initialDelaySeconds": 2,
             "periodSeconds": 1,
         },
-        "resources": config.cdi_config.pod_resources.to_dict(),
+        "resources": worker_resources(config.cdi_config),
         "terminationMessagePath": TERMINATION_LOG_PATH,
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "securityContext": container_security_context(),

@@ -14,6 +14,13 @@ volumes and environment, and takes from here the parts that must not drift betwe
 - Pod and container security contexts: restricted (non-root qemu uid 107, no privilege
   escalation, no capabilities, RuntimeDefault seccomp, read-only root filesystem).
 - ``block_scratch_empty_dir``: a Block target's writable ``/scratch`` (the root is read-only).
+- ``worker_resources`` and ``admission_fields``: what a namespace's ResourceQuota, LimitRange
+  and scheduler see of every worker pod (importer, DataImportCron poller, upload server, clone
+  source): each container's requests *and* limits from CDIConfig (``podResourceRequirements``,
+  CDI's defaults cpu 100m/750m, memory 60M/600M filled in), so a namespace whose quota counts
+  ``limits.cpu``/``limits.memory`` admits them; the DataVolume's ``priorityClassName``;
+  CDIConfig's ``imagePullSecrets``; and the DataVolume's ``serviceAccountName`` where CDI sets
+  it (not on the clone source pod, which runs in the source's namespace).
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from cdi.api.config import CDIConfig
 from cdi.api.constants import (
     LABEL_APP,
     LABEL_APP_VALUE,
@@ -152,3 +160,23 @@ def metrics_env(settings: WorkerPod, addr_var: str, port_var: str) -> list[dict[
         pod_ip = {"fieldRef": {"fieldPath": "status.podIP"}}
         env.append({"name": addr_var, "valueFrom": pod_ip})
     return env
+
+
+def worker_resources(config: CDIConfig) -> dict[str, Any]:
+    """A worker container's ``resources``: CDIConfig's pod resource requirements, requests and
+    limits (status first: there CDI's defaults fill what the spec leaves out)."""
+    return config.pod_resources.to_dict()
+
+
+def admission_fields(
+    config: CDIConfig, priority_class: str | None, service_account: str | None = None
+) -> dict[str, Any]:
+    """The pod spec's ``priorityClassName``, ``serviceAccountName`` and ``imagePullSecrets``
+    (CDIConfig's), each only when there is one: what every worker pod carries for the
+    namespace's admission plugins and the scheduler."""
+    optional = {
+        "priorityClassName": priority_class,
+        "serviceAccountName": service_account,
+        "imagePullSecrets": [{"name": n} for n in config.image_pull_secrets],
+    }
+    return {k: v for k, v in optional.items() if v}

@@ -54,10 +54,12 @@ from cdi.controller.record import (
     read_sealed,
     sealed_annotations,
 )
+from cdi.controller.refusals import QUOTA_RETRY, refused_pod
 from cdi.controller.registry_result import result_patch, with_node_digest
 from cdi.controller.status import ClaimProblem, FlavourPhases, View
 from cdi.controller.workerpod import assess, create_pod, pod_uid, remove_impostor
 from cdi.kube.client import PODS, PVCS
+from cdi.kube.errors import Forbidden
 from cdi.kube.events import NORMAL, WARNING
 from cdi.kube.workqueue import Result
 from cdi.render import RenderError
@@ -239,7 +241,12 @@ class ImportFlavour(FlavourDefaults):
         except RenderError as exc:
             problem = ClaimProblem(exc.reason, exc.message)
             return dataclasses.replace(view, problem=problem), Result(requeue_after=30.0)
-        uid = await create_pod(self.deps.kube, pod, dv.namespace)
+        try:
+            uid = await create_pod(self.deps.kube, pod, dv.namespace)
+        except Forbidden as exc:  # a quota (or admission) refusal: again later
+            refused = refused_pod(name, exc)
+            view = dataclasses.replace(view, pod_phase="Pending", pod_problem=refused)
+            return view, Result(requeue_after=QUOTA_RETRY)
         if uid is None:
             # Someone's pod holds the name, and it is not one we recorded: never adopt it.
             found = await self.deps.kube.get_or_none(PODS, name, dv.namespace)

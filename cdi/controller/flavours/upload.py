@@ -57,9 +57,11 @@ from cdi.controller.record import (
     ClaimRecord,
     sealed_annotations,
 )
+from cdi.controller.refusals import QUOTA_RETRY, refused_pod
 from cdi.controller.status import ClaimProblem, FlavourPhases, View
 from cdi.controller.workerpod import Trust, create_pod, pod_uid, remove_impostor
 from cdi.kube.client import PODS, PVCS, SECRETS, SERVICES, Resource
+from cdi.kube.errors import Forbidden
 from cdi.kube.events import NORMAL, WARNING
 from cdi.kube.workqueue import Result
 from cdi.pki.upload import SERVER_CERT_LIFETIME, UploadCAs, issue_server_credentials
@@ -191,6 +193,7 @@ class Seen:
     record: ClaimRecord
     problem: ClaimProblem | None = None
     requeue_after: float | None = None
+    pod_problem: tuple[str, str] | None = None  # the server pod's create was refused
 
 
 class UploadWorker:
@@ -252,10 +255,14 @@ class UploadWorker:
             pod = render_upload_pod(pvc, config)
         except RenderError as exc:
             return Seen(verdict, record, ClaimProblem(exc.reason, exc.message), 30.0)
-        await self._replace_secret(render_upload_secret(pvc, creds.secret_data()), ns)
-        # None: made by an earlier step; its spec is ours (name and selector are fixed)
-        await self.deps.kube.create_if_absent(SERVICES, render_upload_service(pvc), ns)
-        uid = await create_pod(self.deps.kube, pod, ns)
+        try:
+            await self._replace_secret(render_upload_secret(pvc, creds.secret_data()), ns)
+            # None: made by an earlier step; its spec is ours (name and selector are fixed)
+            await self.deps.kube.create_if_absent(SERVICES, render_upload_service(pvc), ns)
+            uid = await create_pod(self.deps.kube, pod, ns)
+        except Forbidden as exc:  # a quota (or admission) refusal: again later
+            refused = refused_pod(upload_pod_name(name), exc)
+            return Seen(verdict, record, requeue_after=QUOTA_RETRY, pod_problem=refused)
         if uid is None:
             return Seen(verdict, record, requeue_after=1.0)  # someone's pod: next step judges
         record = dataclasses.replace(record, pod_uid=uid)
@@ -351,6 +358,7 @@ class UploadFlavour(FlavourDefaults):
             record=seen.record,
             pod_phase=phase_for(seen.assessment),
             problem=seen.problem or view.problem,
+            pod_problem=seen.pod_problem,
         )
         return view, Result(requeue_after=seen.requeue_after)
 

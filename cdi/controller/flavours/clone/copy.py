@@ -39,9 +39,11 @@ from cdi.controller.flavours import JSON, Claim, FlavourDeps
 from cdi.controller.flavours.upload import Action, Seen, Target, UploadSettings, UploadWorker
 from cdi.controller.progress import Progress, parse_metrics
 from cdi.controller.record import OUTCOME_SUCCEEDED, ClaimRecord
+from cdi.controller.refusals import QUOTA_RETRY, refused_pod
 from cdi.controller.status import ClaimProblem, View
 from cdi.controller.workerpod import Assessment, Trust, assess, create_pod, remove_impostor
 from cdi.kube.client import PODS, PVCS, SECRETS, SERVICES
+from cdi.kube.errors import Forbidden
 from cdi.kube.workqueue import Result
 from cdi.pki.certs import KeyPair, issue_client
 from cdi.pki.upload import CLIENT_CA_SECRET, SERVER_CA_SECRET, ensure_ca
@@ -117,7 +119,12 @@ class HostAssistedCopy:
         if action == Action.FAIL:
             await self.cleanup(claim, source)
             return dataclasses.replace(view, record=seen.record), Result()
-        view = dataclasses.replace(view, record=seen.record, problem=seen.problem or view.problem)
+        view = dataclasses.replace(
+            view,
+            record=seen.record,
+            problem=seen.problem or view.problem,
+            pod_problem=seen.pod_problem,
+        )
         if action != Action.READY:
             return dataclasses.replace(view, pod_phase="Pending"), _again(seen)
         return await self._source_side(claim, source, seen, view)
@@ -130,7 +137,12 @@ class HostAssistedCopy:
         recorded = (claim.pvc["metadata"].get("annotations") or {}).get(ANN_SOURCE_POD_UID)
         verdict = assess(pod, recorded, CLONE_SOURCE)
         if verdict.trust == Trust.ABSENT:
-            problem = await self._create_source(claim, source)
+            try:
+                problem = await self._create_source(claim, source)
+            except Forbidden as exc:  # the source namespace's quota (or admission) refused it
+                refused = refused_pod(source_pod_name(claim.pvc), exc)
+                view = dataclasses.replace(view, pod_phase="Pending", pod_problem=refused)
+                return view, Result(requeue_after=QUOTA_RETRY)
             view = dataclasses.replace(view, pod_phase="Pending", problem=problem or view.problem)
             return view, Result(requeue_after=30.0 if problem else 1.0)
         if verdict.impostor is not None:
@@ -191,7 +203,9 @@ class HostAssistedCopy:
         )
         cluster_ip = str(((service or {}).get("spec") or {}).get("clusterIP") or "")
         host = cluster_ip if cluster_ip not in ("", "None") else ""
-        config = CloneSourcePod(settings, client_secret_name(claim.pvc), upload_host=host)
+        config = CloneSourcePod(
+            settings, client_secret_name(claim.pvc), upload_host=host, cdi_config=claim.cdi_config
+        )
         pod = render_clone_source_pod(claim.dv, source, claim.pvc, config)
         uid = await create_pod(self.kube, pod, ns)
         if uid is None:
