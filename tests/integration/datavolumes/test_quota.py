@@ -34,7 +34,7 @@ from tests.integration.datavolumes.cdi_env import (
     wait_phase,
     wait_running_reason,
 )
-from tests.integration.datavolumes.test_clone_copy import copy_classes, copy_of  # noqa: F401
+from tests.integration.datavolumes.test_clone_copy import copy_of
 from tests.integration.datavolumes.test_clone_csi import succeeded
 
 pytestmark = pytest.mark.integration
@@ -139,7 +139,7 @@ def test_an_importer_over_the_limits_quota_waits_scheduled_then_runs_with_cdis_l
 
 def test_a_host_assisted_clone_between_namespaces_that_demand_limits(
     kube: Kube, controller: Any, namespaces: tuple[str, str], image_server: ImageServer,
-    copy_classes: None,  # noqa: F811
+    copy_classes: None,
 ) -> None:  # fmt: skip
     source_ns, target_ns = namespaces
     for ns in namespaces:
