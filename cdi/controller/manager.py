@@ -71,7 +71,7 @@ from cdi.controller.datavolume import (
 from cdi.controller.flavours import FlavourDeps
 from cdi.controller.flavours.import_ import ImportFlavour
 from cdi.controller.flavours.upload import UploadWorker
-from cdi.controller.metrics import ControllerMetrics, Sources, serve_metrics
+from cdi.controller.metrics import ControllerMetrics, Sources, cron_view, serve_metrics
 from cdi.controller.populators import claim_target_key, worker_pod_target_key
 from cdi.controller.populators.clone import ClonePopulator
 from cdi.controller.populators.handover import PrimePopulator
@@ -97,7 +97,7 @@ from cdi.kube.client import (
 )
 from cdi.kube.events import EventQueue, EventRecorder
 from cdi.kube.informer import Informer, wait_all_synced
-from cdi.kube.informer_slim import SLIM_PAGE, Slim, keys_only, kubevirt_and
+from cdi.kube.informer_slim import SLIM_PAGE, Slim, kubevirt_and
 from cdi.kube.leader import LeaderConfig, LeaderElector, LeadershipLost
 from cdi.kube.workqueue import Backoff, Reconcile, WorkQueue, run_workers
 from cdi.lifecycle import LogVerbosity
@@ -194,7 +194,7 @@ def controller_informers(kube: Kube, resync: float) -> dict[str, Informer]:
         "sc": Informer(kube, STORAGE_CLASSES, resync=resync),
         "profile": Informer(kube, STORAGE_PROFILES, resync=resync),
         "config": Informer(kube, CDI_CONFIGS, resync=resync),
-        "cron": Informer(kube, DATAIMPORTCRONS, resync=resync, transform=keys_only, page_size=slim),
+        "cron": Informer(kube, DATAIMPORTCRONS, resync=resync, transform=cron_view, page_size=slim),
         "ds": Informer(
             kube, DATA_SOURCES, resync=resync, transform=Slim(CLAIM_KEYS), page_size=slim
         ),
@@ -218,11 +218,18 @@ class Manager:
         # and pods while a burst of them waits (bounded delay)
         self.events = EventQueue(self.kube, busy=self._burst)
         self.metrics = ControllerMetrics(
-            Sources(self.informers["dv"], self.informers["sc"], self.informers["profile"])
+            Sources(
+                self.informers["dv"],
+                self.informers["sc"],
+                self.informers["profile"],
+                self.informers["cron"],
+                ready=lambda: self._ready,
+            )
         )
         self.loops = self._loops(identity)
         self.verbosity = LogVerbosity(flag_level=config.log_level)
         self._metrics_runner: web.AppRunner | None = None
+        self._ready = False  # leading with synced caches (kubevirt_cdi_cr_ready)
         self._stop = asyncio.Event()
         self.lost_leadership = False
 
@@ -469,8 +476,10 @@ class Manager:
             async with asyncio.timeout(self.config.sync_timeout):
                 await wait_all_synced(list(self.informers.values()))
             log.info("caches synced; %d workers", self.config.workers)
+            self._ready = True
             await self._run_until_stopped()
         finally:
+            self._ready = False
             await self._shutdown()
 
     async def _run_until_stopped(self) -> None:

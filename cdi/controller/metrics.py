@@ -14,7 +14,22 @@ Two kinds, kept apart so nothing in a reconciler holds metric state:
   ``kubevirt_cdi_import_progress_total``    percent, per DataVolume (``ownerUID``) importing
   ``kubevirt_cdi_clone_progress_total``     same, while cloning
   ``kubevirt_cdi_upload_progress_total``    same, while uploading (not a CDI name)
+  ``kubevirt_cdi_dataimportcron_outdated``  1 per DataImportCron whose ``UpToDate`` is False,
+                                            else 0; labels ns, cron_name, pending ("true":
+                                            it cannot import for want of a storage class)
+  ``kubevirt_cdi_{import,upload,clone}_pods_high_restart``  DataVolumes of that kind whose
+                                            worker restarted more than 3 times (CDI derives
+                                            these from kube-state-metrics in recording rules;
+                                            the controller knows the counts, so no
+                                            kube-state-metrics is needed)
+  ``kubevirt_cdi_cr_ready``                 1 while this replica leads with synced caches,
+                                            else 0 (a standby; CDI's is the operator's view
+                                            of its CR: alert on the max over replicas)
   ``cdi_datavolumes``                       DataVolumes per ``phase`` (not a CDI name)
+
+The alerts on these are CDI's, in ``deploy/monitoring/prometheus-rules.yaml`` (a
+PrometheusRule for the Prometheus Operator), checked by ``promtool test rules`` against what
+this collector exposes (``tests/component/test_alert_rules.py``).
 
 - **Observed around each reconcile** (``timed``), under controller-runtime's names, which CDI's
   controller also exports: ``controller_runtime_reconcile_time_seconds{controller}`` (histogram)
@@ -29,7 +44,7 @@ from __future__ import annotations
 import time
 from collections import Counter as Tally
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from aiohttp import web
@@ -60,11 +75,56 @@ class Store(Protocol):
     def items(self) -> list[dict[str, Any]]: ...
 
 
+class _Empty:
+    def get(self, key: str) -> dict[str, Any] | None:
+        return None
+
+    def items(self) -> list[dict[str, Any]]:
+        return []
+
+
 @dataclass(frozen=True)
 class Sources:
     datavolumes: Store
     storage_classes: Store
     storage_profiles: Store
+    dataimportcrons: Store = field(default_factory=_Empty)  # as ``cron_view`` keeps them
+    ready: Callable[[], bool] = lambda: False  # leading, caches synced
+
+
+HIGH_RESTARTS = 3  # CDI's UnusualRestartCountThreshold: more than this is unusual
+CLONE_SOURCES = ("pvc", "snapshot")
+UPLOAD_SOURCES = ("upload",)
+
+
+def cron_view(obj: dict[str, Any]) -> dict[str, Any]:
+    """What the cron cache keeps: identity, conditions, the template's storage class."""
+    meta = obj.get("metadata") or {}
+    template = (((obj.get("spec") or {}).get("template") or {}).get("spec")) or {}
+    claim = template.get("storage") or template.get("pvc") or {}
+    conditions = [
+        {k: c.get(k) for k in ("type", "status", "reason")}
+        for c in (obj.get("status") or {}).get("conditions") or []
+        if isinstance(c, dict)
+    ]
+    return {
+        "metadata": {
+            k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion") if k in meta
+        },
+        "spec": {"storageClassName": claim.get("storageClassName")},
+        "status": {"conditions": conditions},
+    }
+
+
+def work_kind(dv: Mapping[str, Any]) -> str:
+    """import, upload or clone: what the DataVolume's worker does."""
+    spec = dv.get("spec") or {}
+    source = spec.get("source") or {}
+    if any(k in source for k in UPLOAD_SOURCES):
+        return "upload"
+    if spec.get("sourceRef") or any(k in source for k in CLONE_SOURCES):
+        return "clone"
+    return "import"
 
 
 def _flag(value: bool) -> str:
@@ -92,6 +152,13 @@ def profile_labels(profile: StorageProfile, sc: Mapping[str, Any] | None) -> dic
     }
 
 
+def _restarts(dv: Mapping[str, Any]) -> int:
+    try:
+        return int((dv.get("status") or {}).get("restartCount") or 0)
+    except (TypeError, ValueError):
+        return 0
+
+
 def progress_value(text: str | None) -> float | None:
     if not text or not text.endswith("%"):
         return None
@@ -108,8 +175,39 @@ class ClusterCollector(Collector):
         self.sources = sources
 
     def collect(self) -> Iterator[Metric]:
+        yield GaugeMetricFamily(
+            "kubevirt_cdi_cr_ready",
+            "CDI install ready (this controller replica leads with synced caches)",
+            value=1.0 if self.sources.ready() else 0.0,
+        )
         yield self._profiles()
         yield from self._datavolumes()
+        yield self._crons()
+
+    def _default_class(self) -> bool:
+        classes = self.sources.storage_classes.items()
+        return any(
+            _annotated(sc, ANN_DEFAULT_CLASS) or _annotated(sc, ANN_DEFAULT_VIRT_CLASS)
+            for sc in classes
+        )
+
+    def _crons(self) -> Metric:
+        outdated = GaugeMetricFamily(
+            "kubevirt_cdi_dataimportcron_outdated",
+            "DataImportCron has an outdated import",
+            labels=["ns", "cron_name", "pending"],
+        )
+        default_class = self._default_class()
+        for cron in self.sources.dataimportcrons.items():
+            meta = cron.get("metadata") or {}
+            conditions = (cron.get("status") or {}).get("conditions") or []
+            stale = any(c.get("type") == "UpToDate" and c.get("status") == "False"
+                        for c in conditions)  # fmt: skip
+            named = (cron.get("spec") or {}).get("storageClassName")
+            pending = stale and not named and not default_class
+            labels = [str(meta.get("namespace", "")), str(meta.get("name", "")), _flag(pending)]
+            outdated.add_metric(labels, 1.0 if stale else 0.0)
+        return outdated
 
     def _profiles(self) -> Metric:
         labels = list(profile_labels(StorageProfile(), None))
@@ -138,6 +236,13 @@ class ClusterCollector(Collector):
             value=float(sum(1 for dv in dvs if self._pending_for_class(dv))),
         )
         yield from self._progress(dvs)
+        restarted = Tally(work_kind(dv) for dv in dvs if _restarts(dv) > HIGH_RESTARTS)
+        for kind in ("import", "upload", "clone"):
+            yield GaugeMetricFamily(
+                f"kubevirt_cdi_{kind}_pods_high_restart",
+                f"DataVolumes whose {kind} pod restarted more than {HIGH_RESTARTS} times",
+                value=float(restarted[kind]),
+            )
 
     def _pending_for_class(self, dv: Mapping[str, Any]) -> bool:
         if (dv.get("status") or {}).get("phase") not in (None, "", "Pending"):
