@@ -4,8 +4,10 @@ There is one key, ``config``. CDI's operator creates the object; we have no oper
 reconciler creates it (``spec: {}``) when it is missing. Then it computes the status
 (``cdi.render.cdiconfig``) from the spec, the StorageClasses (informer cache; a class event
 enqueues ``config`` so per-class overheads follow new classes) and the deployed upload proxy
-(Ingresses and the ``cdi-uploadproxy`` Service in the CDI namespace, read fresh), and writes it
-once, only when it differs, by replacing the status subresource.
+(Ingresses and the ``cdi-uploadproxy`` Service in the CDI namespace, read fresh; the proxy's
+serving CA from the ConfigMap ``cdi-uploadproxy-signer-bundle`` it publishes, as CDI's
+``uploadProxyCA``), and writes it once, only when it differs, by replacing the status
+subresource.
 
 Everything else reads settings from that status (``CDIConfig`` prefers status over spec), so a
 change to ``spec.filesystemOverhead`` reaches the next PVC rendered once it is written here. The
@@ -23,6 +25,7 @@ from cdi.api.constants import CDICONFIG_NAME
 from cdi.kube.client import CDI_CONFIGS, SERVICES, AsyncKube, Resource
 from cdi.kube.errors import Forbidden, NotFound
 from cdi.kube.workqueue import Result
+from cdi.pki.upload import CA_BUNDLE_KEY, CONFIG_MAPS, PROXY_CA_BUNDLE
 from cdi.render import cdiconfig as render
 
 log = logging.getLogger(__name__)
@@ -63,10 +66,19 @@ class CDIConfigReconciler:
             return Result(requeue_after=self.recheck)
         classes = [str(sc["metadata"]["name"]) for sc in self.storage_classes.items()]
         proxy = render.upload_proxy_url(config, *await self._upload_proxy())
-        wanted = render.desired_status(config, classes, proxy)
+        wanted = render.desired_status(config, classes, proxy, await self._upload_proxy_ca())
         if wanted != (obj.get("status") or {}):
             await self.kube.replace(CDI_CONFIGS, {**obj, "status": wanted}, sub="status")
         return Result(requeue_after=self.recheck)
+
+    async def _upload_proxy_ca(self) -> str | None:
+        """The CA bundle the upload proxy published (``cdi.upload.kubestore.ProxyCertStore``);
+        None before it did, or when we may not look."""
+        try:
+            found = await self.kube.get_or_none(CONFIG_MAPS, PROXY_CA_BUNDLE, self.namespace)
+        except Forbidden:
+            return None
+        return ((found or {}).get("data") or {}).get(CA_BUNDLE_KEY) or None
 
     async def _upload_proxy(self) -> tuple[list[JSON], JSON | None]:
         """Ingresses and the proxy Service in the CDI namespace; none when we may not look."""

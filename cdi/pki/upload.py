@@ -48,6 +48,8 @@ SERVER_CERT_LIFETIME = dt.timedelta(hours=24)
 PROXY_CLIENT_SECRET = "cdi-uploadserver-client-cert"
 SERVER_CA_BUNDLE = "cdi-uploadserver-signer-bundle"
 CA_BUNDLE_KEY = "ca-bundle.crt"
+# the upload proxy's serving CA (CDI's name), for CDIConfig status.uploadProxyCA
+PROXY_CA_BUNDLE = "cdi-uploadproxy-signer-bundle"
 PROXY_CLIENT_LIFETIME = dt.timedelta(days=30)
 CONFIG_MAPS = Resource("", "v1", "configmaps", "ConfigMap")
 

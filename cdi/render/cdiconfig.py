@@ -100,8 +100,12 @@ def ingress_host(ingress: Mapping[str, Any], service: str) -> str | None:
 
 
 def desired_status(
-    config: CDIConfig, storage_classes: Iterable[str], proxy_url: str | None
+    config: CDIConfig,
+    storage_classes: Iterable[str],
+    proxy_url: str | None,
+    proxy_ca: str | None = None,
 ) -> dict[str, Any]:
+    """``proxy_ca``: the upload proxy's serving CA bundle (PEM) as it published it."""
     classes = list(storage_classes)
     spec = config.spec
     status: dict[str, Any] = {
@@ -113,6 +117,8 @@ def desired_status(
         status["scratchSpaceStorageClass"] = spec.scratch_space_storage_class
     if proxy_url:
         status["uploadProxyURL"] = proxy_url
+    if proxy_ca:
+        status["uploadProxyCA"] = proxy_ca
     if spec.import_proxy is not None:
         status["importProxy"] = spec.import_proxy.to_dict()
     if spec.image_pull_secrets:

@@ -223,6 +223,32 @@ def requestheader_settings(kube: Kube) -> tuple[bytes, RequestHeaderConfig]:
     return ca, config
 
 
+class ProxyCertStore(CertStore):
+    """The upload proxy's serving certificate, its CA bundle published in the ConfigMap CDI
+    names (``cdi-uploadproxy-signer-bundle``, key ``ca-bundle.crt``), which the controller
+    copies into CDIConfig ``status.uploadProxyCA`` for ``cdi upload`` to trust."""
+
+    def __init__(self, kube: Kube, config: ServingCertConfig, config_map: str) -> None:
+        super().__init__(kube, config)
+        self.config_map = config_map
+
+    def publish(self, ca_bundle: bytes) -> None:
+        ns, data = self.config.namespace, {CA_BUNDLE_KEY: ca_bundle.decode()}
+        current = self.kube.get_or_none(CONFIG_MAPS, self.config_map, ns)
+        if current is not None and (current.get("data") or {}) == data:
+            return
+        meta: dict[str, Any] = {"name": self.config_map, "namespace": ns}
+        body = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": data}
+        try:
+            if current is None:
+                self.kube.create(CONFIG_MAPS, body)
+            else:
+                meta["resourceVersion"] = current["metadata"]["resourceVersion"]
+                self.kube.replace(CONFIG_MAPS, body)
+        except Conflict:
+            return  # a replica wrote first; the next check publishes again if it differs
+
+
 class ApiServiceCertStore(CertStore):
     """A serving certificate rotated in a Secret, its CA bundle written into our APIService
     so the kube-apiserver verifies us (no ``insecureSkipTLSVerify``)."""

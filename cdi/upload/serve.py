@@ -39,7 +39,7 @@ from cdi.pki.certs import Bundle, KeyPair
 from cdi.pki.contexts import load_pair, serving_context, upstream_context
 from cdi.pki.profile import FollowedProfile, following
 from cdi.pki.store import CertStore, ServingCertConfig
-from cdi.pki.upload import PROXY_CLIENT_SECRET, SERVER_CA_BUNDLE
+from cdi.pki.upload import PROXY_CA_BUNDLE, PROXY_CLIENT_SECRET, SERVER_CA_BUNDLE
 from cdi.upload.apiserver import make_api_app
 from cdi.upload.errors import UploadNotReady
 from cdi.upload.keys import KeyRing, ensure_ring
@@ -47,6 +47,7 @@ from cdi.upload.kubestore import (
     ApiServiceCertStore,
     KubeAccessReviewer,
     KubeUploadTargets,
+    ProxyCertStore,
     SecretKeyStore,
     publish_public_keys,
     read_public_keys,
@@ -92,6 +93,7 @@ class UploadProxyConfig:
     cert_secret: str = "cdi-uploadproxy-server-cert"
     client_cert_secret: str = PROXY_CLIENT_SECRET  # issued by the controller; read only
     server_ca_config_map: str = SERVER_CA_BUNDLE  # the upload servers' CA certificate alone
+    ca_config_map: str = PROXY_CA_BUNDLE  # where this proxy publishes its own serving CA
     credentials_poll: float = 2.0  # s between looks while the controller has not issued them
     upload_server_port: int = 443
     proxy: ProxyConfig = field(default_factory=ProxyConfig)
@@ -225,7 +227,9 @@ async def serve_upload_proxy(kube: Kube, config: UploadProxyConfig) -> None:
     plane = config.plane
     credentials = _Upstream(kube, config)
     upstream = await credentials.first()
-    cert_store = CertStore(kube, _cert_config(plane, config.service, config.cert_secret))
+    cert_store = ProxyCertStore(
+        kube, _cert_config(plane, config.service, config.cert_secret), config.ca_config_map
+    )
     serving = _ServingCert(cert_store)
     profile = FollowedProfile(kube, on_config=LogVerbosity().apply)
     ctx = serving_context(await serving.refresh(), profile=await profile.first())

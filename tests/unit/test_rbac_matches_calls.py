@@ -96,6 +96,7 @@ COMPONENTS = {
         "cdi/upload/kubestore.py::read_public_keys",
         "cdi/upload/kubestore.py::KubeUploadTargets",
         "cdi/upload/kubestore.py::read_upstream_credentials",
+        "cdi/upload/kubestore.py::ProxyCertStore",
         "cdi/pki/store.py::CertStore._read",  # its CertStore publishes nowhere
         "cdi/pki/store.py::CertStore._write",
         "cdi/pki/store.py::CertStore.ensure",
