@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from cdi.api.types import DataVolume
-from cdi.controller.manager import owner_key
+from cdi.controller.datavolume import owner_key
 from cdi.controller.pods import owned_pods
 from cdi.controller.progress import parse_metrics
 from cdi.render.importer_pod import ImporterPodConfig, render_importer_pod

@@ -15,7 +15,9 @@ from cdi.controller.flavours.upload import (
     phase_for,
 )
 from cdi.controller.flavours.upload import _recorded as recorded
-from cdi.controller.manager import WORKER_PODS, is_upload_pod, owner_key
+from cdi.controller.caches import WORKER_PODS
+from cdi.controller.datavolume import owner_key
+from cdi.controller.uploadpvc import is_upload_pod
 from cdi.controller.record import ClaimRecord
 from cdi.controller.status import View, compute_status
 
