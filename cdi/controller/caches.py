@@ -89,6 +89,10 @@ class Informers:
             self._informers[one.resource] = one
             self._deferred.add(one.resource)
 
+    def kinds(self) -> list[Resource]:
+        """Every kind with an informer, in the order they were made."""
+        return list(self._informers)
+
     def started_here(self) -> Iterator[Informer]:
         """The informers the manager starts, stops and waits for."""
         return (i for r, i in list(self._informers.items()) if r not in self._deferred)

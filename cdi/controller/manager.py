@@ -298,7 +298,7 @@ class Manager:
             ),
         }
 
-    def _wire(self) -> None:
+    def wire(self) -> None:
         """Each declared watch: one handler on the informer of its kind, feeding its queue."""
         for loop in self.loops.values():
             for watch in loop.controller.watches.watches:
@@ -335,7 +335,7 @@ class Manager:
                 acquiring.cancel()
                 return
             stopping.cancel()
-        self._wire()
+        self.wire()
         self.events.start()
         informers = list(self.informers.started_here())  # the snapshot kinds start later
         for informer in informers:

@@ -8,6 +8,8 @@ from typing import Any
 import pytest
 
 from cdi.api.termination import TerminationMessage
+from cdi.controller.caches import WORKER_PODS
+from cdi.controller.datavolume import owner_key
 from cdi.controller.flavours.upload import (
     UPLOAD_PHASES,
     Action,
@@ -15,11 +17,9 @@ from cdi.controller.flavours.upload import (
     phase_for,
 )
 from cdi.controller.flavours.upload import _recorded as recorded
-from cdi.controller.caches import WORKER_PODS
-from cdi.controller.datavolume import owner_key
-from cdi.controller.uploadpvc import is_upload_pod
 from cdi.controller.record import ClaimRecord
 from cdi.controller.status import View, compute_status
+from cdi.controller.uploadpvc import is_upload_pod
 
 T0 = "2026-01-01T00:00:00Z"
 
