@@ -4,10 +4,11 @@ Every API call goes through ``cdi.kube.client`` (``kube.get(PODS, ...)``, ``Info
 DATAVOLUMES)``), so the calls can be read from the source: this test walks each component's
 modules, resolves the first argument of every ``*kube.<verb>(...)`` call to its ``Resource``
 constant (``sub="status"`` makes it the status subresource), adds list+watch for every
-``Informer`` (of a kind held in a variable: ``INDIRECT_INFORMERS``), and compares the set with what the component's ServiceAccount is bound to in
-``deploy/1*-rbac-*.yaml`` and ``deploy/50-upload.yaml``. A new call without its RBAC fails here
-(instead of as a 403 in a cluster), and so does a verb left in deploy/ that no code uses any
-more. A call whose resource is a variable must be listed in ``INDIRECT``.
+``Informer`` (of a kind held in a variable: ``INDIRECT_INFORMERS``), and compares the set with
+what the component's ServiceAccount is bound to in ``deploy/1*-rbac-*.yaml`` and
+``deploy/50-upload.yaml``. A new call without its RBAC fails here (instead of as a 403 in a
+cluster), and so does a verb left in deploy/ that no code uses any more. A call whose resource
+is a variable must be listed in ``INDIRECT``.
 
 A component is a list of units: a module or folder, or ``module.py::Name`` (a top-level
 function or class) or ``module.py::Class.method``. The upload token API server
