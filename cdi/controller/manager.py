@@ -134,10 +134,6 @@ class Loop:
     controller: Controller
     queue: WorkQueue
 
-    @property
-    def name(self) -> str:
-        return self.controller.name
-
     def deliver(self, watch: Watch, obj: dict[str, Any]) -> None:
         """An event on ``obj``, seen through one of this reconciler's watches."""
         for request in watch.requests(obj):
