@@ -4,7 +4,7 @@ reconciler that reads or watches that kind.
 The reconcilers ask for the caches they read when they are built, the manager for the kinds
 their watch declarations name (``cdi.kube.watches``) when it wires them; either way a kind gets
 one informer, shaped as ``SHAPES`` says (a kind not listed is cached whole). Kinds that some
-clusters do not serve are ``defer``-red: their informers belong to whoever starts them
+clusters do not serve are deferred (``defer``): their informers belong to whoever starts them
 (``cdi.controller.snapshotwatch``) and stay out of the start-up and the cache-sync wait.
 
 What the caches of tenant-written kinds keep (``cdi.kube.informer_slim``, security review N8):

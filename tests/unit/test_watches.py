@@ -327,3 +327,19 @@ async def test_a_snapshot_wakes_the_datavolume_it_was_made_for_and_the_datasourc
     await queued(manager)
     event(manager, VOLUME_SNAPSHOTS, obj("snap", annotations={ANN_MOVE_TARGET: "ns/clone"}))
     assert await queued(manager) == {"datavolume": ["ns/clone"], "datasource": ["ns/golden"]}
+
+
+async def test_a_claim_echo_wakes_nothing_and_its_deletion_drops_the_write_it_echoed(
+    manager: Manager,
+) -> None:
+    claim = obj(
+        "disk", uid="c1", resourceVersion="5", ownerReferences=owned_by("DataVolume", "disk")
+    )
+    own_claims = manager.datavolumes.own_claims
+    own_claims.wrote(claim)
+    await queued(manager)
+    event(manager, PVCS, claim)
+    assert "datavolume" not in await queued(manager)
+    manager.informers[PVCS]._apply("DELETED", claim)
+    assert (await queued(manager))["datavolume"] == ["ns/disk"]
+    assert len(own_claims) == 0  # a write of a deleted claim no longer stands in for it
