@@ -352,9 +352,10 @@ def waiting(datavolumes: Iterable[JSON]) -> list[str]:
 
 
 def owner_key(obj: Mapping[str, Any]) -> str | None:
-    """The DataVolume key a PVC or Pod belongs to, or None. An upload server pod is owned by
-    its PVC, which has its DataVolume's name (or is a plain PVC: the upload PVC loop's key); an
-    adopted claim has no owner reference but its DataVolume's name and annotation."""
+    """The DataVolume key a PVC belongs to, or None: its controller owner (the DataVolume, or
+    for a prime the claim, which has the DataVolume's name), or, for an adopted claim (no owner
+    reference), its own name when it says whom it was created for. Pods map by their controller
+    owner alone (``Owns``)."""
     meta = obj.get("metadata") or {}
     ns = meta.get("namespace")
     for ref in meta.get("ownerReferences") or []:

@@ -343,3 +343,21 @@ async def test_a_claim_echo_wakes_nothing_and_its_deletion_drops_the_write_it_ec
     manager.informers[PVCS]._apply("DELETED", claim)
     assert (await queued(manager))["datavolume"] == ["ns/disk"]
     assert len(own_claims) == 0  # a write of a deleted claim no longer stands in for it
+
+
+async def test_worker_pods_wake_the_datavolume_that_controls_them_and_upload_servers_the_claim(
+    manager: Manager,
+) -> None:
+    await queued(manager)
+    importer = obj("importer-disk", ownerReferences=owned_by("DataVolume", "disk"))
+    importer["metadata"]["labels"] = {LABEL_COMPONENT: "importer"}
+    event(manager, PODS, importer)
+    assert await queued(manager) == {"datavolume": ["ns/disk"]}
+    server = obj(
+        "cdi-upload-plain",
+        labels={LABEL_COMPONENT: UPLOAD_COMPONENT},
+        ownerReferences=owned_by("PersistentVolumeClaim", "plain"),
+    )
+    event(manager, PODS, server)
+    got = await queued(manager)
+    assert got["datavolume"] == got["uploadpvc"] == ["ns/plain"]
