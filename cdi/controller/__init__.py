@@ -6,5 +6,7 @@ reconcilers (``datavolume`` above all) read state from informer caches, call the
 the result through the one Kubernetes gateway (``cdi.kube``). What fills a DataVolume's claim
 depends on its source and lives behind one protocol in ``flavours`` (import, upload, clone);
 a claim that names a CDI source in ``dataSourceRef`` is filled by ``populators`` instead.
-``manager`` wires informers, the work queues, workers and leader election into a process.
+Each reconciler module declares what wakes its reconciler (``cdi.kube.watches``); ``manager``
+composes them: one shared informer per kind (``caches``), one work queue per reconciler fed by
+its declarations, workers and leader election, into a process.
 """

@@ -12,6 +12,9 @@ subresource.
 Everything else reads settings from that status (``CDIConfig`` prefers status over spec), so a
 change to ``spec.filesystemOverhead`` reaches the next PVC rendered once it is written here. The
 upload proxy's objects are not watched, so the key comes back every ``recheck`` seconds.
+
+What wakes it (``WATCHES``): any StorageClass or CDIConfig change maps to ``config``, which is
+also queued at start (created if missing, before any event).
 """
 
 from __future__ import annotations
@@ -22,8 +25,9 @@ from typing import Any, Protocol
 from cdi.api.codec import SchemaError
 from cdi.api.config import CDIConfig
 from cdi.api.constants import CDICONFIG_NAME
-from cdi.kube.client import CDI_CONFIGS, SERVICES, AsyncKube, Resource
+from cdi.kube.client import CDI_CONFIGS, SERVICES, STORAGE_CLASSES, AsyncKube, Resource
 from cdi.kube.errors import Forbidden, NotFound
+from cdi.kube.watches import Maps, Watches
 from cdi.kube.workqueue import Result
 from cdi.pki.upload import CA_BUNDLE_KEY, CONFIG_MAPS, PROXY_CA_BUNDLE
 from cdi.render import cdiconfig as render
@@ -32,6 +36,16 @@ log = logging.getLogger(__name__)
 
 JSON = dict[str, Any]
 INGRESSES = Resource("networking.k8s.io", "v1", "ingresses", "Ingress")
+
+
+def singleton(_obj: JSON) -> list[str]:
+    return [CDICONFIG_NAME]
+
+
+WATCHES = Watches(
+    (Maps(STORAGE_CLASSES, singleton), Maps(CDI_CONFIGS, singleton)),
+    initial=(CDICONFIG_NAME,),
+)
 
 
 class Store(Protocol):

@@ -3,8 +3,9 @@ managed DataSource at the newest successful import, collect the old ones, and sa
 
 Level-triggered like the others: the key is the cron's ``namespace/name``; its poller pod, its
 imports (DataVolumes labelled ``cdi.kubevirt.io/dataImportCron``) and its DataSource map back to
-it, so tampering (the DataSource repointed or deleted, the last import deleted) is repaired by
-the next reconcile, which simply makes the world match ``dataimportcron_desired`` again. The
+it by that label (``WATCHES``), so tampering (the DataSource repointed or deleted, the last
+import deleted) is repaired by the next reconcile, which simply makes the world match
+``dataimportcron_desired`` again. The
 poller pod is trusted only by the UID recorded on the cron when it was created, by the engine
 every worker pod goes through (``cdi.controller.workerpod``), so a pod a tenant names like it
 cannot choose the digest that gets imported: it is deleted by its UID, never read.
@@ -34,6 +35,7 @@ from cdi.controller.dataimportcron_desired import (
 from cdi.controller.workerpod import Trust, assess, create_pod, remove_impostor
 from cdi.kube.client import CDI_CONFIGS, DATA_SOURCES, DATAVOLUMES, PODS, AsyncKube
 from cdi.kube.errors import Conflict
+from cdi.kube.watches import For, Maps, Watches, one
 from cdi.kube.workqueue import Result
 from cdi.render.importer_pod import ImporterPodConfig
 
@@ -52,6 +54,21 @@ class CronSettings:
     image: str
     pull_policy: str = "IfNotPresent"
     cluster_cidrs: tuple[str, ...] = ()
+
+
+def cron_key(obj: Mapping[str, Any]) -> str | None:
+    """The DataImportCron a poller pod, import or DataSource belongs to, by its label."""
+    meta = obj.get("metadata") or {}
+    cron = (meta.get("labels") or {}).get(LABEL_CRON)
+    return f"{meta.get('namespace')}/{cron}" if cron else None
+
+
+WATCHES = Watches(
+    (
+        For(DATAIMPORTCRONS),
+        *(Maps(r, one(cron_key)) for r in (DATAVOLUMES, PODS, DATA_SOURCES)),
+    )
+)
 
 
 def _now() -> dt.datetime:

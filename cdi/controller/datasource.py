@@ -29,8 +29,11 @@ A DataSource without a signed record, or whose creator may read none of them, is
 labels; it is looked at again every ``source_reads.REMEMBER`` seconds (rights change).
 
 Deciding is pure (``resolve``/``ready_condition``), so the table above is tested without a
-cluster; the reconciler only gathers the objects. The key is "namespace/name" of a DataSource;
-the manager maps PVC, DataVolume and DataSource events to every DataSource naming the object.
+cluster; the reconciler only gathers the objects. The key is "namespace/name" of a DataSource.
+What wakes it (``watches``): a DataSource maps to itself and to the DataSources naming it; a
+PVC or DataVolume to every DataSource naming a PVC of its name (a DataSource follows its
+DataVolume's phase); a VolumeSnapshot (``cdi.controller.snapshotwatch``) to every DataSource
+naming it.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from cdi.api.codec import SchemaError
 from cdi.api.constants import ConditionStatus, Phase
@@ -56,6 +59,7 @@ from cdi.kube.client import (
     split_key,
 )
 from cdi.kube.errors import KubeError, NotFound
+from cdi.kube.watches import For, Maps, Watches
 from cdi.kube.workqueue import Result
 
 log = logging.getLogger(__name__)
@@ -187,6 +191,32 @@ def keys_naming(
         for ds in datasources
         if references(ds, kind, namespace, name)
     ]
+
+
+class Store(Protocol):
+    def items(self) -> list[JSON]: ...
+
+
+def watches(datasources: Store) -> Watches:
+    """``datasources``: the DataSource cache, searched for those naming an object."""
+
+    def naming(kind: str) -> Callable[[JSON], list[str]]:
+        def keys(obj: JSON) -> list[str]:
+            meta = obj.get("metadata") or {}
+            ns, name = str(meta.get("namespace") or ""), str(meta.get("name") or "")
+            return keys_naming(datasources.items(), kind, ns, name)
+
+        return keys
+
+    return Watches(
+        (
+            For(DATA_SOURCES),
+            Maps(DATA_SOURCES, naming("dataSource")),
+            Maps(PVCS, naming("pvc")),
+            Maps(DATAVOLUMES, naming("pvc")),
+            Maps(VOLUME_SNAPSHOTS, naming("snapshot")),
+        )
+    )
 
 
 def source_objects(source: DataSourceSource, default_ns: str) -> tuple[str, list[Resource], str]:

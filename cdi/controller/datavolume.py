@@ -43,7 +43,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
@@ -58,6 +58,7 @@ from cdi.api.constants import (
     ANN_PRE_POPULATED,
     CDICONFIG_NAME,
     GATE_CLAIM_ADOPTION,
+    KIND_DATAVOLUME,
     ConditionReason,
     ConditionType,
     Phase,
@@ -88,15 +89,30 @@ from cdi.controller.progress import Scraper
 from cdi.controller.proxy_relay import RelaySettings
 from cdi.controller.record import OUTCOME_SUCCEEDED, ClaimRecord
 from cdi.controller.refusals import POD_REFUSALS, QUOTA_RETRY, refused_claim
+from cdi.controller.snapshotwatch import datavolume_keys
 from cdi.controller.status import ClaimProblem, View, compute_status
-from cdi.kube.client import DATAVOLUMES, JSON, PVCS, AsyncKube, split_key
+from cdi.kube.client import (
+    CDI_CONFIGS,
+    DATAVOLUMES,
+    JSON,
+    PODS,
+    PVCS,
+    STORAGE_CLASSES,
+    STORAGE_PROFILES,
+    VOLUME_SNAPSHOT_CLASSES,
+    VOLUME_SNAPSHOTS,
+    AsyncKube,
+    object_key,
+    split_key,
+)
 from cdi.kube.errors import Conflict, QuotaExceeded
 from cdi.kube.events import NORMAL, WARNING, EventRecorder
 from cdi.kube.informer_slim import is_partial
 from cdi.kube.own_writes import OwnWrites
+from cdi.kube.watches import For, Maps, Owns, Watches, one
 from cdi.kube.workqueue import Result
 from cdi.render import RenderError
-from cdi.render.prime import populator_kind
+from cdi.render.prime import PVC_KIND, populator_kind
 from cdi.render.pvc import render_pvc
 
 log = logging.getLogger(__name__)
@@ -288,6 +304,68 @@ class DataVolumeReconciler:
         sc_name = (pvc.get("spec") or {}).get("storageClassName")
         sc = self.caches.storage_classes.get(str(sc_name)) if sc_name else None
         return bool(sc and sc.get("volumeBindingMode") == "WaitForFirstConsumer")
+
+    # -- what wakes it (the manager wires it: cdi.kube.watches) ----------------------------
+    def heard_claim(self, claim: JSON) -> bool:
+        """A claim event is news unless it is the very version a write of ours returned; a
+        deleted claim always is (and our last write of it no longer stands in for it)."""
+        claims = self.caches.claims
+        if claims is not None and claims.get(object_key(claim)) is None:
+            self.own_claims.gone(claim)
+            return True
+        return not self.own_claims.echoes(claim)
+
+    def watches(self, datavolumes: Store) -> Watches:
+        """A DataVolume maps to itself, ahead of the queue while it has no status (its first
+        reconcile creates the claim and the worker pod; the echo of the reconciler's own status
+        write triggers nothing); a PVC to the DataVolume it was created for, a worker pod to
+        the DataVolume or claim (of the DataVolume's name) that controls it; a StorageClass,
+        StorageProfile, CDIConfig or VolumeSnapshotClass change to every DataVolume still
+        waiting for its claim; a VolumeSnapshot to the DataVolume a temporary one was made for
+        and those naming it (``cdi.controller.snapshotwatch``)."""
+
+        def still_waiting(_obj: JSON) -> list[str]:
+            return waiting(datavolumes.items())
+
+        return Watches(
+            (
+                For(DATAVOLUMES, first=is_new, where=lambda dv: not self.own_dvs.echoes(dv)),
+                Maps(PVCS, one(owner_key), where=self.heard_claim),
+                Owns(PODS, (KIND_DATAVOLUME, PVC_KIND)),
+                *(Maps(r, still_waiting) for r in (STORAGE_CLASSES, STORAGE_PROFILES, CDI_CONFIGS)),
+                Maps(VOLUME_SNAPSHOTS, lambda snap: datavolume_keys(snap, datavolumes.items())),
+                Maps(VOLUME_SNAPSHOT_CLASSES, still_waiting),
+            )
+        )
+
+
+def is_new(dv: Mapping[str, Any]) -> bool:
+    """A DataVolume the controller has not written a status to yet."""
+    return not (dv.get("status") or {}).get("phase")
+
+
+def waiting(datavolumes: Iterable[JSON]) -> list[str]:
+    """The DataVolumes still waiting for their claim (no phase yet, or Pending): what a new
+    class, profile, config or snapshot class may unblock."""
+    pending = (None, "", "Pending")
+    return [
+        object_key(dv) for dv in datavolumes if (dv.get("status") or {}).get("phase") in pending
+    ]
+
+
+def owner_key(obj: Mapping[str, Any]) -> str | None:
+    """The DataVolume key a PVC belongs to, or None: its controller owner (the DataVolume, or
+    for a prime the claim, which has the DataVolume's name), or, for an adopted claim (no owner
+    reference), its own name when it says whom it was created for. Pods map by their controller
+    owner alone (``Owns``)."""
+    meta = obj.get("metadata") or {}
+    ns = meta.get("namespace")
+    for ref in meta.get("ownerReferences") or []:
+        if ref.get("controller") and ref.get("kind") in (KIND_DATAVOLUME, PVC_KIND):
+            return f"{ns}/{ref.get('name')}"
+    if (meta.get("annotations") or {}).get(ANN_CREATED_FOR_DATAVOLUME):
+        return f"{ns}/{meta.get('name')}"
+    return None
 
 
 class Step:

@@ -9,9 +9,12 @@ picked up), then starts both. Until then nothing watches snapshots and the clone
 which reads them directly, simply polls (and falls back to host-assisted copy for lack of a
 class, as CDI does).
 
-What an event maps to is the manager's business (``on_snapshot``, ``on_class`` handlers): a
-temporary snapshot to the DataVolume it was made for, a snapshot to the DataVolumes and
-DataSources naming it, a class to every StorageProfile (their default strategy depends on it).
+What an event maps to is declared by the reconcilers it wakes (``cdi.kube.watches``; the
+manager hands these two informers to its caches as deferred ones, ``cdi.controller.caches``): a
+temporary snapshot to the DataVolume it was made for and a snapshot to the DataVolumes naming
+it (``datavolume_keys``, ``cdi.controller.datavolume``), to the DataSources naming it
+(``cdi.controller.datasource``), a class to every StorageProfile (their default strategy
+depends on it) and to the DataVolumes still waiting for a claim.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from typing import Any
 
 from cdi.kube.client import VOLUME_SNAPSHOT_CLASSES, VOLUME_SNAPSHOTS, AsyncKube, Kube
 from cdi.kube.errors import KubeError, NotFound
-from cdi.kube.informer import Handler, Informer
+from cdi.kube.informer import Informer
 from cdi.render.clone import ANN_MOVE_TARGET
 
 log = logging.getLogger(__name__)
@@ -36,12 +39,6 @@ class SnapshotWatch:
         self.snapshots = Informer(kube, VOLUME_SNAPSHOTS, resync=resync)
         self.classes = Informer(kube, VOLUME_SNAPSHOT_CLASSES, resync=resync)
         self.started = False
-
-    def on_snapshot(self, handler: Handler) -> None:
-        self.snapshots.add_handler(handler)
-
-    def on_class(self, handler: Handler) -> None:
-        self.classes.add_handler(handler)
 
     async def served(self) -> bool:
         try:

@@ -15,21 +15,30 @@ reconcilers: it reads the class and the profile fresh from the API server, and
    remove a field that is no longer wanted). A stale resourceVersion is a 409: the work queue
    retries with the fresh object.
 
-A StorageProfile event maps to the same key, so a user's spec change is applied at once, and a
-hand-edited status is put back.
+What wakes it (``watches``): a StorageClass or StorageProfile maps to the profile of its name,
+so a user's spec change is applied at once, and a hand-edited status is put back; a
+VolumeSnapshotClass (``cdi.controller.snapshotwatch``) to every profile, since the default
+clone strategy depends on it.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from cdi.api.codec import SchemaError
 from cdi.api.config import StorageProfileSpec
 from cdi.controller.status import merge_conditions
-from cdi.kube.client import STORAGE_CLASSES, STORAGE_PROFILES, VOLUME_SNAPSHOT_CLASSES, AsyncKube
+from cdi.kube.client import (
+    STORAGE_CLASSES,
+    STORAGE_PROFILES,
+    VOLUME_SNAPSHOT_CLASSES,
+    AsyncKube,
+    object_key,
+)
 from cdi.kube.errors import NotFound
+from cdi.kube.watches import For, Maps, Watches, one
 from cdi.kube.workqueue import Result
 from cdi.render import storageprofile as render
 from cdi.render.clone_snapshot import choose_snapshot_class
@@ -37,6 +46,23 @@ from cdi.render.clone_snapshot import choose_snapshot_class
 log = logging.getLogger(__name__)
 
 JSON = dict[str, Any]
+
+
+class Store(Protocol):
+    def items(self) -> list[JSON]: ...
+
+
+def watches(storage_classes: Store) -> Watches:
+    def every_profile(_obj: JSON) -> list[str]:
+        return [object_key(sc) for sc in storage_classes.items()]
+
+    return Watches(
+        (
+            Maps(STORAGE_CLASSES, one(object_key)),  # the profile has its class's name
+            For(STORAGE_PROFILES),
+            Maps(VOLUME_SNAPSHOT_CLASSES, every_profile),
+        )
+    )
 
 
 class StorageProfileReconciler:

@@ -17,6 +17,10 @@ DataVolume flavour drives; only the reading and the waiting differ:
   pod is its first consumer;
 - once the outcome is recorded, the worker's cleanup runs (pod, Service and Secret go).
 
+What wakes it (``watches``): a PVC maps to itself when it is a plain upload target, or when
+it has an upload server and is no target any more or is being deleted (the server must go
+first); an upload server pod to the claim that controls it.
+
 Events (``UploadReady``, ``UploadSucceeded``, ``UploadFailed``) go to the PVC.
 """
 
@@ -32,13 +36,16 @@ from cdi.api.constants import (
     ANN_IMMEDIATE_BINDING,
     ANN_UPLOAD_REQUEST,
     KIND_DATAVOLUME,
+    LABEL_COMPONENT,
 )
 from cdi.controller.flavours.upload import Action, Target, UploadWorker
 from cdi.controller.record import ClaimRecord
-from cdi.kube.client import PVCS, AsyncKube, split_key
+from cdi.kube.client import PODS, PVCS, AsyncKube, object_key, split_key
 from cdi.kube.events import NORMAL, WARNING, EventRecorder
+from cdi.kube.watches import Maps, Owns, Watches, one
 from cdi.kube.workqueue import Result
-from cdi.render.prime import is_prime
+from cdi.render.prime import PVC_KIND, is_prime
+from cdi.render.upload_pod import UPLOAD_COMPONENT, upload_pod_name
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +64,33 @@ def owned_by_datavolume(pvc: Mapping[str, Any]) -> bool:
 
 def is_upload_target(pvc: Mapping[str, Any]) -> bool:
     return ANN_UPLOAD_REQUEST in ((pvc.get("metadata") or {}).get("annotations") or {})
+
+
+def is_upload_pod(pod: Mapping[str, Any]) -> bool:
+    labels = (pod.get("metadata") or {}).get("labels") or {}
+    return labels.get(LABEL_COMPONENT) == UPLOAD_COMPONENT
+
+
+def upload_key(pvc: dict[str, Any], pods: Store) -> str | None:
+    """A plain PVC that is an upload target, or any PVC with an upload server (in ``pods``)
+    that is no target any more or is being deleted (the server must go first)."""
+    meta = pvc.get("metadata") or {}
+    server = f"{meta.get('namespace')}/{upload_pod_name(str(meta.get('name')))}"
+    has_server = pods.get(server) is not None
+    if has_server and meta.get("deletionTimestamp"):
+        return object_key(pvc)
+    if owned_by_datavolume(pvc) or is_prime(pvc):
+        return None
+    return object_key(pvc) if is_upload_target(pvc) or has_server else None
+
+
+def watches(pods: Store) -> Watches:
+    return Watches(
+        (
+            Maps(PVCS, one(lambda pvc: upload_key(pvc, pods))),
+            Owns(PODS, (KIND_DATAVOLUME, PVC_KIND), where=is_upload_pod),
+        )
+    )
 
 
 class UploadPVCReconciler:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from cdi.api.types import DataVolume
-from cdi.controller.manager import owner_key
+from cdi.controller.datavolume import owner_key
 from cdi.controller.pods import owned_pods
 from cdi.controller.progress import parse_metrics
+from cdi.kube.client import PODS
+from cdi.kube.watches import Owns, Request
 from cdi.render.importer_pod import ImporterPodConfig, render_importer_pod
 from cdi.render.naming import importer_pod_name
 from cdi.render.worker_pod import Metrics
@@ -84,7 +86,7 @@ def test_children_map_to_their_datavolume_key() -> None:
         }
     }
     stranger = {"metadata": {"name": "x", "namespace": "ns"}}
-    assert owner_key(pod) == "ns/disk"
+    assert Owns(PODS, ("DataVolume",)).requests(pod) == [Request("ns/disk")]
     assert owner_key(adopted) == "ns/disk"
     assert owner_key(stranger) is None
     assert list(owned_pods([pod, stranger], "u")) == ["importer-disk"]

@@ -4,10 +4,11 @@ Every API call goes through ``cdi.kube.client`` (``kube.get(PODS, ...)``, ``Info
 DATAVOLUMES)``), so the calls can be read from the source: this test walks each component's
 modules, resolves the first argument of every ``*kube.<verb>(...)`` call to its ``Resource``
 constant (``sub="status"`` makes it the status subresource), adds list+watch for every
-``Informer``, and compares the set with what the component's ServiceAccount is bound to in
-``deploy/1*-rbac-*.yaml`` and ``deploy/50-upload.yaml``. A new call without its RBAC fails here
-(instead of as a 403 in a cluster), and so does a verb left in deploy/ that no code uses any
-more. A call whose resource is a variable must be listed in ``INDIRECT``.
+``Informer`` (of a kind held in a variable: ``INDIRECT_INFORMERS``), and compares the set with
+what the component's ServiceAccount is bound to in ``deploy/1*-rbac-*.yaml`` and
+``deploy/50-upload.yaml``. A new call without its RBAC fails here (instead of as a 403 in a
+cluster), and so does a verb left in deploy/ that no code uses any more. A call whose resource
+is a variable must be listed in ``INDIRECT``.
 
 A component is a list of units: a module or folder, or ``module.py::Name`` (a top-level
 function or class) or ``module.py::Class.method``. The upload token API server
@@ -20,20 +21,24 @@ component`` makes sure no function with API calls in those modules is left out.
 from __future__ import annotations
 
 import ast
+import functools
 import importlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from kubernetes.client import ApiClient
 
+from cdi.controller.manager import Manager, ManagerConfig
 from cdi.kube.client import (
     MUTATING_WEBHOOKS,
     PODS,
     SECRETS,
     SERVICES,
     VALIDATING_WEBHOOKS,
+    Kube,
     Resource,
 )
 from cdi.pki.upload import CONFIG_MAPS
@@ -136,6 +141,23 @@ Grant = tuple[str, str, str]  # (apiGroup, resource[/subresource], verb)
 INFORMERS = ("Informer", "keys_cache")  # (kube, RESOURCE, ...): list + watch
 
 
+@functools.cache
+def controller_informers() -> tuple[Resource, ...]:
+    """The kinds the controller's informers list and watch: what its reconcilers read from
+    caches and what their watch declarations name (a Manager built and wired, never started:
+    nothing is sent)."""
+    manager = Manager(Kube(ApiClient()), ManagerConfig(metrics_port=None))
+    try:
+        manager.wire()
+        return tuple(manager.informers.kinds())
+    finally:
+        manager.kube.close()
+
+
+# (module, function) -> the kinds its informers of a variable kind list and watch
+INDIRECT_INFORMERS: dict[tuple[str, str], Callable[[], tuple[Resource, ...]]] = {
+    ("cdi.controller.caches", "informer"): controller_informers,
+}
 Function = ast.FunctionDef | ast.AsyncFunctionDef
 
 
@@ -172,8 +194,14 @@ def _resource_names(node: ast.Call, mod: Any, where: tuple[str, str]) -> list[Re
 def _grants_of_call(node: ast.Call, mod: Any, where: tuple[str, str]) -> set[Grant]:
     func = node.func
     if isinstance(func, ast.Name) and func.id in INFORMERS:
-        res = getattr(mod, ast.unparse(node.args[1]))
-        return {(res.group, res.plural, verb) for verb in ("list", "watch")}
+        res = getattr(mod, ast.unparse(node.args[1]), None)
+        if isinstance(res, Resource):
+            kinds: tuple[Resource, ...] = (res,)
+        elif where in INDIRECT_INFORMERS:
+            kinds = INDIRECT_INFORMERS[where]()
+        else:
+            raise AssertionError(f"{where}: {ast.unparse(node)} watches an unknown resource")
+        return {(r.group, r.plural, verb) for r in kinds for verb in ("list", "watch")}
     if isinstance(func, ast.Attribute) and func.attr in PUBLISHERS:
         first = node.args[0] if node.args else None
         res = getattr(mod, first.id, None) if isinstance(first, ast.Name) else None

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from cdi.api.termination import TerminationMessage
+from cdi.controller.caches import WORKER_PODS
 from cdi.controller.flavours.upload import (
     UPLOAD_PHASES,
     Action,
@@ -15,9 +16,11 @@ from cdi.controller.flavours.upload import (
     phase_for,
 )
 from cdi.controller.flavours.upload import _recorded as recorded
-from cdi.controller.manager import WORKER_PODS, is_upload_pod, owner_key
 from cdi.controller.record import ClaimRecord
 from cdi.controller.status import View, compute_status
+from cdi.controller.uploadpvc import is_upload_pod, watches
+from cdi.kube.client import PODS
+from cdi.kube.watches import Request
 
 T0 = "2026-01-01T00:00:00Z"
 
@@ -160,7 +163,8 @@ def test_an_upload_server_maps_to_its_claims_key_and_is_told_from_importers() ->
             ],
         }
     }
-    assert owner_key(server) == "ns/disk"  # the DataVolume of that name, or the plain PVC
+    # the DataVolume of that name, or the plain PVC
+    assert watches({}).requests(PODS, server) == [Request("ns/disk")]
     assert is_upload_pod(server)
     importer = {"metadata": {"labels": {"cdi.kubevirt.io": "importer"}}}
     assert not is_upload_pod(importer)

@@ -10,8 +10,10 @@ claim and moves its PV to the target (``cdi.render.prime``).
 One reconciler per source kind, keyed by the *target* claim ("namespace/name"):
 ``import_.ImportPopulator`` for ``VolumeImportSource``, ``upload.UploadPopulator`` for
 ``VolumeUploadSource``, ``clone.ClonePopulator`` for ``VolumeCloneSource``, all on the
-prime's life in ``handover.PrimePopulator``. ``claim_target_key`` and
-``worker_pod_target_key`` map a watched PVC or Pod to the target key.
+prime's life in ``handover.PrimePopulator``. What wakes each (``watches``, given its
+``kinds``): a claim whose ``dataSourceRef`` names one of them maps to itself, its prime claim
+and importer pods to it, an upload server pod through the prime that owns it
+(``claim_target_key``, ``worker_pod_target_key``).
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from cdi.api.constants import ANN_POPULATOR_KIND
+from cdi.kube.client import PODS, PVCS
+from cdi.kube.watches import Maps, Watches, one
 from cdi.render.prime import PVC_KIND, is_prime, populator_kind
 
 
@@ -63,3 +67,13 @@ def worker_pod_target_key(
     if owner is not None and is_prime(owner):
         return claim_target_key(owner, kinds)
     return key
+
+
+def watches(kinds: tuple[str, ...], claims: Callable[[str], Mapping[str, Any] | None]) -> Watches:
+    """What wakes the populator of ``kinds`` (``claims``: a PVC by key, from the claim cache)."""
+    return Watches(
+        (
+            Maps(PVCS, one(lambda pvc: claim_target_key(pvc, kinds))),
+            Maps(PODS, one(lambda pod: worker_pod_target_key(pod, claims, kinds))),
+        )
+    )

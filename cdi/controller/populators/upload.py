@@ -21,7 +21,7 @@ populator's (``cdi.controller.populators.handover``); what is this module's:
 
 The prime's server is owned by the prime (its Service name is what the proxy dials), so the
 controller maps a server pod's events through its prime to the target
-(``cdi.controller.manager``); the plain-PVC upload reconciler leaves primes alone
+(``cdi.controller.populators.watches``); the plain-PVC upload reconciler leaves primes alone
 (``cdi.render.prime.is_prime``).
 """
 

@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from cdi.controller.manager import controller_informers
-from cdi.kube.client import PVCS, AsyncKube
+from cdi.controller.caches import controller_informers
+from cdi.kube.client import DATA_SOURCES, DATAVOLUMES, PVCS, AsyncKube
 from cdi.kube.client import Kube as ProductKube
 from cdi.kube.informer import Informer, keys_cache, wait_all_synced
 from cdi.kube.informer_slim import Slim, is_partial
@@ -87,16 +87,16 @@ async def test_tenant_bulk_annotations_stay_out_of_the_controller_and_webhook_ca
     product = ProductKube(cluster.api_client())
     controller = controller_informers(product, resync=300.0)
     webhook = keys_cache(product, PVCS)
-    await synced([controller["pvc"], controller["dv"], controller["ds"], webhook])
+    await synced([controller[PVCS], controller[DATAVOLUMES], controller[DATA_SOURCES], webhook])
 
     stored = COPIES * 200 * 1024  # what the API server holds of each kind here
-    for name in ("pvc", "dv", "ds"):
-        assert held(controller[name], namespace) < stored / 10, name
+    for name in (PVCS, DATAVOLUMES, DATA_SOURCES):
+        assert held(controller[name], namespace) < stored / 10, name.plural
     assert held(webhook, namespace) < COPIES * 1024
-    cached = controller["pvc"].get(f"{namespace}/c0")
+    cached = controller[PVCS].get(f"{namespace}/c0")
     assert cached is not None and not cached["metadata"].get("managedFields")
     # the DataVolumes keep what fits and say they are partial: their readers read them fresh
-    assert is_partial(controller["dv"].get(f"{namespace}/d0"))
+    assert is_partial(controller[DATAVOLUMES].get(f"{namespace}/d0"))
 
 
 async def test_a_datavolume_cached_in_part_still_gives_its_claim_every_annotation(
