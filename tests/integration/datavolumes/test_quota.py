@@ -126,8 +126,15 @@ def test_an_importer_over_the_limits_quota_waits_scheduled_then_runs_with_cdis_l
     assert running["message"].startswith("Error starting pod 'importer-disk"), running
     assert "exceeded quota: small" in running["message"]
     seen: list[dict[str, Any]] = []
-    dv = wait_phase(kube, ns, "disk", ("ImportScheduled",), timeout=30, seen=seen)
-    assert condition(dv, "Bound")["reason"] == "Bound", dv["status"]
+    wait_phase(kube, ns, "disk", ("ImportScheduled",), timeout=30, seen=seen)
+
+    def bound() -> dict[str, Any] | None:
+        dv = kube.get(dv_path(ns, "disk"))
+        return dv if condition(dv, "Bound")["reason"] == "Bound" else None
+
+    # the claim binds (Immediate class) while the pod is still refused
+    dv = wait_until(bound, "the claim Bound while the importer waits for the quota", 30)
+    assert dv["status"]["phase"] == "ImportScheduled", dv["status"]
     events = events_for(kube, ns, "disk")
     refusals = [e for e in events if e["reason"] == "ErrExceededQuota"]
     assert len(refusals) == 1 and refusals[0]["type"] == "Warning", events  # once, not per retry
