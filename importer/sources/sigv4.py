@@ -149,10 +149,12 @@ def sign_headers(
     if content_sha256_header:
         out["X-Amz-Content-Sha256"] = payload_hash
     canonical, signed = _canonical_request(method, url, {**(headers or {}), **out}, payload_hash)
-    signature = _signature(credentials.secret_access_key, (day, region, service), amz_date, canonical)
+    signature = _signature(
+        credentials.secret_access_key, (day, region, service), amz_date, canonical
+    )
+    credential = f"{credentials.access_key_id}/{day}/{region}/{service}/aws4_request"
     out["Authorization"] = (
-        f"{ALGORITHM} Credential={credentials.access_key_id}/{day}/{region}/{service}/aws4_request, "
-        f"SignedHeaders={signed}, Signature={signature}"
+        f"{ALGORITHM} Credential={credential}, SignedHeaders={signed}, Signature={signature}"
     )
     return out
 
@@ -173,9 +175,11 @@ def presign(
         raise ValueError(f"expiry must be 1..{MAX_PRESIGN_EXPIRY} seconds")
     amz_date, day = _stamp(now)
     parts = urlsplit(url)
-    query = parse_qsl(parts.query, keep_blank_values=True) + [
+    credential = f"{credentials.access_key_id}/{day}/{region}/{service}/aws4_request"
+    query = [
+        *parse_qsl(parts.query, keep_blank_values=True),
         ("X-Amz-Algorithm", ALGORITHM),
-        ("X-Amz-Credential", f"{credentials.access_key_id}/{day}/{region}/{service}/aws4_request"),
+        ("X-Amz-Credential", credential),
         ("X-Amz-Date", amz_date),
         ("X-Amz-Expires", str(expires)),
         ("X-Amz-SignedHeaders", "host"),
@@ -186,5 +190,7 @@ def presign(
     canonical, _ = _canonical_request(
         method, unsigned, {"host": host_header(url)}, "UNSIGNED-PAYLOAD"
     )
-    signature = _signature(credentials.secret_access_key, (day, region, service), amz_date, canonical)
+    signature = _signature(
+        credentials.secret_access_key, (day, region, service), amz_date, canonical
+    )
     return f"{unsigned}&X-Amz-Signature={signature}"
