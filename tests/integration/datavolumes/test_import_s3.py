@@ -1,7 +1,8 @@
-"""``source.s3`` end to end: the real API server, the product deployed from deploy/, the importer
-pod on the local node reading from a real S3 server on loopback (versitygw,
-``testkit/s3server.py``) with the key pair of the DataVolume's ``secretRef``; the volume holds
-the image's bytes, and the secret appears in no event, condition or termination message."""
+"""``source.s3`` end to end, through a DataVolume and a VolumeImportSource: the real API
+server, the product deployed from deploy/, the importer pod on the local node reading from a real
+S3 server on loopback (versitygw, ``testkit/s3server.py``) with the key pair of the
+``secretRef``; the volume holds the image's bytes, and the secret appears in no event,
+condition or termination message."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import pytest
 from testkit.kubeclient import Kube
 from testkit.product import Product
 from testkit.s3server import S3Server
+from testkit.waiting import wait_until
 from tests.integration.datavolumes.cdi_env import (
     Images,
     condition,
@@ -23,7 +25,14 @@ from tests.integration.datavolumes.cdi_env import (
     events_for,
     pv_of,
     same_prefix_then_zeros,
+    volume_dir,
     wait_phase,
+)
+from tests.integration.datavolumes.populator_env import (
+    import_source,
+    populated_claim,
+    pvc_path,
+    vis_path,
 )
 
 pytestmark = pytest.mark.integration
@@ -85,3 +94,22 @@ def test_s3_with_wrong_keys_fails_permanently_without_echoing_them(
     assert dv["status"].get("restartCount", 0) == 0
     seen = everything_a_reader_sees(kube, namespace, "wrongkeys")
     assert wrong not in seen and s3.secret_key not in seen
+
+
+def test_a_volume_import_source_with_s3_populates_the_claim(
+    kube: Kube, namespace: str, controller: Product, s3: S3Server, images: Images
+) -> None:
+    url = s3.put("golden", "os/vis-disk.raw.gz", images.path("disk.raw.gz"))
+    s3_secret(kube, namespace, "s3-keys", s3.access_key, s3.secret_key)
+    kube.create(
+        vis_path(namespace), import_source("src", {"s3": {"url": url, "secretRef": "s3-keys"}})
+    )
+    kube.create(pvc_path(namespace), populated_claim("disk", "src", "64Mi"))
+
+    def bound() -> dict | None:
+        pvc = kube.get(pvc_path(namespace, "disk"))
+        return pvc if pvc.get("status", {}).get("phase") == "Bound" else None
+
+    pvc = wait_until(bound, "the target claim Bound", 120)
+    assert pvc["metadata"]["annotations"]["cdi.kubevirt.io/storage.pod.phase"] == "Succeeded"
+    same_prefix_then_zeros(volume_dir(kube, namespace, "disk") / "disk.img", images.reference)
