@@ -6,7 +6,8 @@ an object, so ``put`` just places a file there (a hard link when it can, the ima
 It checks SigV4 on every request with the root key pair given here, answers ranges, HEAD, and
 S3's XML error documents (``NoSuchKey``, ``InvalidAccessKeyId``, ``SignatureDoesNotMatch``), which
 is what the importer's S3 source must meet. ``virtual_domain`` turns on virtual-hosted bucket
-addressing under that domain (``<bucket>.<domain>``), as AWS serves it.
+addressing under that domain (``<bucket>.<domain>``), as AWS serves it; ``tls`` serves https
+with a certificate from a test CA (the certConfigMap case).
 """
 
 from __future__ import annotations
@@ -14,11 +15,13 @@ from __future__ import annotations
 import http.client
 import os
 import shutil
+import ssl
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from testkit.cluster import free_port
 from testkit.procs import ManagedProcess
+from testkit.registry import Tls
 from testkit.waiting import wait_until
 
 BINARY = Path(__file__).resolve().parent.parent / "hack" / "s3" / "_build" / "bin" / "versitygw"
@@ -36,13 +39,14 @@ class S3Server:
     access_key: str = "testkit-access"
     secret_key: str = "testkit-secret-0123456789"
     virtual_domain: str | None = None
+    tls: Tls | None = None  # serve https with this certificate (for 127.0.0.1 / localhost)
     host: str = "127.0.0.1"
     port: int = field(default_factory=free_port)
     process: ManagedProcess | None = None
 
     @property
     def endpoint(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        return f"{'https' if self.tls else 'http'}://{self.host}:{self.port}"
 
     def url(self, bucket: str, key: str) -> str:
         """The path-style URL of an object."""
@@ -70,6 +74,8 @@ class S3Server:
         # (single-tenant mode answers 404 XAdminUserNotFound, which no S3 client expects).
         (self.root / "iam").mkdir(exist_ok=True)
         argv += ["--iam-dir", str(self.root / "iam")]
+        if self.tls:
+            argv += ["--cert", str(self.tls.cert), "--key", str(self.tls.key)]
         if self.virtual_domain:
             argv += ["--virtual-domain", self.virtual_domain]
         argv += ["posix", str(self.data)]
@@ -82,7 +88,16 @@ class S3Server:
         assert self.process is not None
         self.process.check_alive()
         try:
-            conn = http.client.HTTPConnection(self.host, self.port, timeout=1)
+            conn = (
+                http.client.HTTPSConnection(
+                    self.host,
+                    self.port,
+                    timeout=1,
+                    context=ssl.create_default_context(cafile=str(self.tls.ca_pem)),
+                )
+                if self.tls
+                else http.client.HTTPConnection(self.host, self.port, timeout=1)
+            )
             conn.request("GET", "/")
             conn.getresponse().read()
             conn.close()

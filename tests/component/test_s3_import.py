@@ -21,6 +21,7 @@ from importer.runner import run_import
 from importer.sources.http import HttpOptions
 from importer.sources.s3 import S3Options, S3Source, s3_options
 from importer.sources.sigv4 import Credentials
+from testkit.registry import Tls
 from testkit.s3server import S3Server
 from tests.component.conftest import ImageFactory, same_content
 from tests.component.helpers import LOOPBACK_ALLOWED
@@ -32,6 +33,14 @@ DOMAIN = "s3.test"  # virtual-hosted buckets: <bucket>.s3.test, resolved by the 
 @pytest.fixture(scope="module")
 def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
     server = S3Server(tmp_path_factory.mktemp("s3"), virtual_domain=DOMAIN).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def s3_tls(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    root = tmp_path_factory.mktemp("s3tls")
+    server = S3Server(root / "gw", tls=Tls.make(root / "tls")).start()
     yield server
     server.stop()
 
@@ -176,3 +185,27 @@ async def test_the_import_policy_refuses_the_endpoint_before_any_request(
     source = S3Source(options(url, keys(s3), policy=NetPolicy()))
     result = await run_source(source, tmp_path / "disk.img")
     assert result.reason == "SourceForbidden" and "import policy" in result.message, result
+
+
+@pytest.mark.parametrize("with_ca", [True, False])
+async def test_an_https_endpoint_is_trusted_through_the_cert_config_map_only(
+    s3_tls: S3Server, images: ImageFactory, tmp_path: Path, with_ca: bool
+) -> None:
+    """The certConfigMap's files (``IMPORTER_CERT_DIR``) are the CAs an https endpoint is
+    verified against, as for http; without them the import fails at once, saying what to do."""
+    image = images.make("qcow2")
+    url = s3_tls.put(BUCKET, "tls/disk.qcow2", image.path)
+    env = pod_env(s3_tls, url, tmp_path)
+    if with_ca:
+        certs = tmp_path / "certs"
+        certs.mkdir()
+        assert s3_tls.tls is not None
+        (certs / "ca.pem").write_bytes(s3_tls.tls.ca_pem.read_bytes())
+        env[ImporterEnv.CERT_DIR] = str(certs)
+    result = await import_pod_env(env)
+    if with_ca:
+        assert result.succeeded, result
+        assert same_content(tmp_path / "disk.img", image.reference)
+    else:
+        assert result.reason == "SourceUnavailable" and not result.transient, result
+        assert "certConfigMap" in result.message
