@@ -3,8 +3,8 @@
 Two edges build it: ``from_env`` for the import pod (CDI's environment variable names, so pods
 rendered the way CDI renders them work) and the ``cdi import`` command line. Either way the
 result is three parts: the data path's frozen ``ProcessPlan`` (``build_plan``), the options of
-the one source to read (HTTP, S3, a registry, a local file, or none for a blank disk) and the process edges
-(termination message, metrics). Nothing below this module reads the environment.
+the one source to read (HTTP, S3, a registry, a local file, or none for a blank disk) and the
+process edges (termination message, metrics). Nothing below this module reads the environment.
 
 Extra headers are validated here, at configuration time, so a bad one is a typed
 ``InvalidConfig`` before any connection: a name must be an HTTP token and not ``Host``, a

@@ -39,6 +39,7 @@ class S3Server:
     access_key: str = "testkit-access"
     secret_key: str = "testkit-secret-0123456789"
     virtual_domain: str | None = None
+    region: str = "us-east-1"  # the region signatures must name
     tls: Tls | None = None  # serve https with this certificate (for 127.0.0.1 / localhost)
     host: str = "127.0.0.1"
     port: int = field(default_factory=free_port)
@@ -69,6 +70,8 @@ class S3Server:
             "--port",
             f"{self.host}:{self.port}",
             "--quiet",
+            "--region",
+            self.region,
         ]
         # The internal IAM service: an unknown access key is then S3's 403 InvalidAccessKeyId
         # (single-tenant mode answers 404 XAdminUserNotFound, which no S3 client expects).

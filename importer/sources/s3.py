@@ -19,6 +19,11 @@ URL forms, as CDI documents them:
 
 The signing region is the one AWS's host names carry (``s3.<region>.``, ``s3-<region>.``);
 anything else is signed for ``us-east-1``, which MinIO, Ceph and versitygw accept by default.
+An endpoint that wants another region says so: S3's ``AuthorizationHeaderMalformed`` refusal
+carries ``<Region>``, and the source signs again for that region, once (CDI signs a non-AWS
+endpoint for its host's first label and fails there). If HEAD (which has no error body) was
+refused, a one-byte ranged GET learns the region before the import starts, so the size and
+ranges are known and parallel reads stay possible.
 
 Failures say what the endpoint said: S3 puts a machine-readable ``<Code>`` in its error
 documents (``NoSuchKey``, ``NoSuchBucket`` -> ``SourceNotFound``; ``InvalidAccessKeyId``,
@@ -30,13 +35,21 @@ and the access key id, and messages become conditions and events a namespace rea
 from __future__ import annotations
 
 import datetime as dt
+import http.client
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from urllib.parse import urlsplit, urlunsplit
 
-from cdi.api.errors import InvalidConfig, SourceForbidden, SourceNotFound, WorkerError
+from cdi.api.errors import (
+    InvalidConfig,
+    SourceForbidden,
+    SourceNotFound,
+    SourceUnavailable,
+    WorkerError,
+)
 from cdi.api.redact import redact_url
+from datapath.sources import SourceInfo
 from importer.sources.http import HttpOptions, HttpSource
 from importer.sources.http_client import Exchange, Resolver, system_resolver
 from importer.sources.sigv4 import Credentials, canonical_path, sign_headers
@@ -44,6 +57,7 @@ from importer.sources.sigv4 import Credentials, canonical_path, sign_headers
 DEFAULT_REGION = "us-east-1"
 ERROR_BODY_LIMIT = 16 * 1024  # an S3 error document is < 1 KiB; never read a large body
 _CODE = re.compile(rb"<Code>([A-Za-z0-9.]{1,64})</Code>")
+_REGION = re.compile(rb"<Region>([a-z0-9-]{1,32})</Region>")
 _S3_LABEL = re.compile(r"^s3(?:-(?P<region>[a-z0-9-]+))?$")
 _AWS_REGION = re.compile(r"^[a-z]{2}(?:-[a-z]+)+-\d+$")
 _NOT_FOUND_CODES = frozenset({"NoSuchKey", "NoSuchBucket", "NoSuchVersion"})
@@ -141,6 +155,12 @@ def error_code(body: bytes) -> str | None:
     return found.group(1).decode("ascii") if found else None
 
 
+def error_region(body: bytes) -> str | None:
+    """The ``<Region>`` an ``AuthorizationHeaderMalformed`` refusal asks for, if plain."""
+    found = _REGION.search(body)
+    return found.group(1).decode("ascii") if found else None
+
+
 class S3Source(HttpSource):
     """``HttpSource`` on the object's URL, each request signed; S3's error codes named."""
 
@@ -152,11 +172,13 @@ class S3Source(HttpSource):
         resolve: Resolver = system_resolver,
     ) -> None:
         self.location = parse_s3_url(options.url)
-        creds, region = options.credentials, self.location.region
+        self.region = self.location.region  # replaced once if the endpoint asks another
+        self.region_learned = False
+        creds = options.credentials
 
         def signer(method: str, url: str) -> dict[str, str]:
             assert creds is not None
-            return sign_headers(method, url, creds, region=region, now=clock())
+            return sign_headers(method, url, creds, region=self.region, now=clock())
 
         super().__init__(
             replace(options.http, url=self.location.object_url),
@@ -165,15 +187,44 @@ class S3Source(HttpSource):
         )
         self.s3 = options
 
+    async def probe(self) -> SourceInfo:
+        info = await super().probe()
+        if info.size is None and self.s3.credentials is not None and not self.region_learned:
+            if await self._run(self._learn_region):
+                info = await super().probe()
+        return info
+
+    def _learn_region(self) -> bool:
+        """One signed ``Range: bytes=0-0`` GET: its refusal's ``<Region>``, if any, is taken
+        (blocking). Whatever else goes wrong is left for the import to meet and report."""
+        try:
+            exchange = self._client.open("GET", {"Range": "bytes=0-0"})
+        except (OSError, http.client.HTTPException, WorkerError):
+            return False
+        try:
+            if exchange.status not in (200, 206):
+                self._refusal(exchange)
+        finally:
+            exchange.close()
+        return self.region_learned
+
     def _refusal(self, exchange: Exchange) -> WorkerError:
         try:
-            code = error_code(exchange.response.read(ERROR_BODY_LIMIT))
-        except OSError:
-            code = None
+            body = exchange.response.read(ERROR_BODY_LIMIT)
+        except (OSError, http.client.HTTPException):
+            body = b""
+        code = error_code(body)
         if code is None:
             return super()._refusal(exchange)
         loc, status = self.location, exchange.status
         said = f"S3 endpoint {loc.endpoint} answered {code} (HTTP {status})"
+        wanted = error_region(body) if code == "AuthorizationHeaderMalformed" else None
+        if wanted and wanted != self.region and not self.region_learned:
+            signed, self.region, self.region_learned = self.region, wanted, True
+            return SourceUnavailable(
+                f"{said}: signed for region {signed}, it wants {wanted}; signing again",
+                transient=True,
+            )
         if code in _NOT_FOUND_CODES or status == 404:
             return SourceNotFound(f"{said} for bucket {loc.bucket!r}, object {loc.key!r}")
         if status in (401, 403):

@@ -209,3 +209,26 @@ async def test_an_https_endpoint_is_trusted_through_the_cert_config_map_only(
     else:
         assert result.reason == "SourceUnavailable" and not result.transient, result
         assert "certConfigMap" in result.message
+
+
+async def test_an_endpoint_in_another_region_is_signed_again_for_the_region_it_names(
+    tmp_path: Path, images: ImageFactory
+) -> None:
+    """A non-AWS URL says nothing of the region: the first signature (us-east-1) earns
+    ``AuthorizationHeaderMalformed`` with ``<Region>``; the source signs for that region once,
+    learns it before the transfer (HEAD has no error body), and reads in parallel ranges."""
+    server = S3Server(tmp_path / "gw", region="eu-central-1").start()
+    try:
+        image = images.make("raw")
+        url = server.put(BUCKET, "region/disk.raw", image.path)
+        opts = options(
+            url, keys(server), parallel_below=float("inf"), probe_bytes=1, segment_size=1 << 20
+        )
+        source = S3Source(opts)
+        result = await run_source(source, tmp_path / "disk.img")
+        assert result.succeeded, result
+        assert (source.region, source.region_learned) == ("eu-central-1", True)
+        assert source.info.size == image.path.stat().st_size and source.parallel
+        assert same_content(tmp_path / "disk.img", image.reference)
+    finally:
+        server.stop()

@@ -10,7 +10,7 @@ import pytest
 from cdi.api.constants import ImporterEnv
 from cdi.api.errors import InvalidConfig
 from importer.config import from_env
-from importer.sources.s3 import S3Options, error_code, parse_s3_url
+from importer.sources.s3 import S3Options, error_code, error_region, parse_s3_url
 
 
 @pytest.mark.parametrize(
@@ -112,6 +112,9 @@ def test_error_codes_are_read_only_as_plain_tokens() -> None:
     assert error_code(body) == "SignatureDoesNotMatch"
     assert error_code(b"<Error><Code>secret key here</Code></Error>") is None
     assert error_code(b"not xml") is None
+    malformed = b"<Error><Code>AuthorizationHeaderMalformed</Code><Region>eu-west-1</Region>"
+    assert error_region(malformed) == "eu-west-1"
+    assert error_region(b"<Region>eu west</Region>") is None
 
 
 def _env(tmp_path: Path, **files: str) -> dict[str, str]:
