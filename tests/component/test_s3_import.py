@@ -6,7 +6,11 @@ virtual-hosted URLs, parallel signed range reads, and the typed refusals: wrong 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import asyncio
+import contextlib
+import datetime as dt
+import itertools
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -232,3 +236,77 @@ async def test_an_endpoint_in_another_region_is_signed_again_for_the_region_it_n
         assert same_content(tmp_path / "disk.img", image.reference)
     finally:
         server.stop()
+
+
+class CuttingRelay:
+    """A TCP relay in front of the server (real bytes both ways) that cuts the first
+    connection after ``cut_after`` response bytes, and keeps each request head it relays."""
+
+    def __init__(self, upstream_port: int, cut_after: int) -> None:
+        self.upstream_port, self.cut_after = upstream_port, cut_after
+        self.heads: list[str] = []
+        self.cuts = 0
+        self.port = 0
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[CuttingRelay]:
+        server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.port = server.sockets[0].getsockname()[1]
+        async with server:
+            yield self
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.upstream_port)
+        cut = not self.cuts
+
+        async def requests() -> None:
+            while data := await reader.read(65536):
+                self.heads.append(data.decode("latin-1"))
+                up_writer.write(data)
+                await up_writer.drain()
+
+        async def responses() -> None:
+            sent = 0
+            while data := await up_reader.read(65536):
+                writer.write(data)
+                await writer.drain()
+                sent += len(data)
+                if cut and not self.cuts and sent > self.cut_after:
+                    self.cuts += 1
+                    return
+
+        pump = asyncio.ensure_future(requests())
+        try:
+            await responses()
+        finally:
+            pump.cancel()
+            for w in (writer, up_writer):
+                w.transport.abort()
+
+
+async def test_a_cut_body_resumes_with_a_range_request_signed_afresh(
+    s3: S3Server, images: ImageFactory, tmp_path: Path
+) -> None:
+    """The first response is cut after 4 MiB: the source resumes with ``Range`` on a new
+    connection, its request signed again at send time (a clock that ticks a second per
+    signature makes each one distinct; the server accepts them all), and the bytes are whole."""
+    image = images.make("raw")
+    s3.put(BUCKET, "resume/disk.raw", image.path)
+    async with CuttingRelay(s3.port, 4 << 20).running() as relay:
+        url = f"http://127.0.0.1:{relay.port}/{BUCKET}/resume/disk.raw"
+        ticks = itertools.count()
+        start = dt.datetime.now(dt.UTC)
+        source = S3Source(
+            options(url, keys(s3)), clock=lambda: start + dt.timedelta(seconds=next(ticks))
+        )
+        result = await run_source(source, tmp_path / "disk.img")
+    assert result.succeeded, result
+    assert relay.cuts == 1 and source.resumed >= 1
+    assert same_content(tmp_path / "disk.img", image.reference)
+    gets = [h for h in relay.heads if h.startswith("GET ")]
+    ranged = [h for h in gets if "\r\nRange: bytes=" in h]
+    assert ranged, gets
+    signatures = {
+        line for h in gets for line in h.split("\r\n") if line.startswith("Authorization")
+    }
+    assert len(signatures) == len(gets)  # each GET carries its own signature
