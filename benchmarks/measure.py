@@ -14,7 +14,9 @@ import json
 import mmap
 import os
 import signal
+import socket
 import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -77,6 +79,25 @@ def prepare(paths: Paths, input_path: Path, warm_gib: float) -> None:
     os.sync()
     read_into_cache(input_path)
     warm_memory(warm_gib)
+
+
+def importer_pod_argv(source: dict[str, str], out: Path, size: str) -> list[str]:
+    """``python -m importer`` with the import pod's environment (through env(1), so timed_run
+    inherits ours): ``source``'s variables plus the pod's edges writing under ``out``."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        metrics_port = s.getsockname()[1]
+    env = {
+        **source,
+        "IMPORTER_ALLOWED_SOURCE_CIDRS": "127.0.0.1/32",
+        "IMPORTER_IMAGE_SIZE": size,
+        "IMPORTER_DATA_DIR": str(out),
+        "IMPORTER_SCRATCH_DIR": str(out / "scratch"),
+        "IMPORTER_TERMINATION_PATH": str(out / "termination"),
+        "IMPORTER_METRICS_ADDR": "127.0.0.1",
+        "IMPORTER_METRICS_PORT": str(metrics_port),
+    }
+    return ["env", *(f"{k}={v}" for k, v in env.items()), sys.executable, "-m", "importer"]
 
 
 def ours_argv(cdi: Path, url: str, out: Path, virtual_size: int) -> list[str]:

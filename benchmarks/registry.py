@@ -40,7 +40,7 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.measure import read_into_cache, timed_run, warm_memory
+from benchmarks.measure import importer_pod_argv, read_into_cache, timed_run, warm_memory
 from testkit.containerdisk import Layout, add_disk, push, push_plain
 from testkit.registry import Registry
 from testkit.runtime import ImageRuntime, holder_binary
@@ -85,20 +85,13 @@ def _free_port() -> int:
 
 
 def ours_argv(registry: Registry, repo: str, out: Path) -> list[str]:
-    """The import pod's command with its environment (through env(1): timed_run inherits ours)."""
-    env = {
+    """The import pod's command with its environment."""
+    source = {
         "IMPORTER_SOURCE": "registry",
         "IMPORTER_ENDPOINT": f"docker://{registry.host}/{repo}:v1",
         "INSECURE_TLS": "true",  # the registry is listed in insecureRegistries: plain http
-        "IMPORTER_ALLOWED_SOURCE_CIDRS": "127.0.0.1/32",
-        "IMPORTER_IMAGE_SIZE": "2Gi",
-        "IMPORTER_DATA_DIR": str(out),
-        "IMPORTER_SCRATCH_DIR": str(out / "scratch"),
-        "IMPORTER_TERMINATION_PATH": str(out / "termination"),
-        "IMPORTER_METRICS_ADDR": "127.0.0.1",
-        "IMPORTER_METRICS_PORT": str(_free_port()),
     }
-    return ["env", *(f"{k}={v}" for k, v in env.items()), sys.executable, "-m", "importer"]
+    return importer_pod_argv(source, out, "2Gi")
 
 
 def node_route(host: str, repo: str, out: Path) -> int:

@@ -3,8 +3,8 @@
 Two edges build it: ``from_env`` for the import pod (CDI's environment variable names, so pods
 rendered the way CDI renders them work) and the ``cdi import`` command line. Either way the
 result is three parts: the data path's frozen ``ProcessPlan`` (``build_plan``), the options of
-the one source to read (HTTP, a local file, or none for a blank disk) and the process edges
-(termination message, metrics). Nothing below this module reads the environment.
+the one source to read (HTTP, S3, a registry, a local file, or none for a blank disk) and the
+process edges (termination message, metrics). Nothing below this module reads the environment.
 
 Extra headers are validated here, at configuration time, so a bad one is a typed
 ``InvalidConfig`` before any connection: a name must be an HTTP token and not ``Host``, a
@@ -43,6 +43,8 @@ from datapath.plan import SPILL_MEMORY_LIMIT
 from importer.registry.credentials import registry_credentials
 from importer.sources.http import HttpOptions, ProxyConfig
 from importer.sources.registry_options import NodePullOptions, RegistryOptions
+from importer.sources.s3 import S3Options, s3_options
+from importer.sources.sigv4 import Credentials
 
 BLOCK_DEVICE_PATH = "/dev/cdi-block-volume"
 DATA_DIR = "/data"
@@ -68,7 +70,9 @@ class BlankOptions:
     """No source: an empty disk of the requested size."""
 
 
-SourceOptions = HttpOptions | RegistryOptions | NodePullOptions | FileOptions | BlankOptions
+SourceOptions = (
+    HttpOptions | S3Options | RegistryOptions | NodePullOptions | FileOptions | BlankOptions
+)
 
 
 @dataclass(frozen=True)
@@ -109,7 +113,7 @@ def attested_checkpoint(text: str | None) -> tuple[int, str] | None:
 
 def source_id(source: SourceOptions) -> str:
     """The identity a checkpoint records for this source (a changed source restarts)."""
-    if isinstance(source, HttpOptions | RegistryOptions | NodePullOptions):
+    if isinstance(source, HttpOptions | S3Options | RegistryOptions | NodePullOptions):
         return source.url
     if isinstance(source, FileOptions):
         return source.path
@@ -320,6 +324,22 @@ def _http_from_env(env: Mapping[str, str]) -> HttpOptions:
     )
 
 
+def _s3_from_env(env: Mapping[str, str]) -> S3Options:
+    """``source.s3``: the object's URL, the Secret's ``accessKeyId``/``secretKey`` (mounted
+    files, as for http; CDI's env names also read) and the HTTP settings for trust, proxy,
+    policy. No Secret: an anonymous request (a public object). Half a key pair is refused:
+    signing with an empty half would only earn the endpoint's refusal later."""
+    plain = {k: v for k, v in env.items() if "ACCESS_KEY" not in k and "SECRET_KEY" not in k}
+    http = _http_from_env(plain)
+    keys = _http_from_env(env)
+    if (keys.username is None) != (keys.password is None) or keys.username == "":
+        raise InvalidConfig("S3 secretRef: needs both accessKeyId and secretKey")
+    credentials = (
+        Credentials(keys.username, keys.password or "") if keys.username is not None else None
+    )
+    return s3_options(env.get(ImporterEnv.ENDPOINT, ""), credentials, http)
+
+
 def node_pull_dir(env: Mapping[str, str]) -> str | None:
     """The folder shared with the containerDisk's holder, for a node pull (else None)."""
     if env.get(ImporterEnv.PULL_METHOD) != "node" or env.get(ImporterEnv.SOURCE) != "registry":
@@ -366,11 +386,13 @@ def _source_from_env(env: Mapping[str, str]) -> SourceOptions:
     kind = env.get(ImporterEnv.SOURCE, "http")
     if kind == "http":
         return _http_from_env(env)
+    if kind == "s3":
+        return _s3_from_env(env)
     if kind == "registry":
         return _registry_from_env(env)
     if kind in ("none", "blank"):
         return BlankOptions()
-    # S3, GCS, imageio, vddk: rendered by the controller, not served by this importer.
+    # GCS, imageio, vddk: rendered by the controller, not served by this importer.
     raise InvalidConfig(f"unknown source {kind!r}")
 
 

@@ -18,6 +18,7 @@ from datapath import FileSource, Processor, Progress, Source
 from importer.config import BlankOptions, FileOptions, ImportConfig, SourceOptions
 from importer.sources.http import HttpOptions, HttpSource
 from importer.sources.registry_options import NodePullOptions, RegistryOptions
+from importer.sources.s3 import S3Options, S3Source
 
 if TYPE_CHECKING:
     from importer.sources.containerdisk import NodePullSource
@@ -46,6 +47,8 @@ def make_source(options: SourceOptions) -> Source | None:
     match options:
         case HttpOptions():
             return HttpSource(options)
+        case S3Options():
+            return S3Source(options)
         case RegistryOptions():
             from importer.sources.registry import RegistrySource  # ~30 ms: only when used
 

@@ -13,6 +13,8 @@ if [[ "$mode" == "--test" ]]; then
   apt_pkgs+=(pigz iproute2 hyperfine time mount tar)
   # socat: the benchmark's C relay in place of the upload proxy (the floor of any proxy here)
   apt_pkgs+=(socat)
+  # rclone: the S3 benchmark's reference (benchmarks/s3.py), what a user copies objects with
+  apt_pkgs+=(rclone)
   # docker-registry, skopeo, umoci, apache2-utils (htpasswd): registry import tests and benchmark;
   # xorriso: an ISO containerDisk
   apt_pkgs+=(docker-registry skopeo umoci apache2-utils xorriso)

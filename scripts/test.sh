@@ -8,6 +8,7 @@ if [[ -x hack/kube/build.sh ]]; then
   bash hack/kube/build.sh            # real kube-apiserver/etcd from Go modules (cached)
 fi
 bash hack/promtool/build.sh          # promtool for the alert rules' tests (cached)
+bash hack/s3/build.sh                # versitygw, the S3 tests' real gateway (cached)
 echo "== ruff";        .venv/bin/ruff check . && .venv/bin/ruff format --check .
 echo "== mypy";        .venv/bin/mypy
 echo "== import-linter"; .venv/bin/lint-imports

@@ -42,7 +42,10 @@ from importer.sources.http_client import (
     ConnectionPool,
     Dialer,
     Exchange,
+    RequestSigner,
+    Resolver,
     basic_auth,
+    system_resolver,
     userinfo_authorization,
     without_userinfo,
 )
@@ -135,7 +138,16 @@ def _status_error(status: int, url: str) -> WorkerError:
 
 
 class HttpSource:
-    def __init__(self, options: HttpOptions) -> None:
+    """``signer`` authenticates each request (the S3 source's SigV4); ``resolve`` replaces the
+    system resolver of the policy-checking dialer (tests give names an address)."""
+
+    def __init__(
+        self,
+        options: HttpOptions,
+        *,
+        signer: RequestSigner | None = None,
+        resolve: Resolver = system_resolver,
+    ) -> None:
         self.options = options
         self.resumed = 0  # cuts continued with a Range request
         self.restarted = 0  # cuts where the server sent the whole body again
@@ -160,10 +172,11 @@ class HttpSource:
             tls=self._tls_context,
             proxy_for=options.proxy.for_url,
             origin_headers=dict(options.secret_headers),
-            dialer=Dialer(options.policy),
+            dialer=Dialer(options.policy, resolve),
             connect_timeout=options.connect_timeout,
             read_timeout=options.read_timeout,
             pool=self._connections,
+            signer=signer,
         )
 
     def _tls_context(self) -> ssl.SSLContext:
@@ -233,10 +246,17 @@ class HttpSource:
             with attempt:
                 exchange = self._client.open("GET", headers)
                 if exchange.status not in (200, 206):
-                    exchange.close()
-                    raise _status_error(exchange.status, self.options.url)
+                    try:
+                        raise self._refusal(exchange)
+                    finally:
+                        exchange.close()
                 return exchange
         raise AssertionError("unreachable")
+
+    def _refusal(self, exchange: Exchange) -> WorkerError:
+        """The typed error for a response that is not the body (blocking: may read the
+        error body; a source that knows its server's error documents says more)."""
+        return _status_error(exchange.status, self.options.url)
 
     def _release(self, exchange: Exchange) -> None:
         with self._lock:

@@ -78,6 +78,9 @@ def userinfo_authorization(url: str) -> str | None:
 
 
 Resolver = Callable[[str, int], Sequence[str]]  # (host, port) -> addresses
+# (method, url) -> headers that authenticate that one request (S3's SigV4): computed at send
+# time, so every retry, redirect hop to the same origin and resumed range is signed afresh.
+RequestSigner = Callable[[str, str], Mapping[str, str]]
 
 
 def system_resolver(host: str, port: int) -> list[str]:
@@ -186,6 +189,7 @@ class Client:
     connect_timeout: float = 60.0
     read_timeout: float = 600.0
     pool: ConnectionPool | None = None  # reuse keep-alive connections when given
+    signer: RequestSigner | None = None  # per-request credentials: origin only, like the rest
 
     def open(self, method: str, extra: Mapping[str, str] | None = None) -> Exchange:
         """Send ``method`` for ``self.url``, following redirects; the final response's
@@ -228,6 +232,8 @@ class Client:
             headers.update(self.origin_headers)
             if self.authorization:
                 headers["Authorization"] = self.authorization
+            if self.signer is not None:
+                headers.update(self.signer(method, url))
         key, target = self._route(url, headers)
         idle = self.pool.take(key) if self.pool is not None else None
         if idle is not None:

@@ -14,9 +14,10 @@ from aiohttp import encode_basic_auth, web
 
 from cdi.api.errors import SourceForbidden
 from cdi.api.netpolicy import NetPolicy
-from importer.config import HttpOptions, from_env
+from datapath import Processor, TargetSpec
+from importer.config import HttpOptions, build_plan, from_env
 from importer.runner import run_import
-from importer.sources.http import ProxyConfig
+from importer.sources.http import HttpSource, ProxyConfig
 from importer.sources.http_client import Dialer
 from tests.component.conftest import Handler, ImageFactory, Server, same_content
 from tests.component.helpers import import_url
@@ -79,6 +80,42 @@ async def test_secret_headers_and_url_credentials_go_only_to_the_named_origin(
     )
     for h in seen["named"] + seen["other"]:
         assert "pw-SECRET" not in h["target"] and "@" not in h["host"]
+
+
+async def test_a_request_signer_signs_only_requests_to_the_named_origin(
+    serve: Serve, images: ImageFactory, tmp_path: Path
+) -> None:
+    """The S3 source's per-request signer (``Client.signer``) is a credential like basic auth:
+    a redirect to another origin gets no signature, and each request to the named one is
+    signed for its own method and URL."""
+    image = images.make("raw", "gz")
+    seen: dict[str, list[str]] = {"named": [], "other": []}
+
+    async def other(request: web.Request) -> web.StreamResponse:
+        seen["other"].append(request.headers.get("Authorization", ""))
+        return web.FileResponse(image.path)
+
+    other_url = await serve("127.0.0.2", other)
+
+    async def named(request: web.Request) -> web.StreamResponse:
+        seen["named"].append(request.headers.get("Authorization", ""))
+        raise web.HTTPFound(f"{other_url}/{image.path.name}")
+
+    named_url = await serve("127.0.0.1", named)
+    signed: list[tuple[str, str]] = []
+
+    def signer(method: str, url: str) -> dict[str, str]:
+        signed.append((method, url))
+        return {"Authorization": f"Sig {method} {url}"}
+
+    options = HttpOptions(f"{named_url}/start", policy=NetPolicy.parse(["127.0.0.0/8"]))
+    source = HttpSource(options, signer=signer)
+    plan = build_plan(options, TargetSpec(path=str(tmp_path / "disk.img"), block=False))
+    result = await Processor(plan, source).run()
+    assert result.succeeded, result
+    assert seen["named"] and all(a.startswith("Sig ") for a in seen["named"])
+    assert seen["other"] and not any(seen["other"])
+    assert signed and all(url == f"{named_url}/start" for _, url in signed)
 
 
 async def test_userinfo_never_reaches_a_proxy_request_line_or_host(
