@@ -37,7 +37,7 @@ from datapath.plan import ProcessPlan
 from datapath.run_files import RunFiles
 from datapath.sources import Source, SourceInfo
 from datapath.taps import Progress, verify
-from datapath.target import RawWriter, TargetHandle
+from datapath.target import RawWriter, TargetHandle, preallocate_tree
 from datapath.transfer import pump
 
 
@@ -166,9 +166,15 @@ class Processor:
             scratch_used=decoded.scratch_path is not None or decoded.scratch_bytes > 0,
             scratch_bytes=decoded.scratch_bytes,
             resumed_from=state.resume_offset,
-            preallocation_applied=self.plan.target.preallocate,
+            preallocation_applied=self._preallocates,
             labels=dict(self.plan.labels),
         )
+
+    @property
+    def _preallocates(self) -> bool:
+        """Preallocation asked for and applied: an archive's files are not (CDI: disk images
+        only), a disk image and a filesystem clone's files are."""
+        return self.plan.target.preallocate and self.plan.content_type != ContentType.ARCHIVE
 
     # -- phases -------------------------------------------------------------------------------
 
@@ -289,6 +295,8 @@ class Processor:
             assert state.checksum is not None
             verify(self.plan.checksum, state.checksum)
         if self.plan.content_type in _TREE_CONTENT:
+            if self._preallocates:  # a filesystem clone's disk.img came as a sparse member
+                await asyncio.to_thread(preallocate_tree, self.plan.target.path)
             return Phase.COMPLETE, state
         return (Phase.VALIDATE if state.decoded.scratch_path else Phase.RESIZE), state
 

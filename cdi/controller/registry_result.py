@@ -1,4 +1,8 @@
-"""What a successful registry import adds to its PVC: the image's labels and its digest.
+"""What a successful import adds to its PVC: that preallocation was applied, and for a registry
+import the image's labels and its digest.
+
+``cdi.kubevirt.io/storage.preallocation: "true"`` when the importer preallocated the target
+(its termination message says so), as CDI records it; KubeVirt reads it (``IsPreallocated``).
 
 CDI copies a containerDisk's ``KUBEVIRT_IO_`` environment variables to the PVC as labels
 (``test.kubevirt.io/test``, ``instancetype.kubevirt.io/default-preference``); the importer
@@ -17,7 +21,7 @@ import dataclasses
 import re
 from typing import Any
 
-from cdi.api.constants import NODE_PULL_CONTAINER_NAME
+from cdi.api.constants import ANN_PREALLOCATION_APPLIED, NODE_PULL_CONTAINER_NAME
 from cdi.api.termination import TerminationMessage
 
 ANN_SOURCE_DIGEST = "cdi.kubevirt.io/storage.import.sourceDigest"
@@ -42,8 +46,13 @@ def result_patch(message: TerminationMessage | None) -> dict[str, Any] | None:
     meta: dict[str, Any] = {}
     if labels:
         meta["labels"] = labels
+    annotations = {}
     if message.source_digest and _DIGEST.fullmatch(message.source_digest):
-        meta["annotations"] = {ANN_SOURCE_DIGEST: message.source_digest}
+        annotations[ANN_SOURCE_DIGEST] = message.source_digest
+    if message.preallocation_applied:
+        annotations[ANN_PREALLOCATION_APPLIED] = "true"
+    if annotations:
+        meta["annotations"] = annotations
     return {"metadata": meta} if meta else None
 
 

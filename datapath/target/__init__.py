@@ -3,7 +3,7 @@ sizing), ``zeros`` (zero-page detection), ``directio`` (O_DIRECT writes in fligh
 ``writer`` (the sparse ``RawWriter``); ``handle`` owns the open descriptor between phases.
 """
 
-from datapath.target.handle import TargetHandle
+from datapath.target.handle import TargetHandle, preallocate_tree
 from datapath.target.spec import TargetSpec, block_device_size, open_target, usable_space
 from datapath.target.writer import RawWriter
 from datapath.target.zeros import page_segments
@@ -15,5 +15,6 @@ __all__ = [
     "block_device_size",
     "open_target",
     "page_segments",
+    "preallocate_tree",
     "usable_space",
 ]

@@ -127,7 +127,7 @@ class RawWriter:
             else:
                 _pwrite_all(self.fd, mv, offset + start)
         except OSError as exc:
-            raise _map_write_error(exc) from exc
+            raise map_write_error(exc) from exc
         self.bytes_written += stop - start
 
     def flush(self) -> None:
@@ -137,7 +137,7 @@ class RawWriter:
             try:
                 self._direct.drain()
             except OSError as exc:
-                raise _map_write_error(exc) from exc
+                raise map_write_error(exc) from exc
 
     def close(self) -> None:
         """Wait for the writes in flight; the fd itself belongs to the caller."""
@@ -158,7 +158,7 @@ class RawWriter:
                 return
             except OSError as exc:
                 if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENODEV):
-                    raise _map_write_error(exc) from exc
+                    raise map_write_error(exc) from exc
         while length:  # last resort: the device cannot zero ranges itself
             step = min(length, len(_ZERO_WRITE))
             self._pwrite(_ZERO_WRITE, 0, step, offset)
@@ -175,10 +175,10 @@ class RawWriter:
                     os.posix_fallocate(self.fd, 0, size)
             os.fsync(self.fd)
         except OSError as exc:
-            raise _map_write_error(exc) from exc
+            raise map_write_error(exc) from exc
 
 
-def _map_write_error(exc: OSError) -> Exception:
+def map_write_error(exc: OSError) -> Exception:
     if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
         return InsufficientSpace(f"target volume is full: {exc.strerror}")
     return TargetError(f"writing the target failed: {exc.strerror}")

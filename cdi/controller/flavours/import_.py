@@ -203,7 +203,7 @@ class ImportFlavour(FlavourDefaults):
             )
             return dataclasses.replace(view, retry_in=delay), Result(requeue_after=delay)
         if decision == Decision.SUCCEED:
-            extra = result_patch(outcome.termination)  # registry: image labels, digest
+            extra = result_patch(outcome.termination)  # preallocation; registry: labels, digest
             if extra is not None:
                 meta = pvc["metadata"]
                 pvc = await self.deps.kube.patch(PVCS, meta["name"], extra, meta.get("namespace"))
