@@ -180,7 +180,9 @@ class Unsupported:
     message: str
 
 
-FlavourTable = Mapping[SourceKind, Flavour | Unsupported]
+# by ``spec.source`` member, plus ``EXTERNAL``: no source, a claim ``dataSourceRef`` instead
+FlavourTable = Mapping[str, Flavour | Unsupported]
+EXTERNAL = "external"
 
 
 def select_flavour(dv: DataVolume, table: FlavourTable) -> Flavour | Unsupported:
@@ -193,6 +195,10 @@ def select_flavour(dv: DataVolume, table: FlavourTable) -> Flavour | Unsupported
         return via if via is not None else Unsupported(kind, "no flavour for it")
     source = dv.spec.source_kind
     if source is None:
+        claim = dv.spec.storage or dv.spec.pvc
+        if claim is not None and (claim.data_source_ref or claim.data_source):
+            external = table.get(EXTERNAL)  # populated by another populator
+            return external if external is not None else Unsupported(EXTERNAL, "no flavour")
         return Unsupported("none", "the DataVolume has no single source")
     chosen = table.get(source)
     return chosen if chosen is not None else Unsupported(str(source), "no flavour for it")

@@ -7,15 +7,16 @@ to ``Unsupported`` with the reason, which the reconciler logs and otherwise leav
 status is written, as for a DataVolume another controller owns).
 
 imageio and vddk stay unsupported: the importer has no such source, and an importer pod for
-them would only fail. s3, gcs and registry are rendered as importer pods, as before this
-table; the importer answers them with a typed "unknown source" failure for now.
+them would only fail. A DataVolume with no source whose claim names a ``dataSourceRef`` is
+externally populated (``flavours/external.py``).
 """
 
 from __future__ import annotations
 
 from cdi.api.constants import SourceKind
-from cdi.controller.flavours import Flavour, FlavourDeps, FlavourTable, Unsupported
+from cdi.controller.flavours import EXTERNAL, Flavour, FlavourDeps, FlavourTable, Unsupported
 from cdi.controller.flavours.clone import CloneFlavour
+from cdi.controller.flavours.external import ExternalFlavour
 from cdi.controller.flavours.import_ import ImportFlavour, ImportSettings
 from cdi.controller.flavours.upload import UploadFlavour, UploadSettings
 
@@ -41,4 +42,5 @@ def standard_flavours(
         SourceKind.SNAPSHOT: cloner,  # restored from the VolumeSnapshot (clone/snapshot.py)
         SourceKind.IMAGEIO: Unsupported(SourceKind.IMAGEIO, f"imageio import is {NOT_YET}"),
         SourceKind.VDDK: Unsupported(SourceKind.VDDK, f"vddk import is {NOT_YET}"),
+        EXTERNAL: ExternalFlavour(deps),  # no source: a claim dataSourceRef (external.py)
     }
