@@ -22,7 +22,6 @@ from tests.integration.datavolumes.cdi_env import (
 from tests.integration.datavolumes.test_clone_csi import (
     assert_clone,
     import_source,
-    other_namespace,  # noqa: F401  (a fixture)
     succeeded,
 )
 
@@ -50,7 +49,7 @@ def consumer(claim: str) -> dict[str, Any]:
 
 
 def test_clones_into_wffc_storage_wait_for_a_consumer_or_bind_at_once(
-    kube: Kube, namespace: str, other_namespace: str, controller: Any,  # noqa: F811
+    kube: Kube, namespace: str, other_namespace: str, controller: Any,
     image_server: ImageServer, images: Images,
 ) -> None:  # fmt: skip
     import_source(kube, image_server, namespace, "golden", "Filesystem")
