@@ -43,7 +43,7 @@ import urllib3
 import yaml
 from kubernetes import client
 
-from testkit import pki, storage
+from testkit import pki, realnode, storage
 from testkit.containers import remove_created_mount_points
 from testkit.kubeclient import ApiError, Kube
 from testkit.kubeconfig import (
@@ -53,15 +53,20 @@ from testkit.kubeconfig import (
     write_kubeconfig,
     write_token_file,
 )
+from testkit.netns import NetNamespace
 from testkit.node import MARKER_ENV
 from testkit.procs import ManagedProcess, kill_processes_with_env
 from testkit.provisioner import storage_classes
+from testkit.realnode import RealNode
 from testkit.snapshotter import CLASSES as SNAPSHOT_CLASSES
 from testkit.snapshotter import SNAPSHOT_CLASS
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_BIN_DIR = REPO_ROOT / "hack" / "kube" / "_build" / "bin"
 DEFAULT_CRD_DIR = REPO_ROOT / "hack" / "kube" / "_build" / "crd"
+# scripts/images.sh's OCI layout: what a real node's registry serves as quay.io/cdi-py/*
+DEFAULT_PRODUCT_IMAGES = REPO_ROOT / "build" / "images" / "oci"
+NODE_KINDS = ("process", "real")
 NET_LOCK_DIR = Path(tempfile.gettempdir())
 # Shared by every cluster on the machine: host paths containers had to create as mount points.
 MOUNT_POINT_RECORD = NET_LOCK_DIR / "testkit-created-mount-points"
@@ -98,6 +103,8 @@ CONTROLLERS = (
     "resourcequota-controller",
     "clusterrole-aggregation-controller",
 )
+# A real kubelet registers with the not-ready taint: only this controller removes it.
+REAL_NODE_CONTROLLERS = ("node-lifecycle-controller", "pod-garbage-collector-controller")
 
 
 class ControlPlaneMissing(RuntimeError):
@@ -108,8 +115,16 @@ class ClusterStartFailed(RuntimeError):
     """A component did not become ready in time."""
 
 
+def _default_node() -> str:
+    return os.environ.get("TESTKIT_NODE", "process")
+
+
 @dataclass(frozen=True)
 class ClusterConfig:
+    """``node``: ``"process"`` (``testkit.node``, pods as local processes) or ``"real"``
+    (kubelet, containerd, kube-proxy and CNI in the cluster's own network namespace:
+    :mod:`testkit.realnode`); the default is ``$TESTKIT_NODE``, else ``"process"``."""
+
     state_dir: Path
     bin_dir: Path = DEFAULT_BIN_DIR
     crd_dir: Path = DEFAULT_CRD_DIR  # the VolumeSnapshot CRDs build.sh takes from the module
@@ -118,6 +133,16 @@ class ClusterConfig:
     images_config: Path | None = None
     start_timeout: float = 60.0
     keep_state: bool = False
+    node: str = field(default_factory=_default_node)
+    product_images: Path = DEFAULT_PRODUCT_IMAGES
+
+    def __post_init__(self) -> None:
+        if self.node not in NODE_KINDS:
+            raise ValueError(f"node must be one of {NODE_KINDS}, not {self.node!r}")
+
+    @property
+    def real_node(self) -> bool:
+        return self.node == "real"
 
 
 class LoopbackBlocks:
@@ -192,6 +217,8 @@ class Cluster:
     started_in: float = 0.0
     net: LoopbackBlocks | None = None
     state_lock: int | None = None
+    netns: NetNamespace | None = None
+    realnode: RealNode | None = None
 
     # -- paths and clients ------------------------------------------------------------------
     @property
@@ -204,13 +231,28 @@ class Cluster:
 
     @property
     def service_cidr(self) -> str:
+        if self.config.real_node:
+            return realnode.SERVICE_CIDR
         assert self.net is not None
         return self.net.service_cidr
 
     @property
     def pod_cidr(self) -> str:
+        if self.config.real_node:
+            return realnode.POD_CIDR
         assert self.net is not None
         return self.net.pod_cidr
+
+    @property
+    def host_address(self) -> str:
+        """An address of this machine that pods reach: where a test binds the servers pods
+        must reach. On a real node it is inside the cluster's network namespace, so such a
+        server must run there (:meth:`in_network`)."""
+        return realnode.NODE_IP if self.config.real_node else "127.0.0.1"
+
+    def in_network(self, argv: list[str]) -> list[str]:
+        """``argv`` run where pods can reach it: inside a real node's network namespace."""
+        return self.netns.argv(argv) if self.netns is not None else argv
 
     @property
     def kubeconfig(self) -> Path:
@@ -246,17 +288,29 @@ class Cluster:
         return self.storage_dir / "snapshots" / f"{handle}.img"
 
     def pod_log_dir(self, namespace: str, pod: str) -> Path:
-        """Where the node agent keeps a pod's container logs (one dir per pod uid)."""
-        matches = sorted((self.state / "node" / "pods").glob(f"{namespace}_{pod}_*"))
+        """Where the node keeps a pod's container logs (one dir per pod uid)."""
+        if self.realnode is not None:
+            matches = sorted(self.realnode.pod_logs_dir.glob(f"{namespace}_{pod}_*"))
+        else:
+            matches = sorted((self.state / "node" / "pods").glob(f"{namespace}_{pod}_*"))
         if not matches:
             raise FileNotFoundError(f"no pod directory for {namespace}/{pod}")
-        return matches[-1] / "logs"
+        return matches[-1] if self.realnode is not None else matches[-1] / "logs"
 
     def container_log(self, namespace: str, pod: str, container: str) -> str:
-        """The whole log of a container, all restarts concatenated in order."""
+        """The whole log of a container, all restarts concatenated in order (a kubelet's
+        CRI lines, ``<time> <stream> <P|F> <text>``, are read back to the text)."""
         d = self.pod_log_dir(namespace, pod) / container
         files = sorted(d.glob("*.log"), key=lambda p: int(p.stem))
-        return "".join(f.read_text(errors="replace") for f in files)
+        text = "".join(f.read_text(errors="replace") for f in files)
+        if self.realnode is None:
+            return text
+        out = []
+        for line in text.splitlines():
+            parts = line.split(" ", 3)
+            if len(parts) == 4:
+                out.append(parts[3] + ("\n" if parts[2] == "F" else ""))
+        return "".join(out)
 
     # -- lifecycle --------------------------------------------------------------------------
     def start(self) -> Cluster:
@@ -266,13 +320,23 @@ class Cluster:
         missing = [m for m in missing if not Path(m).is_file()]
         if missing:
             raise ControlPlaneMissing(f"missing {', '.join(missing)}: run hack/kube/build.sh")
+        if self.config.real_node and self.config.with_node:
+            parts = realnode.missing_parts(self.config.bin_dir, self.config.product_images)
+            if parts:
+                raise realnode.RealNodeMissing("real node: missing " + "; ".join(parts))
         sweep_dead_clusters()
         self.state.mkdir(parents=True, exist_ok=True)
         self.state_lock = os.open(self.state / "cluster.lock", os.O_CREAT | os.O_RDWR, 0o644)
         fcntl.flock(self.state_lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         try:
             self.net = LoopbackBlocks()
+            if self.config.real_node:
+                # First, before any component: nothing of a real node touches the host network.
+                self.netns = NetNamespace(f"testkit-rn-{self.net.n}")
+                self.netns.create(realnode.NODE_IP)
             self._write_pki_and_configs()
+            if self.netns is not None:
+                self._start_api_forwarder()
             etcd_url = self._start_etcd()
             self._start_apiserver(etcd_url)
             self._wait("kube-apiserver /readyz", self._apiserver_ready)
@@ -280,7 +344,9 @@ class Cluster:
             self._install_snapshot_crds()
             self._start_snapshot_controller()
             self._start_scheduler()
-            if self.config.with_node:
+            if self.config.with_node and self.config.real_node:
+                self._start_real_node()
+            elif self.config.with_node:
                 self._start_local_components()
             self._wait_cluster_usable()
         except BaseException:
@@ -291,11 +357,20 @@ class Cluster:
 
     def stop(self) -> None:
         """Stop everything, newest first, then release mounts and loop devices."""
+        if self.realnode is not None:
+            self._drain_real_node()
         for proc in reversed(self.processes):
             proc.stop(grace=15.0 if proc.name == "node" else 5.0)
         self.processes.clear()
         kill_processes_with_env(MARKER_ENV, str(self.state / "node"))
+        if self.realnode is not None:
+            self.realnode.kill_shims()
+            self.realnode.kill_and_remove_cgroups()
+            self.realnode = None
         storage.release_all_under(self.state)
+        if self.netns is not None:
+            self.netns.delete()
+            self.netns = None
         # Mount points that containers created on the host may be in use by another cluster's
         # pods (removing one would detach their mounts), so the last cluster standing tidies.
         if not self._other_clusters_running() and MOUNT_POINT_RECORD.exists():
@@ -375,9 +450,15 @@ class Cluster:
                 "kubernetes.default.svc",
                 "kubernetes.default.svc.cluster.local",
             ),
-            ips=("127.0.0.1",),
+            ips=("127.0.0.1", realnode.NODE_IP, realnode.API_SERVICE_IP)
+            if self.config.real_node
+            else ("127.0.0.1",),
         )
         serving.write(d / "apiserver.crt", d / "apiserver.key")
+        # The API server's client certificate for the kubelet (logs, exec, port-forward).
+        ca.issue(
+            "kube-apiserver-kubelet-client", organizations=("system:masters",), client=True
+        ).write(d / "kubelet-client.crt", d / "kubelet-client.key")
         # The aggregator's client certificate: the cluster CA is also the requestheader CA, so
         # aggregated API servers (our UploadTokenRequest API) trust requests it forwards.
         front_proxy = ca.issue(FRONT_PROXY_CLIENT, client=True)
@@ -393,9 +474,43 @@ class Cluster:
                 self.kubeconfig_for(ident.user), self.server, ca.cert_pem, [ident], ident.user
             )
 
-    def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> None:
+    def _spawn(
+        self, name: str, argv: list[str], env: dict[str, str] | None = None, *, host: bool = False
+    ) -> None:
+        """Start a component; on a real node inside the network namespace unless ``host``."""
+        if self.netns is not None and not host:
+            argv = self.netns.argv(argv)
         self.processes.append(
             ManagedProcess(name, argv, self.state / "logs" / f"{name}.log", env=env)
+        )
+
+    def _probe(self, url: str) -> bool:
+        """``_http_ok(url)`` from where the components listen."""
+        if self.netns is not None:
+            return self.netns.call(lambda: _http_ok(url))
+        return _http_ok(url)
+
+    def _start_api_forwarder(self) -> None:
+        """The tests' way in: 127.0.0.1:<api port> on the host, forwarded to the API server
+        in the namespace (same port), so kubeconfigs and clients work unchanged."""
+        assert self.netns is not None
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p
+        )
+        self._spawn(
+            "api-forwarder",
+            [
+                sys.executable,
+                "-m",
+                "testkit.netns",
+                "forward",
+                f"--listen=127.0.0.1:{self.api_port}",
+                f"--netns={self.netns.path}",
+                f"--connect=127.0.0.1:{self.api_port}",
+            ],
+            env,
+            host=True,
         )
 
     def _bin(self, name: str) -> str:
@@ -420,18 +535,33 @@ class Cluster:
                 "--log-level=warn",
             ],
         )
-        self._wait("etcd /health", lambda: _http_ok(f"{url}/health"))
+        self._wait("etcd /health", lambda: self._probe(f"{url}/health"))
         return url
 
     def _start_apiserver(self, etcd_url: str) -> None:
         d = self.state / "pki"
+        if self.config.real_node:
+            # In the namespace: the node's address is the advertised one (Service
+            # "kubernetes"), real endpoints, and the kubelet reached by its InternalIP only.
+            network = [
+                "--bind-address=0.0.0.0",
+                f"--advertise-address={realnode.NODE_IP}",
+                f"--kubelet-client-certificate={d / 'kubelet-client.crt'}",
+                f"--kubelet-client-key={d / 'kubelet-client.key'}",
+                "--kubelet-preferred-address-types=InternalIP",
+            ]
+        else:
+            network = [
+                "--bind-address=127.0.0.1",
+                "--advertise-address=127.0.0.1",
+                "--endpoint-reconciler-type=none",  # a loopback address is no valid endpoint
+            ]
         self._spawn(
             "kube-apiserver",
             [
                 self._bin("kube-apiserver"),
                 f"--etcd-servers={etcd_url}",
-                "--bind-address=127.0.0.1",
-                "--advertise-address=127.0.0.1",
+                *network,
                 f"--secure-port={self.api_port}",
                 f"--tls-cert-file={d / 'apiserver.crt'}",
                 f"--tls-private-key-file={d / 'apiserver.key'}",
@@ -457,7 +587,6 @@ class Cluster:
                 "StorageObjectInUseProtection,PersistentVolumeClaimResize,ResourceQuota,"
                 "MutatingAdmissionWebhook,ValidatingAdmissionWebhook,ValidatingAdmissionPolicy",
                 f"--admission-control-config-file={d / 'admission.yaml'}",
-                "--endpoint-reconciler-type=none",  # a loopback address is no valid endpoint
                 "--allow-privileged=true",
                 "--profiling=false",
                 "--v=1",
@@ -475,6 +604,7 @@ class Cluster:
     def _start_controller_manager(self) -> None:
         d = self.state / "pki"
         port = free_port()
+        controllers = CONTROLLERS + (REAL_NODE_CONTROLLERS if self.config.real_node else ())
         self._spawn(
             "kube-controller-manager",
             [
@@ -484,7 +614,7 @@ class Cluster:
                 f"--secure-port={port}",
                 f"--cert-dir={self.state / 'kcm'}",
                 "--leader-elect=false",
-                f"--controllers={','.join(CONTROLLERS)}",
+                f"--controllers={','.join(controllers)}",
                 f"--service-account-private-key-file={d / 'sa.key'}",
                 f"--root-ca-file={self.ca_path}",
                 "--use-service-account-credentials=false",
@@ -493,7 +623,7 @@ class Cluster:
         )
         self._wait(
             "kube-controller-manager /healthz",
-            lambda: _http_ok(f"https://127.0.0.1:{port}/healthz"),
+            lambda: self._probe(f"https://127.0.0.1:{port}/healthz"),
         )
 
     def _install_snapshot_crds(self) -> None:
@@ -536,7 +666,7 @@ class Cluster:
             ],
         )
         self._wait(
-            "snapshot-controller /metrics", lambda: _http_ok(f"http://127.0.0.1:{port}/metrics")
+            "snapshot-controller /metrics", lambda: self._probe(f"http://127.0.0.1:{port}/metrics")
         )
 
     def _start_scheduler(self) -> None:
@@ -552,7 +682,9 @@ class Cluster:
                 "--v=1",
             ],
         )
-        self._wait("kube-scheduler /healthz", lambda: _http_ok(f"https://127.0.0.1:{port}/healthz"))
+        self._wait(
+            "kube-scheduler /healthz", lambda: self._probe(f"https://127.0.0.1:{port}/healthz")
+        )
 
     def _start_local_components(self) -> None:
         env = dict(os.environ)
@@ -585,6 +717,79 @@ class Cluster:
         if self.config.images_config:
             node.append(f"--images={self.config.images_config}")
         self._spawn("node", node, env)
+
+    def _start_real_node(self) -> None:
+        """The provisioner (on the host: it only mounts and talks to the API server), then in
+        the namespace containerd, the registry (filled with the pause and product images before
+        the kubelet may pull), the kubelet and kube-proxy."""
+        assert self.netns is not None and self.net is not None
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p
+        )
+        node = RealNode(
+            state=self.state,
+            netns=self.netns,
+            bin_dir=self.config.bin_dir,
+            node_name=self.config.node_name,
+            kubeconfig=self.kubeconfig,
+            ca_path=self.ca_path,
+            cgroup_name=f"testkit-rn-{self.net.n}",
+            images_dir=self.config.product_images,
+        )
+        self.realnode = node
+        kubelet_port, proxy_ports = free_port(), (free_port(), free_port())
+        node.write_configs(kubelet_port, proxy_ports)
+        node.make_cgroups()
+        self._spawn(
+            "provisioner",
+            [
+                sys.executable,
+                "-m",
+                "testkit.provisioner",
+                f"--kubeconfig={self.kubeconfig}",
+                f"--node-name={self.config.node_name}",
+                f"--state-dir={self.storage_dir}",
+            ],
+            env,
+            host=True,
+        )
+        self._spawn("containerd", node.containerd_argv())
+        self._spawn("registry", node.registry_argv())
+        self._wait("containerd socket", node.containerd_socket.exists)
+        self._wait("registry", lambda: self._probe(f"http://{realnode.REGISTRY}/v2/"))
+        node.push_images()
+        self._spawn("kubelet", node.kubelet_argv())
+        self._spawn("kube-proxy", node.kube_proxy_argv())
+        self._wait(
+            "kubelet /healthz", lambda: self._probe(f"http://127.0.0.1:{kubelet_port}/healthz")
+        )
+        self._wait(
+            "kube-proxy /healthz", lambda: self._probe(f"http://127.0.0.1:{proxy_ports[0]}/healthz")
+        )
+
+    def _drain_real_node(self) -> None:
+        """Before the kubelet stops: no new pods (controllers and scheduler down), every pod
+        deleted through the kubelet, so it unmounts volumes, releases block-volume loop devices
+        and tears sandboxes (and their network namespaces) down itself."""
+        for proc in self.processes:
+            if proc.name in ("kube-controller-manager", "kube-scheduler"):
+                proc.stop(grace=5.0)
+        self.processes = [
+            p for p in self.processes if p.name not in ("kube-controller-manager", "kube-scheduler")
+        ]
+        try:
+            kube = self.kube()
+            for pod in kube.get("/api/v1/pods")["items"]:
+                meta = pod["metadata"]
+                kube.delete_ignore_missing(
+                    f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}"
+                )
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and kube.get("/api/v1/pods")["items"]:
+                time.sleep(0.5)
+        except (ApiError, OSError, urllib3.exceptions.HTTPError):
+            pass  # the API server is gone: the cgroup sweep in stop() kills what is left
 
     def _wait_cluster_usable(self) -> None:
         kube = self.kube()
@@ -683,7 +888,11 @@ def _http_ok(url: str) -> bool:
 def _cmd_up(args: argparse.Namespace) -> int:
     state = Path(args.state_dir or tempfile.mkdtemp(prefix="testkit-"))
     cfg = ClusterConfig(
-        state_dir=state, keep_state=args.keep, with_node=not args.no_node, images_config=args.images
+        state_dir=state,
+        keep_state=args.keep,
+        with_node=not args.no_node,
+        images_config=args.images,
+        node=args.node or _default_node(),
     )
     cluster = Cluster(cfg)
     stop = threading.Event()
@@ -717,6 +926,12 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("--keep", action="store_true", help="keep the state dir after stopping")
     up.add_argument("--no-node", action="store_true", help="control plane only")
     up.add_argument("--images", type=Path, help="image->command map for the node agent")
+    up.add_argument(
+        "--node",
+        choices=NODE_KINDS,
+        help="process: pods as local processes; real: kubelet + containerd in a network "
+        "namespace (default: $TESTKIT_NODE, else process)",
+    )
     args = parser.parse_args(argv)
     return _cmd_up(args)
 
