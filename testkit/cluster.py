@@ -38,6 +38,7 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import urllib3
 import yaml
@@ -67,6 +68,7 @@ DEFAULT_CRD_DIR = REPO_ROOT / "hack" / "kube" / "_build" / "crd"
 # scripts/images.sh's OCI layout: what a real node's registry serves as quay.io/cdi-py/*
 DEFAULT_PRODUCT_IMAGES = REPO_ROOT / "build" / "images" / "oci"
 NODE_KINDS = ("process", "real")
+T = TypeVar("T")
 NET_LOCK_DIR = Path(tempfile.gettempdir())
 # Shared by every cluster on the machine: host paths containers had to create as mount points.
 MOUNT_POINT_RECORD = NET_LOCK_DIR / "testkit-created-mount-points"
@@ -250,6 +252,11 @@ class Cluster:
         server must run there (:meth:`in_network`)."""
         return realnode.NODE_IP if self.config.real_node else "127.0.0.1"
 
+    def network_call(self, fn: Callable[[], T]) -> T:
+        """``fn()`` where pods can reach what it binds: in a thread inside a real node's
+        network namespace (a socket keeps the namespace it was made in), else here."""
+        return self.netns.call(fn) if self.netns is not None else fn()
+
     def in_network(self, argv: list[str]) -> list[str]:
         """``argv`` run where pods can reach it: inside a real node's network namespace."""
         return self.netns.argv(argv) if self.netns is not None else argv
@@ -333,7 +340,7 @@ class Cluster:
             if self.config.real_node:
                 # First, before any component: nothing of a real node touches the host network.
                 self.netns = NetNamespace(f"testkit-rn-{self.net.n}")
-                self.netns.create(realnode.NODE_IP)
+                self.netns.create(realnode.NODE_IP, realnode.SERVICE_CIDR)
             self._write_pki_and_configs()
             if self.netns is not None:
                 self._start_api_forwarder()

@@ -63,16 +63,20 @@ class NetNamespace:
         self.path = NETNS_DIR / name
         self._calls: queue.Queue[tuple[Callable[[], Any], Future[Any]] | None] | None = None
 
-    def create(self, node_ip: str) -> None:
+    def create(self, node_ip: str, service_cidr: str) -> None:
         """Create it (removing a stale one of the same name), bring up its loopback, give
         it ``node_ip`` too (the node's address, reached from pods through the CNI bridge; this
-        kernel has no dummy interfaces), enable forwarding (pods to Services) and
+        kernel has no dummy interfaces), route ``service_cidr`` locally, enable
+        forwarding (pods to Services) and
         bridge netfilter (Services between pods on one bridge), all inside it."""
         if self.path.exists():
             self.delete()
         _ip("netns", "add", self.name)
         _ip("-n", self.name, "link", "set", "lo", "up")
         _ip("-n", self.name, "addr", "add", f"{node_ip}/32", "dev", "lo")
+        # A route for ClusterIPs, else a connect() from the namespace itself (the API server to
+        # a webhook or an aggregated API) fails before kube-proxy's DNAT: no default route here.
+        _ip("-n", self.name, "route", "add", service_cidr, "dev", "lo", "src", node_ip)
         for key in (
             "net/ipv4/ip_forward",
             "net/bridge/bridge-nf-call-iptables",

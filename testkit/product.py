@@ -212,11 +212,13 @@ class Product:
 
     def log(self, app: str = CONTROLLER) -> str:
         """Every container log of every pod the app ever had on the node, oldest first."""
-        root = self.cluster.state / "node" / "pods"
+        real = self.cluster.realnode
+        root = real.pod_logs_dir if real is not None else self.cluster.state / "node" / "pods"
         dirs = sorted(root.glob(f"{NAMESPACE}_{app}-*"), key=lambda d: d.stat().st_mtime)
         out = []
         for d in dirs:
-            for f in sorted((d / "logs").glob("*/*.log"), key=lambda p: (p.parent, int(p.stem))):
+            logs = d if real is not None else d / "logs"
+            for f in sorted(logs.glob("*/*.log"), key=lambda p: (p.parent, int(p.stem))):
                 out.append(
                     f"--- {d.name}/{f.parent.name}/{f.name}\n{f.read_text(errors='replace')}"
                 )

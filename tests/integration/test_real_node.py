@@ -1,0 +1,169 @@
+"""A real node (issue 24): kubelet, kube-proxy, containerd + runc and CNI in the cluster's own
+network namespace, pulling the images scripts/images.sh built from the namespace's loopback
+registry. Nothing is skipped: a missing part (``hack/kube/build.sh``, ``scripts/setup.sh
+--test``, ``scripts/images.sh``) makes the cluster fixture error with the command to run.
+"""
+
+from __future__ import annotations
+
+import http.server
+import ipaddress
+import os
+import tempfile
+import threading
+from collections.abc import Iterator
+from functools import partial
+from pathlib import Path
+
+import pytest
+
+from testkit import realnode
+from testkit.cluster import Cluster, ClusterConfig
+from testkit.kubeclient import ApiError, Kube
+from testkit.product import Product
+from testkit.waiting import wait_until
+from tests.integration.datavolumes.cdi_env import (
+    DV_API,
+    build_images,
+    datavolume,
+    dv_path,
+    same_prefix_then_zeros,
+    volume_dir,
+    wait_phase,
+)
+
+pytestmark = pytest.mark.integration
+BASE_IMAGE = f"{realnode.PRODUCT_REPOSITORY}/cdi-base:latest"
+
+
+@pytest.fixture(scope="module")
+def real_cluster() -> Iterator[Cluster]:
+    state = Path(tempfile.mkdtemp(prefix="testkit-"))
+    c = Cluster(ClusterConfig(state_dir=state, node="real", start_timeout=120))
+    c.start()
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+@pytest.fixture(scope="module")
+def real_kube(real_cluster: Cluster) -> Kube:
+    return real_cluster.kube()
+
+
+def _wait_pod_phase(kube: Kube, ns: str, name: str, phase: str, timeout: float) -> dict:
+    def done() -> dict | None:
+        pod = kube.get(f"/api/v1/namespaces/{ns}/pods/{name}")
+        got = pod.get("status", {}).get("phase")
+        assert got != "Failed" or phase == "Failed", f"pod {name} failed: {pod['status']}"
+        return pod if got == phase else None
+
+    return wait_until(done, f"pod {ns}/{name} {phase}", timeout, interval=0.2)
+
+
+def test_components_run_in_their_own_network_namespace(real_cluster: Cluster) -> None:
+    own = os.readlink("/proc/self/ns/net")
+    names = {"kubelet", "containerd", "kube-proxy", "kube-apiserver", "registry"}
+    procs = [p for p in real_cluster.processes if p.name in names]
+    assert {p.name for p in procs} == names
+    for p in procs:
+        assert os.readlink(f"/proc/{p.pid}/ns/net") != own, f"{p.name} on the host network"
+    node = real_cluster.kube().get("/api/v1/nodes/testkit-node")
+    info = node["status"]["nodeInfo"]
+    assert info["containerRuntimeVersion"].startswith("containerd://")
+    assert info["kubeletVersion"].startswith("v1.")
+    addresses = {a["type"]: a["address"] for a in node["status"]["addresses"]}
+    assert addresses["InternalIP"] == realnode.NODE_IP
+
+
+def test_a_plain_pod_runs_to_completion_in_a_container(
+    real_cluster: Cluster, real_kube: Kube
+) -> None:
+    ns = "default"
+    name = "real-node-hello"
+    real_kube.create(
+        f"/api/v1/namespaces/{ns}/pods",
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name},
+            "spec": {
+                "restartPolicy": "Never",
+                "containers": [
+                    {
+                        "name": "hello",
+                        "image": BASE_IMAGE,
+                        "command": [
+                            "/bin/sh",
+                            "-c",
+                            "echo real-node uid=$(id -u); grep pids /proc/self/cgroup; "
+                            "test ! -e /etc/kubernetes && test -x /opt/cdi/bin/python",
+                        ],
+                    }
+                ],
+            },
+        },
+    )
+    pod = _wait_pod_phase(real_kube, ns, name, "Succeeded", 180)
+    state = pod["status"]["containerStatuses"][0]["state"]["terminated"]
+    assert state["exitCode"] == 0
+    assert ipaddress.ip_address(pod["status"]["podIP"]) in ipaddress.ip_network(realnode.POD_CIDR)
+    log = real_cluster.container_log(ns, name, "hello")
+    assert "real-node uid=0" in log
+    # Under this cluster's kubelet cgroup root, in a container of its own.
+    assert f"/testkit-rn-{real_cluster.net.n}/kubepods/" in log  # type: ignore[union-attr]
+    real_kube.delete_ignore_missing(f"/api/v1/namespaces/{ns}/pods/{name}")
+
+
+class _Quiet(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *_: object) -> None:
+        pass
+
+
+def test_deploy_becomes_available_and_an_http_import_succeeds(
+    real_cluster: Cluster, real_kube: Kube, tmp_path: Path
+) -> None:
+    product = Product.on(real_cluster).install(timeout=240)
+    assert not product.pods("cdi-controller")[0]["status"]["containerStatuses"][0][
+        "containerID"
+    ].startswith("testkit://")
+    config = {
+        "apiVersion": "cdi.kubevirt.io/v1beta1",
+        "kind": "CDIConfig",
+        "metadata": {"name": "config"},
+        "spec": {
+            "importPolicy": {
+                "allowedSourceCIDRs": [f"{real_cluster.host_address}/32"],
+                "clusterCIDRs": [real_cluster.pod_cidr, real_cluster.service_cidr],
+            }
+        },
+    }
+    try:
+        real_kube.create(f"{DV_API}/cdiconfigs", config)
+    except ApiError as e:
+        if not e.conflict:
+            raise
+        real_kube.patch(f"{DV_API}/cdiconfigs/config", {"spec": config["spec"]})
+    images = build_images(tmp_path / "images")
+    # The image server listens inside the namespace, on the node's address: where pods reach.
+    server = real_cluster.network_call(
+        lambda: http.server.ThreadingHTTPServer(
+            (real_cluster.host_address, 0), partial(_Quiet, directory=str(images.root))
+        )
+    )
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        ns = "real-node-import"
+        real_kube.create(
+            "/api/v1/namespaces",
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}},
+        )
+        url = f"http://{real_cluster.host_address}:{server.server_address[1]}/disk.qcow2"
+        real_kube.create(dv_path(ns), datavolume("http-dv", {"http": {"url": url}}))
+        wait_phase(real_kube, ns, "http-dv", ("Succeeded",), timeout=240)
+        same_prefix_then_zeros(volume_dir(real_kube, ns, "http-dv") / "disk.img", images.reference)
+        real_kube.delete_ignore_missing(f"/api/v1/namespaces/{ns}")
+    finally:
+        server.shutdown()
+        server.server_close()
