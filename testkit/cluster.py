@@ -194,6 +194,7 @@ def sweep_dead_clusters(root: Path = NET_LOCK_DIR) -> list[Path]:
             continue
         try:
             kill_processes_with_env(MARKER_ENV, str(d / "node"))
+            realnode.sweep(d)
             storage.release_all_under(d)
             shutil.rmtree(d, ignore_errors=True)
             swept.append(d)
@@ -747,6 +748,7 @@ class Cluster:
         self.realnode = node
         kubelet_port, proxy_ports = free_port(), (free_port(), free_port())
         node.write_configs(kubelet_port, proxy_ports)
+        node.record()
         node.make_cgroups()
         self._spawn(
             "provisioner",

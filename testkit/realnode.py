@@ -38,7 +38,7 @@ from pathlib import Path
 
 import yaml
 
-from testkit.netns import NetNamespace
+from testkit.netns import NETNS_DIR, NetNamespace
 
 NODE_IP = "10.243.0.1"  # on the namespace's loopback; pods reach it through the bridge
 POD_CIDR = "10.244.0.0/24"
@@ -343,8 +343,15 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
                 if (d / knob).exists() and not (d / knob).read_text().strip():
                     (d / knob).write_text((h / knob).read_text())
 
+    def record(self) -> None:
+        """Name this node's namespace and cgroup in its state, for :func:`sweep`."""
+        (self.root / "names").write_text(f"{self.netns.name}\n{self.cgroup_name}\n")
+
     def kill_and_remove_cgroups(self) -> None:
-        """SIGKILL every process left in this node's cgroups, then remove them bottom up."""
+        """SIGKILL every process left in this node's cgroups, remove the pod network
+        namespaces they held (``/run/netns/cni-*``, which only the CRI would delete), then
+        remove the cgroups bottom up."""
+        pod_netns: set[int] = set()
         for h in self.hierarchies():
             top = h / self.cgroup_name
             if not top.is_dir():
@@ -352,9 +359,17 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
             for procs in top.rglob("cgroup.procs"):
                 for pid in procs.read_text().split():
                     try:
+                        pod_netns.add(os.stat(f"/proc/{pid}/ns/net").st_ino)
                         os.kill(int(pid), signal.SIGKILL)
-                    except ProcessLookupError:
+                    except (ProcessLookupError, FileNotFoundError):
                         pass
+        for path in NETNS_DIR.glob("cni-*"):
+            try:
+                if path.stat().st_ino in pod_netns:
+                    subprocess.run(["umount", str(path)], capture_output=True, check=False)
+                    path.unlink()
+            except OSError:
+                pass
         for h in self.hierarchies():
             top = h / self.cgroup_name
             if not top.is_dir():
@@ -414,3 +429,18 @@ def _rmdir_retry(d: Path) -> None:
             return
         except OSError:
             time.sleep(0.1)
+
+
+def sweep(state: Path) -> None:
+    """Release what a killed harness's real node left: its containers (by cgroup), its runc
+    shims (by containerd socket), its cgroups and its network namespace. ``state`` is a dead
+    cluster's state directory (its ``cluster.lock`` free)."""
+    names = state / "realnode" / "names"
+    if not names.is_file():
+        return
+    netns_name, cgroup_name = names.read_text().split()[:2]
+    ns = NetNamespace(netns_name)
+    node = RealNode(state, ns, Path(), "", Path(), Path(), cgroup_name, None)
+    node.kill_shims()
+    node.kill_and_remove_cgroups()
+    ns.delete()
