@@ -9,6 +9,8 @@ from __future__ import annotations
 import http.server
 import ipaddress
 import os
+import re
+import secrets
 import tempfile
 import threading
 from collections.abc import Iterator
@@ -24,6 +26,7 @@ from testkit.product import Product
 from testkit.waiting import wait_until
 from tests.integration.datavolumes.cdi_env import (
     DV_API,
+    Images,
     build_images,
     datavolume,
     dv_path,
@@ -121,13 +124,11 @@ class _Quiet(http.server.SimpleHTTPRequestHandler):
         pass
 
 
-def test_deploy_becomes_available_and_an_http_import_succeeds(
-    real_cluster: Cluster, real_kube: Kube, tmp_path: Path
-) -> None:
+@pytest.fixture(scope="module")
+def real_product(real_cluster: Cluster, real_kube: Kube) -> Product:
+    """``deploy/`` applied unchanged, every Deployment Available, and a CDIConfig that lets
+    imports reach the node's address (where the image server listens)."""
     product = Product.on(real_cluster).install(timeout=240)
-    assert not product.pods("cdi-controller")[0]["status"]["containerStatuses"][0][
-        "containerID"
-    ].startswith("testkit://")
     config = {
         "apiVersion": "cdi.kubevirt.io/v1beta1",
         "kind": "CDIConfig",
@@ -145,8 +146,16 @@ def test_deploy_becomes_available_and_an_http_import_succeeds(
         if not e.conflict:
             raise
         real_kube.patch(f"{DV_API}/cdiconfigs/config", {"spec": config["spec"]})
-    images = build_images(tmp_path / "images")
-    # The image server listens inside the namespace, on the node's address: where pods reach.
+    return product
+
+
+@pytest.fixture(scope="module")
+def served(
+    real_cluster: Cluster, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Images, str]]:
+    """The test images and the base URL of a server inside the namespace, on the node's
+    address: where pods reach."""
+    images = build_images(tmp_path_factory.mktemp("images"))
     server = real_cluster.network_call(
         lambda: http.server.ThreadingHTTPServer(
             (real_cluster.host_address, 0), partial(_Quiet, directory=str(images.root))
@@ -154,16 +163,53 @@ def test_deploy_becomes_available_and_an_http_import_succeeds(
     )
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        ns = "real-node-import"
-        real_kube.create(
-            "/api/v1/namespaces",
-            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}},
-        )
-        url = f"http://{real_cluster.host_address}:{server.server_address[1]}/disk.qcow2"
-        real_kube.create(dv_path(ns), datavolume("http-dv", {"http": {"url": url}}))
-        wait_phase(real_kube, ns, "http-dv", ("Succeeded",), timeout=240)
-        same_prefix_then_zeros(volume_dir(real_kube, ns, "http-dv") / "disk.img", images.reference)
-        real_kube.delete_ignore_missing(f"/api/v1/namespaces/{ns}")
+        yield images, f"http://{real_cluster.host_address}:{server.server_address[1]}"
     finally:
         server.shutdown()
         server.server_close()
+
+
+@pytest.fixture
+def real_namespace(real_kube: Kube, request: pytest.FixtureRequest) -> Iterator[str]:
+    slug = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower()).strip("-")[:40]
+    name = f"{slug}-{secrets.token_hex(3)}"
+    real_kube.create(
+        "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
+    )
+    sa = f"/api/v1/namespaces/{name}/serviceaccounts/default"
+    wait_until(lambda: real_kube.get_or_none(sa), f"default service account in {name}", 30)
+    yield name
+    real_kube.delete_ignore_missing(f"/api/v1/namespaces/{name}")
+
+
+def test_deploy_runs_as_containers_and_no_replica_restarts(real_product: Product) -> None:
+    pods = [p for app in ("cdi-controller", "cdi-webhook") for p in real_product.pods(app)]
+    assert len(pods) == 4  # two replicas each, started together
+    for pod in pods:
+        (status,) = pod["status"]["containerStatuses"]
+        assert status["containerID"].startswith("containerd://")
+        # Two webhook replicas publishing their CA bundle at once must not crash one of them.
+        assert status["restartCount"] == 0, f"{pod['metadata']['name']} restarted: {status}"
+
+
+@pytest.mark.parametrize(
+    ("storage_class", "mode"), [("testkit-fs", "Filesystem"), ("testkit-block", "Block")]
+)
+def test_http_qcow2_import_gives_identical_bytes(
+    real_kube: Kube,
+    real_product: Product,
+    served: tuple[Images, str],
+    real_namespace: str,
+    storage_class: str,
+    mode: str,
+) -> None:
+    images, base = served
+    dv = datavolume(
+        "http-dv", {"http": {"url": f"{base}/disk.qcow2"}}, storage_class=storage_class, mode=mode
+    )
+    real_kube.create(dv_path(real_namespace), dv)
+    wait_phase(real_kube, real_namespace, "http-dv", ("Succeeded",), timeout=240)
+    target = volume_dir(real_kube, real_namespace, "http-dv")
+    same_prefix_then_zeros(
+        target / "disk.img" if mode == "Filesystem" else target, images.reference
+    )
