@@ -11,6 +11,8 @@ import ipaddress
 import os
 import re
 import secrets
+import subprocess
+import sys
 import tempfile
 import threading
 from collections.abc import Iterator
@@ -20,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from testkit import realnode
+from testkit.cluster import REPO_ROOT as REPO
 from testkit.cluster import Cluster, ClusterConfig
 from testkit.kubeclient import ApiError, Kube
 from testkit.product import Product
@@ -213,3 +216,57 @@ def test_http_qcow2_import_gives_identical_bytes(
     same_prefix_then_zeros(
         target / "disk.img" if mode == "Filesystem" else target, images.reference
     )
+
+
+def test_upload_through_the_deployed_proxy_then_a_host_assisted_clone_to_block(
+    real_cluster: Cluster,
+    real_kube: Kube,
+    real_product: Product,
+    served: tuple[Images, str],
+    real_namespace: str,
+) -> None:
+    """``cdi upload`` (token API, upload proxy, upload server pod: all containers), then a
+    clone of the uploaded filesystem volume into a block volume of another namespace (cloner
+    source pod + upload server), each with identical bytes."""
+    images, _ = served
+    svc = real_kube.get("/api/v1/namespaces/cdi/services/cdi-uploadproxy")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+    argv = [
+        sys.executable,
+        "-m",
+        "cdi",
+        "upload",
+        "dv",
+        "up-dv",
+        f"--image-path={images.path('disk.qcow2')}",
+        "--size=64Mi",
+        "--storage-class=testkit-fs",
+        "--insecure",
+        f"--uploadproxy-url={svc['spec']['clusterIP']}:443",
+        f"--kubeconfig={real_cluster.kubeconfig}",
+        f"--namespace={real_namespace}",
+    ]
+    # The ClusterIP is reached where kube-proxy's rules are: inside the namespace.
+    proc = subprocess.run(
+        real_cluster.in_network(argv), env=env, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    wait_phase(real_kube, real_namespace, "up-dv", ("Succeeded",), timeout=120)
+    same_prefix_then_zeros(
+        volume_dir(real_kube, real_namespace, "up-dv") / "disk.img", images.reference
+    )
+
+    target_ns = f"{real_namespace[:50]}-clone"
+    real_kube.create(
+        "/api/v1/namespaces",
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": target_ns}},
+    )
+    try:
+        source = {"pvc": {"namespace": real_namespace, "name": "up-dv"}}
+        clone = datavolume("clone-dv", source, storage_class="testkit-block", mode="Block")
+        real_kube.create(dv_path(target_ns), clone)
+        wait_phase(real_kube, target_ns, "clone-dv", ("Succeeded",), timeout=240)
+        same_prefix_then_zeros(volume_dir(real_kube, target_ns, "clone-dv"), images.reference)
+    finally:
+        real_kube.delete_ignore_missing(f"/api/v1/namespaces/{target_ns}")
