@@ -137,10 +137,17 @@ class ClusterConfig:
     keep_state: bool = False
     node: str = field(default_factory=_default_node)
     product_images: Path = DEFAULT_PRODUCT_IMAGES
+    nodes: int = 1  # real nodes only: ``node_name``, ``node_name-2``, ...
 
     def __post_init__(self) -> None:
         if self.node not in NODE_KINDS:
             raise ValueError(f"node must be one of {NODE_KINDS}, not {self.node!r}")
+        if self.nodes < 1 or (self.nodes > 1 and self.node != "real"):
+            raise ValueError(f"nodes={self.nodes}: more than one node needs node='real'")
+
+    @property
+    def node_names(self) -> list[str]:
+        return [self.node_name] + [f"{self.node_name}-{i + 1}" for i in range(1, self.nodes)]
 
     @property
     def real_node(self) -> bool:
@@ -221,7 +228,12 @@ class Cluster:
     net: LoopbackBlocks | None = None
     state_lock: int | None = None
     netns: NetNamespace | None = None
-    realnode: RealNode | None = None
+    realnodes: list[RealNode] = field(default_factory=list)
+
+    @property
+    def realnode(self) -> RealNode | None:
+        """The first real node (it also runs the registry and kube-proxy)."""
+        return self.realnodes[0] if self.realnodes else None
 
     # -- paths and clients ------------------------------------------------------------------
     @property
@@ -297,8 +309,10 @@ class Cluster:
 
     def pod_log_dir(self, namespace: str, pod: str) -> Path:
         """Where the node keeps a pod's container logs (one dir per pod uid)."""
-        if self.realnode is not None:
-            matches = sorted(self.realnode.pod_logs_dir.glob(f"{namespace}_{pod}_*"))
+        if self.realnodes:
+            matches = sorted(
+                m for n in self.realnodes for m in n.pod_logs_dir.glob(f"{namespace}_{pod}_*")
+            )
         else:
             matches = sorted((self.state / "node" / "pods").glob(f"{namespace}_{pod}_*"))
         if not matches:
@@ -342,6 +356,8 @@ class Cluster:
                 # First, before any component: nothing of a real node touches the host network.
                 self.netns = NetNamespace(f"testkit-rn-{self.net.n}")
                 self.netns.create(realnode.NODE_IP, realnode.SERVICE_CIDR)
+                for i in range(1, self.config.nodes):
+                    self.netns.add_address(realnode.node_ip(i))
             self._write_pki_and_configs()
             if self.netns is not None:
                 self._start_api_forwarder()
@@ -371,10 +387,10 @@ class Cluster:
             proc.stop(grace=15.0 if proc.name == "node" else 5.0)
         self.processes.clear()
         kill_processes_with_env(MARKER_ENV, str(self.state / "node"))
-        if self.realnode is not None:
-            self.realnode.kill_shims()
-            self.realnode.kill_and_remove_cgroups()
-            self.realnode = None
+        for node in self.realnodes:
+            node.kill_shims()
+            node.kill_and_remove_cgroups()
+        self.realnodes = []
         storage.release_all_under(self.state)
         if self.netns is not None:
             self.netns.delete()
@@ -727,29 +743,35 @@ class Cluster:
         self._spawn("node", node, env)
 
     def _start_real_node(self) -> None:
-        """The provisioner (on the host: it only mounts and talks to the API server), then in
-        the namespace containerd, the registry (filled with the pause and product images before
-        the kubelet may pull), the kubelet and kube-proxy."""
+        """The provisioner (on the host: it only mounts and talks to the API server; its
+        volumes are the first node's), then in the namespace the registry (filled with the
+        pause and product images before any kubelet may pull), and per node containerd and
+        the kubelet; one kube-proxy serves the namespace (its iptables are the nodes')."""
         assert self.netns is not None and self.net is not None
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(
             p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p
         )
-        node = RealNode(
-            state=self.state,
-            netns=self.netns,
-            bin_dir=self.config.bin_dir,
-            node_name=self.config.node_name,
-            kubeconfig=self.kubeconfig,
-            ca_path=self.ca_path,
-            cgroup_name=f"testkit-rn-{self.net.n}",
-            images_dir=self.config.product_images,
-        )
-        self.realnode = node
-        kubelet_port, proxy_ports = free_port(), (free_port(), free_port())
-        node.write_configs(kubelet_port, proxy_ports)
-        node.record()
-        node.make_cgroups()
+        for i, name in enumerate(self.config.node_names):
+            node = RealNode(
+                state=self.state,
+                netns=self.netns,
+                bin_dir=self.config.bin_dir,
+                node_name=name,
+                kubeconfig=self.kubeconfig,
+                ca_path=self.ca_path,
+                cgroup_name=f"testkit-rn-{self.net.n}" + (f"-{i + 1}" if i else ""),
+                images_dir=self.config.product_images,
+                index=i,
+            )
+            self.realnodes.append(node)
+        first = self.realnodes[0]
+        healthz = {node.index: free_port() for node in self.realnodes}
+        proxy_ports = (free_port(), free_port())
+        for node in self.realnodes:
+            node.write_configs(healthz[node.index], proxy_ports)
+            node.record()
+            node.make_cgroups()
         self._spawn(
             "provisioner",
             [
@@ -757,22 +779,24 @@ class Cluster:
                 "-m",
                 "testkit.provisioner",
                 f"--kubeconfig={self.kubeconfig}",
-                f"--node-name={self.config.node_name}",
+                f"--node-name={first.node_name}",
                 f"--state-dir={self.storage_dir}",
             ],
             env,
             host=True,
         )
-        self._spawn("containerd", node.containerd_argv())
-        self._spawn("registry", node.registry_argv())
-        self._wait("containerd socket", node.containerd_socket.exists)
+        self._spawn("registry", first.registry_argv())
+        for node in self.realnodes:
+            self._spawn(_suffixed("containerd", node.index), node.containerd_argv())
         self._wait("registry", lambda: self._probe(f"http://{realnode.REGISTRY}/v2/"))
-        node.push_images()
-        self._spawn("kubelet", node.kubelet_argv())
-        self._spawn("kube-proxy", node.kube_proxy_argv())
-        self._wait(
-            "kubelet /healthz", lambda: self._probe(f"http://127.0.0.1:{kubelet_port}/healthz")
-        )
+        first.push_images()
+        for node in self.realnodes:
+            self._wait("containerd socket", node.containerd_socket.exists)
+            self._spawn(_suffixed("kubelet", node.index), node.kubelet_argv())
+        self._spawn("kube-proxy", first.kube_proxy_argv())
+        for node in self.realnodes:
+            url = f"http://127.0.0.1:{healthz[node.index]}/healthz"
+            self._wait(f"kubelet /healthz of {node.node_name}", lambda u=url: self._probe(u))
         self._wait(
             "kube-proxy /healthz", lambda: self._probe(f"http://127.0.0.1:{proxy_ports[0]}/healthz")
         )
@@ -792,7 +816,8 @@ class Cluster:
             for pod in kube.get("/api/v1/pods")["items"]:
                 meta = pod["metadata"]
                 kube.delete_ignore_missing(
-                    f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}"
+                    f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}",
+                    {"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 1},
                 )
             deadline = time.monotonic() + 60
             while time.monotonic() < deadline and kube.get("/api/v1/pods")["items"]:
@@ -813,11 +838,15 @@ class Cluster:
             return
 
         def node_ready() -> bool:
-            node = kube.get_or_none(f"/api/v1/nodes/{self.config.node_name}")
-            if node is None or node.get("spec", {}).get("taints"):
-                return False
-            conds = node.get("status", {}).get("conditions") or []
-            return any(c["type"] == "Ready" and c["status"] == "True" for c in conds)
+            names = self.config.node_names if self.config.real_node else [self.config.node_name]
+            for name in names:
+                node = kube.get_or_none(f"/api/v1/nodes/{name}")
+                if node is None or node.get("spec", {}).get("taints"):
+                    return False
+                conds = node.get("status", {}).get("conditions") or []
+                if not any(c["type"] == "Ready" and c["status"] == "True" for c in conds):
+                    return False
+            return True
 
         def classes() -> bool:
             names = {
@@ -850,6 +879,11 @@ class Cluster:
             time.sleep(0.1)
         tails = "\n".join(f"--- {p.name}\n{p.log_tail()}" for p in self.processes)
         raise ClusterStartFailed(f"timed out waiting for {what}\n{tails}")
+
+
+def _suffixed(name: str, index: int) -> str:
+    """A component's name (its log file) for node ``index``: ``kubelet``, ``kubelet-2``..."""
+    return name if index == 0 else f"{name}-{index + 1}"
 
 
 def _write_admission_config(path: Path, kubeconfig: Path, client: pki.KeyPair) -> None:
@@ -902,6 +936,7 @@ def _cmd_up(args: argparse.Namespace) -> int:
         with_node=not args.no_node,
         images_config=args.images,
         node=args.node or _default_node(),
+        nodes=args.nodes,
     )
     cluster = Cluster(cfg)
     stop = threading.Event()
@@ -941,6 +976,7 @@ def main(argv: list[str] | None = None) -> int:
         help="process: pods as local processes; real: kubelet + containerd in a network "
         "namespace (default: $TESTKIT_NODE, else process)",
     )
+    up.add_argument("--nodes", type=int, default=1, help="how many real nodes (--node real)")
     args = parser.parse_args(argv)
     return _cmd_up(args)
 

@@ -84,6 +84,10 @@ class NetNamespace:
         ):
             self.call(lambda k=key: Path("/proc/sys", k).write_text("1"))
 
+    def add_address(self, ip: str) -> None:
+        """One more local address (another node's) on the namespace's loopback."""
+        _ip("-n", self.name, "addr", "add", f"{ip}/32", "dev", "lo")
+
     def argv(self, argv: list[str]) -> list[str]:
         """``argv`` run inside this namespace (network only; mounts stay the host's)."""
         return ["nsenter", f"--net={self.path}", "--", *argv]

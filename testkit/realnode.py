@@ -40,8 +40,7 @@ import yaml
 
 from testkit.netns import NETNS_DIR, NetNamespace
 
-NODE_IP = "10.243.0.1"  # on the namespace's loopback; pods reach it through the bridge
-POD_CIDR = "10.244.0.0/24"
+POD_CIDR = "10.244.0.0/16"  # node i has 10.244.i.0/24 on its bridge cni<i>
 SERVICE_CIDR = "10.96.0.0/24"
 API_SERVICE_IP = "10.96.0.1"  # the first address of SERVICE_CIDR: Service "kubernetes"
 REGISTRY = "127.0.0.1:5000"  # inside the namespace
@@ -51,6 +50,19 @@ PRODUCT_REPOSITORY = "quay.io/cdi-py"
 CNI_BIN_DIR = Path("/usr/lib/cni")
 CNI_PLUGINS = ("bridge", "host-local", "loopback")
 CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+def node_ip(index: int) -> str:
+    """Node ``index``'s address, on the namespace's loopback; pods reach it through their
+    bridge."""
+    return f"10.243.0.{index + 1}"
+
+
+def node_pod_cidr(index: int) -> str:
+    return f"10.244.{index}.0/24"
+
+
+NODE_IP = node_ip(0)  # the first node's: the API server advertises it
 HOST_TOOLS = ("containerd", "containerd-shim-runc-v2", "runc", "ctr", "docker-registry", "skopeo")
 
 
@@ -150,10 +162,19 @@ class RealNode:
     ca_path: Path
     cgroup_name: str
     images_dir: Path | None
+    index: int = 0  # of the cluster's nodes; the first also runs the registry and kube-proxy
 
     @property
     def root(self) -> Path:
-        return self.state / "realnode"
+        return self.state / ("realnode" if self.index == 0 else f"realnode-{self.index + 1}")
+
+    @property
+    def ip(self) -> str:
+        return node_ip(self.index)
+
+    @property
+    def pod_cidr(self) -> str:
+        return node_pod_cidr(self.index)
 
     @property
     def containerd_socket(self) -> Path:
@@ -200,6 +221,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
   restrict_oom_score_adj = true
   device_ownership_from_security_context = true
   stream_server_address = "127.0.0.1"
+  stream_server_port = "0"  # several nodes' containerds share the namespace
   enable_selinux = false
   [{cri}.containerd]
     snapshotter = "overlayfs"
@@ -219,17 +241,17 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
         netd.mkdir(parents=True, exist_ok=True)
         conflist = {
             "cniVersion": "0.4.0",
-            "name": "testkit",
+            "name": f"testkit-{self.index}",
             "plugins": [
                 {
                     "type": "bridge",
-                    "bridge": "cni0",
+                    "bridge": f"cni{self.index}",
                     "isGateway": True,
                     "ipMasq": False,
                     "hairpinMode": True,
                     "ipam": {
                         "type": "host-local",
-                        "ranges": [[{"subnet": POD_CIDR}]],
+                        "ranges": [[{"subnet": self.pod_cidr}]],
                         "routes": [{"dst": "0.0.0.0/0"}],
                         "dataDir": str(self.root / "cni" / "ipam"),
                     },
@@ -246,7 +268,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
             "cgroupDriver": "cgroupfs",
             "cgroupRoot": f"/{self.cgroup_name}",
             "containerRuntimeEndpoint": f"unix://{self.containerd_socket}",
-            "address": NODE_IP,
+            "address": self.ip,
             "port": 10250,
             "readOnlyPort": 0,
             "healthzBindAddress": "127.0.0.1",
@@ -318,7 +340,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
             f"--root-dir={self.kubelet_dir}",
             f"--cert-dir={self.kubelet_dir / 'pki'}",
             f"--hostname-override={self.node_name}",
-            f"--node-ip={NODE_IP}",
+            f"--node-ip={self.ip}",
             "--v=1",
         ]
 
@@ -380,19 +402,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
 
     def kill_shims(self) -> None:
         """The runc shims of this containerd (they leave its process group on purpose)."""
-        needle = str(self.containerd_socket).encode()
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
-            try:
-                cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
-            except OSError:
-                continue
-            if b"containerd-shim" in cmdline and needle in cmdline:
-                try:
-                    os.kill(int(entry), signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+        _kill_shims_of(str(self.containerd_socket))
 
     # -- images ----------------------------------------------------------------------------
     def push_images(self) -> None:
@@ -435,12 +445,26 @@ def sweep(state: Path) -> None:
     """Release what a killed harness's real node left: its containers (by cgroup), its runc
     shims (by containerd socket), its cgroups and its network namespace. ``state`` is a dead
     cluster's state directory (its ``cluster.lock`` free)."""
-    names = state / "realnode" / "names"
-    if not names.is_file():
-        return
-    netns_name, cgroup_name = names.read_text().split()[:2]
-    ns = NetNamespace(netns_name)
-    node = RealNode(state, ns, Path(), "", Path(), Path(), cgroup_name, None)
-    node.kill_shims()
-    node.kill_and_remove_cgroups()
-    ns.delete()
+    for names in sorted(state.glob("realnode*/names")):
+        netns_name, cgroup_name = names.read_text().split()[:2]
+        ns = NetNamespace(netns_name)
+        node = RealNode(state, ns, Path(), "", Path(), Path(), cgroup_name, None)
+        _kill_shims_of(str(names.parent / "containerd" / "containerd.sock"))
+        node.kill_and_remove_cgroups()
+        ns.delete()
+
+
+def _kill_shims_of(socket_path: str) -> None:
+    needle = socket_path.encode()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"containerd-shim" in cmdline and needle in cmdline:
+            try:
+                os.kill(int(entry), signal.SIGKILL)
+            except ProcessLookupError:
+                pass

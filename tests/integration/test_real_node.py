@@ -270,3 +270,71 @@ def test_upload_through_the_deployed_proxy_then_a_host_assisted_clone_to_block(
         same_prefix_then_zeros(volume_dir(real_kube, target_ns, "clone-dv"), images.reference)
     finally:
         real_kube.delete_ignore_missing(f"/api/v1/namespaces/{target_ns}")
+
+
+def test_two_real_nodes_reach_each_others_pods_and_services(real_cluster: Cluster) -> None:
+    """``nodes=2`` (next to the module's one-node cluster: two real-node clusters at once, each
+    in its own namespace and cgroup root): both nodes Ready with their own addresses, and a
+    pod on the first reaches a pod on the second by pod IP and through its Service."""
+    state = Path(tempfile.mkdtemp(prefix="testkit-"))
+    with Cluster(ClusterConfig(state_dir=state, node="real", nodes=2, start_timeout=120)) as two:
+        assert two.netns is not None and real_cluster.netns is not None
+        assert two.netns.name != real_cluster.netns.name
+        kube = two.kube()
+        nodes = {n["metadata"]["name"]: n for n in kube.get("/api/v1/nodes")["items"]}
+        assert sorted(nodes) == ["testkit-node", "testkit-node-2"]
+        ips = {
+            name: next(a["address"] for a in n["status"]["addresses"] if a["type"] == "InternalIP")
+            for name, n in nodes.items()
+        }
+        assert ips == {"testkit-node": realnode.node_ip(0), "testkit-node-2": realnode.node_ip(1)}
+
+        def pod(name: str, node: str, command: list[str], labels: dict[str, str]) -> dict:
+            return {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": name, "labels": labels},
+                "spec": {
+                    "nodeName": node,
+                    "restartPolicy": "Never",
+                    "containers": [{"name": "c", "image": BASE_IMAGE, "command": command}],
+                },
+            }
+
+        server = ["/opt/cdi/bin/python", "-m", "http.server", "8080", "-d", "/etc"]
+        kube.create(
+            "/api/v1/namespaces/default/pods",
+            pod("srv", "testkit-node-2", server, {"app": "srv"}),
+        )
+        svc = kube.create(
+            "/api/v1/namespaces/default/services",
+            {
+                "apiVersion": "v1",
+                "kind": "Service",
+                "metadata": {"name": "srv"},
+                "spec": {"selector": {"app": "srv"}, "ports": [{"port": 80, "targetPort": 8080}]},
+            },
+        )
+        srv = _wait_pod_phase(kube, "default", "srv", "Running", 180)
+        pod_ip = srv["status"]["podIP"]
+        assert ipaddress.ip_address(pod_ip) in ipaddress.ip_network(realnode.node_pod_cidr(1))
+        fetch = (
+            "import time, urllib.request as u\n"
+            "for url in ('http://{}:8080/hostname', 'http://{}/hostname'):\n"
+            "    for _ in range(50):\n"
+            "        try:\n"
+            "            print(url, u.urlopen(url, timeout=3).status); break\n"
+            "        except OSError:\n"
+            "            time.sleep(0.2)\n"
+        ).format(pod_ip, svc["spec"]["clusterIP"])
+        kube.create(
+            "/api/v1/namespaces/default/pods",
+            pod("cli", "testkit-node", ["/opt/cdi/bin/python", "-c", fetch], {}),
+        )
+        cli = _wait_pod_phase(kube, "default", "cli", "Succeeded", 180)
+        assert ipaddress.ip_address(cli["status"]["podIP"]) in ipaddress.ip_network(
+            realnode.node_pod_cidr(0)
+        )
+        log = two.container_log("default", "cli", "c")
+        assert f"http://{pod_ip}:8080/hostname 200" in log, log
+        assert f"http://{svc['spec']['clusterIP']}/hostname 200" in log, log

@@ -109,4 +109,5 @@ def test_configs_hold_the_settings_that_made_the_kubelet_run(tmp_path: Path) -> 
         assert hosts["server"] == f"http://{realnode.REGISTRY}"
         assert list(hosts["host"]) == [f"http://{realnode.REGISTRY}"]
     cni = json.loads((root / "cni" / "net.d" / "10-testkit.conflist").read_text())
-    assert cni["plugins"][0]["ipam"]["ranges"] == [[{"subnet": realnode.POD_CIDR}]]
+    assert cni["plugins"][0]["ipam"]["ranges"] == [[{"subnet": realnode.node_pod_cidr(0)}]]
+    assert cni["plugins"][0]["bridge"] == "cni0"
