@@ -111,3 +111,14 @@ def test_configs_hold_the_settings_that_made_the_kubelet_run(tmp_path: Path) -> 
     cni = json.loads((root / "cni" / "net.d" / "10-testkit.conflist").read_text())
     assert cni["plugins"][0]["ipam"]["ranges"] == [[{"subnet": realnode.node_pod_cidr(0)}]]
     assert cni["plugins"][0]["bridge"] == "cni0"
+
+
+def test_several_nodes_only_real_and_named_in_order() -> None:
+    config = ClusterConfig(state_dir=Path("/x"), node="real", nodes=3)
+    assert config.node_names == ["testkit-node", "testkit-node-2", "testkit-node-3"]
+    with pytest.raises(ValueError, match="node='real'"):
+        ClusterConfig(state_dir=Path("/x"), node="process", nodes=2)
+    with pytest.raises(ValueError):
+        ClusterConfig(state_dir=Path("/x"), node="real", nodes=0)
+    assert realnode.node_ip(1) == "10.243.0.2"
+    assert realnode.node_pod_cidr(1) == "10.244.1.0/24"
