@@ -2,7 +2,8 @@
 # Install what this project needs on a fresh Debian machine (run as root), then the Python
 # environment at .venv. Idempotent: a second run only checks.
 #   scripts/setup.sh          runtime only (what `cdi import` needs)
-#   scripts/setup.sh --test   runtime + test, lint and benchmark tools
+#   scripts/setup.sh --test   runtime + test, lint and benchmark tools, and the real node's
+#                             runtime (containerd, runc, CNI) and image tools
 #   scripts/setup.sh --images runtime + what scripts/images.sh needs (mmdebstrap, umoci, skopeo, cc)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,6 +21,10 @@ if [[ "$mode" == "--test" ]]; then
   apt_pkgs+=(docker-registry skopeo umoci apache2-utils xorriso)
   # The test node's VM (testkit/vm.py): qemu (TCG), Debian's kernel, busybox for the initramfs.
   apt_pkgs+=(qemu-system-x86 linux-image-amd64 busybox-static cpio)
+  # The real node (testkit/realnode.py, tests/integration/test_real_node.py): containerd + runc,
+  # the CNI bridge/host-local/loopback plugins, iptables for kubelet and kube-proxy; cc for the
+  # pause image (hack/kube/build.sh); and what scripts/images.sh needs for the product images.
+  apt_pkgs+=(containerd runc containernetworking-plugins iptables gcc libc6-dev mmdebstrap)
 fi
 if [[ "$mode" == "--images" ]]; then
   apt_pkgs+=(mmdebstrap umoci skopeo gcc libc6-dev)

@@ -9,6 +9,9 @@ if [[ -x hack/kube/build.sh ]]; then
 fi
 bash hack/promtool/build.sh          # promtool for the alert rules' tests (cached)
 bash hack/s3/build.sh                # versitygw, the S3 tests' real gateway (cached)
+# The product images (build/images/oci) the real-node tests pull (tests/integration/
+# test_real_node.py): about 100 s cold, 37 s with the base layer cached.
+bash scripts/images.sh
 echo "== ruff";        .venv/bin/ruff check . && .venv/bin/ruff format --check .
 echo "== mypy";        .venv/bin/mypy
 echo "== import-linter"; .venv/bin/lint-imports

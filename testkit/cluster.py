@@ -38,12 +38,13 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import urllib3
 import yaml
 from kubernetes import client
 
-from testkit import pki, storage
+from testkit import pki, realnode, storage
 from testkit.containers import remove_created_mount_points
 from testkit.kubeclient import ApiError, Kube
 from testkit.kubeconfig import (
@@ -53,15 +54,21 @@ from testkit.kubeconfig import (
     write_kubeconfig,
     write_token_file,
 )
+from testkit.netns import NetNamespace
 from testkit.node import MARKER_ENV
 from testkit.procs import ManagedProcess, kill_processes_with_env
 from testkit.provisioner import storage_classes
+from testkit.realnode import RealNode
 from testkit.snapshotter import CLASSES as SNAPSHOT_CLASSES
 from testkit.snapshotter import SNAPSHOT_CLASS
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_BIN_DIR = REPO_ROOT / "hack" / "kube" / "_build" / "bin"
 DEFAULT_CRD_DIR = REPO_ROOT / "hack" / "kube" / "_build" / "crd"
+# scripts/images.sh's OCI layout: what a real node's registry serves as quay.io/cdi-py/*
+DEFAULT_PRODUCT_IMAGES = REPO_ROOT / "build" / "images" / "oci"
+NODE_KINDS = ("process", "real")
+T = TypeVar("T")
 NET_LOCK_DIR = Path(tempfile.gettempdir())
 # Shared by every cluster on the machine: host paths containers had to create as mount points.
 MOUNT_POINT_RECORD = NET_LOCK_DIR / "testkit-created-mount-points"
@@ -98,6 +105,8 @@ CONTROLLERS = (
     "resourcequota-controller",
     "clusterrole-aggregation-controller",
 )
+# A real kubelet registers with the not-ready taint: only this controller removes it.
+REAL_NODE_CONTROLLERS = ("node-lifecycle-controller", "pod-garbage-collector-controller")
 
 
 class ControlPlaneMissing(RuntimeError):
@@ -108,8 +117,16 @@ class ClusterStartFailed(RuntimeError):
     """A component did not become ready in time."""
 
 
+def _default_node() -> str:
+    return os.environ.get("TESTKIT_NODE", "process")
+
+
 @dataclass(frozen=True)
 class ClusterConfig:
+    """``node``: ``"process"`` (``testkit.node``, pods as local processes) or ``"real"``
+    (kubelet, containerd, kube-proxy and CNI in the cluster's own network namespace:
+    :mod:`testkit.realnode`); the default is ``$TESTKIT_NODE``, else ``"process"``."""
+
     state_dir: Path
     bin_dir: Path = DEFAULT_BIN_DIR
     crd_dir: Path = DEFAULT_CRD_DIR  # the VolumeSnapshot CRDs build.sh takes from the module
@@ -118,6 +135,23 @@ class ClusterConfig:
     images_config: Path | None = None
     start_timeout: float = 60.0
     keep_state: bool = False
+    node: str = field(default_factory=_default_node)
+    product_images: Path = DEFAULT_PRODUCT_IMAGES
+    nodes: int = 1  # real nodes only: ``node_name``, ``node_name-2``, ...
+
+    def __post_init__(self) -> None:
+        if self.node not in NODE_KINDS:
+            raise ValueError(f"node must be one of {NODE_KINDS}, not {self.node!r}")
+        if self.nodes < 1 or (self.nodes > 1 and self.node != "real"):
+            raise ValueError(f"nodes={self.nodes}: more than one node needs node='real'")
+
+    @property
+    def node_names(self) -> list[str]:
+        return [self.node_name] + [f"{self.node_name}-{i + 1}" for i in range(1, self.nodes)]
+
+    @property
+    def real_node(self) -> bool:
+        return self.node == "real"
 
 
 class LoopbackBlocks:
@@ -167,6 +201,7 @@ def sweep_dead_clusters(root: Path = NET_LOCK_DIR) -> list[Path]:
             continue
         try:
             kill_processes_with_env(MARKER_ENV, str(d / "node"))
+            realnode.sweep(d)
             storage.release_all_under(d)
             shutil.rmtree(d, ignore_errors=True)
             swept.append(d)
@@ -192,6 +227,13 @@ class Cluster:
     started_in: float = 0.0
     net: LoopbackBlocks | None = None
     state_lock: int | None = None
+    netns: NetNamespace | None = None
+    realnodes: list[RealNode] = field(default_factory=list)
+
+    @property
+    def realnode(self) -> RealNode | None:
+        """The first real node (it also runs the registry and kube-proxy)."""
+        return self.realnodes[0] if self.realnodes else None
 
     # -- paths and clients ------------------------------------------------------------------
     @property
@@ -204,13 +246,33 @@ class Cluster:
 
     @property
     def service_cidr(self) -> str:
+        if self.config.real_node:
+            return realnode.SERVICE_CIDR
         assert self.net is not None
         return self.net.service_cidr
 
     @property
     def pod_cidr(self) -> str:
+        if self.config.real_node:
+            return realnode.POD_CIDR
         assert self.net is not None
         return self.net.pod_cidr
+
+    @property
+    def host_address(self) -> str:
+        """An address of this machine that pods reach: where a test binds the servers pods
+        must reach. On a real node it is inside the cluster's network namespace, so such a
+        server must run there (:meth:`in_network`)."""
+        return realnode.NODE_IP if self.config.real_node else "127.0.0.1"
+
+    def network_call(self, fn: Callable[[], T]) -> T:
+        """``fn()`` where pods can reach what it binds: in a thread inside a real node's
+        network namespace (a socket keeps the namespace it was made in), else here."""
+        return self.netns.call(fn) if self.netns is not None else fn()
+
+    def in_network(self, argv: list[str]) -> list[str]:
+        """``argv`` run where pods can reach it: inside a real node's network namespace."""
+        return self.netns.argv(argv) if self.netns is not None else argv
 
     @property
     def kubeconfig(self) -> Path:
@@ -246,17 +308,31 @@ class Cluster:
         return self.storage_dir / "snapshots" / f"{handle}.img"
 
     def pod_log_dir(self, namespace: str, pod: str) -> Path:
-        """Where the node agent keeps a pod's container logs (one dir per pod uid)."""
-        matches = sorted((self.state / "node" / "pods").glob(f"{namespace}_{pod}_*"))
+        """Where the node keeps a pod's container logs (one dir per pod uid)."""
+        if self.realnodes:
+            matches = sorted(
+                m for n in self.realnodes for m in n.pod_logs_dir.glob(f"{namespace}_{pod}_*")
+            )
+        else:
+            matches = sorted((self.state / "node" / "pods").glob(f"{namespace}_{pod}_*"))
         if not matches:
             raise FileNotFoundError(f"no pod directory for {namespace}/{pod}")
-        return matches[-1] / "logs"
+        return matches[-1] if self.realnode is not None else matches[-1] / "logs"
 
     def container_log(self, namespace: str, pod: str, container: str) -> str:
-        """The whole log of a container, all restarts concatenated in order."""
+        """The whole log of a container, all restarts concatenated in order (a kubelet's
+        CRI lines, ``<time> <stream> <P|F> <text>``, are read back to the text)."""
         d = self.pod_log_dir(namespace, pod) / container
         files = sorted(d.glob("*.log"), key=lambda p: int(p.stem))
-        return "".join(f.read_text(errors="replace") for f in files)
+        text = "".join(f.read_text(errors="replace") for f in files)
+        if self.realnode is None:
+            return text
+        out = []
+        for line in text.splitlines():
+            parts = line.split(" ", 3)
+            if len(parts) == 4:
+                out.append(parts[3] + ("\n" if parts[2] == "F" else ""))
+        return "".join(out)
 
     # -- lifecycle --------------------------------------------------------------------------
     def start(self) -> Cluster:
@@ -266,13 +342,25 @@ class Cluster:
         missing = [m for m in missing if not Path(m).is_file()]
         if missing:
             raise ControlPlaneMissing(f"missing {', '.join(missing)}: run hack/kube/build.sh")
+        if self.config.real_node and self.config.with_node:
+            parts = realnode.missing_parts(self.config.bin_dir, self.config.product_images)
+            if parts:
+                raise realnode.RealNodeMissing("real node: missing " + "; ".join(parts))
         sweep_dead_clusters()
         self.state.mkdir(parents=True, exist_ok=True)
         self.state_lock = os.open(self.state / "cluster.lock", os.O_CREAT | os.O_RDWR, 0o644)
         fcntl.flock(self.state_lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         try:
             self.net = LoopbackBlocks()
+            if self.config.real_node:
+                # First, before any component: nothing of a real node touches the host network.
+                self.netns = NetNamespace(f"testkit-rn-{self.net.n}")
+                self.netns.create(realnode.NODE_IP, realnode.SERVICE_CIDR)
+                for i in range(1, self.config.nodes):
+                    self.netns.add_address(realnode.node_ip(i))
             self._write_pki_and_configs()
+            if self.netns is not None:
+                self._start_api_forwarder()
             etcd_url = self._start_etcd()
             self._start_apiserver(etcd_url)
             self._wait("kube-apiserver /readyz", self._apiserver_ready)
@@ -280,7 +368,9 @@ class Cluster:
             self._install_snapshot_crds()
             self._start_snapshot_controller()
             self._start_scheduler()
-            if self.config.with_node:
+            if self.config.with_node and self.config.real_node:
+                self._start_real_node()
+            elif self.config.with_node:
                 self._start_local_components()
             self._wait_cluster_usable()
         except BaseException:
@@ -291,11 +381,20 @@ class Cluster:
 
     def stop(self) -> None:
         """Stop everything, newest first, then release mounts and loop devices."""
+        if self.realnode is not None:
+            self._drain_real_node()
         for proc in reversed(self.processes):
             proc.stop(grace=15.0 if proc.name == "node" else 5.0)
         self.processes.clear()
         kill_processes_with_env(MARKER_ENV, str(self.state / "node"))
+        for node in self.realnodes:
+            node.kill_shims()
+            node.kill_and_remove_cgroups()
+        self.realnodes = []
         storage.release_all_under(self.state)
+        if self.netns is not None:
+            self.netns.delete()
+            self.netns = None
         # Mount points that containers created on the host may be in use by another cluster's
         # pods (removing one would detach their mounts), so the last cluster standing tidies.
         if not self._other_clusters_running() and MOUNT_POINT_RECORD.exists():
@@ -375,9 +474,15 @@ class Cluster:
                 "kubernetes.default.svc",
                 "kubernetes.default.svc.cluster.local",
             ),
-            ips=("127.0.0.1",),
+            ips=("127.0.0.1", realnode.NODE_IP, realnode.API_SERVICE_IP)
+            if self.config.real_node
+            else ("127.0.0.1",),
         )
         serving.write(d / "apiserver.crt", d / "apiserver.key")
+        # The API server's client certificate for the kubelet (logs, exec, port-forward).
+        ca.issue(
+            "kube-apiserver-kubelet-client", organizations=("system:masters",), client=True
+        ).write(d / "kubelet-client.crt", d / "kubelet-client.key")
         # The aggregator's client certificate: the cluster CA is also the requestheader CA, so
         # aggregated API servers (our UploadTokenRequest API) trust requests it forwards.
         front_proxy = ca.issue(FRONT_PROXY_CLIENT, client=True)
@@ -393,9 +498,43 @@ class Cluster:
                 self.kubeconfig_for(ident.user), self.server, ca.cert_pem, [ident], ident.user
             )
 
-    def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> None:
+    def _spawn(
+        self, name: str, argv: list[str], env: dict[str, str] | None = None, *, host: bool = False
+    ) -> None:
+        """Start a component; on a real node inside the network namespace unless ``host``."""
+        if self.netns is not None and not host:
+            argv = self.netns.argv(argv)
         self.processes.append(
             ManagedProcess(name, argv, self.state / "logs" / f"{name}.log", env=env)
+        )
+
+    def _probe(self, url: str) -> bool:
+        """``_http_ok(url)`` from where the components listen."""
+        if self.netns is not None:
+            return self.netns.call(lambda: _http_ok(url))
+        return _http_ok(url)
+
+    def _start_api_forwarder(self) -> None:
+        """The tests' way in: 127.0.0.1:<api port> on the host, forwarded to the API server
+        in the namespace (same port), so kubeconfigs and clients work unchanged."""
+        assert self.netns is not None
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p
+        )
+        self._spawn(
+            "api-forwarder",
+            [
+                sys.executable,
+                "-m",
+                "testkit.netns",
+                "forward",
+                f"--listen=127.0.0.1:{self.api_port}",
+                f"--netns={self.netns.path}",
+                f"--connect=127.0.0.1:{self.api_port}",
+            ],
+            env,
+            host=True,
         )
 
     def _bin(self, name: str) -> str:
@@ -420,18 +559,33 @@ class Cluster:
                 "--log-level=warn",
             ],
         )
-        self._wait("etcd /health", lambda: _http_ok(f"{url}/health"))
+        self._wait("etcd /health", lambda: self._probe(f"{url}/health"))
         return url
 
     def _start_apiserver(self, etcd_url: str) -> None:
         d = self.state / "pki"
+        if self.config.real_node:
+            # In the namespace: the node's address is the advertised one (Service
+            # "kubernetes"), real endpoints, and the kubelet reached by its InternalIP only.
+            network = [
+                "--bind-address=0.0.0.0",
+                f"--advertise-address={realnode.NODE_IP}",
+                f"--kubelet-client-certificate={d / 'kubelet-client.crt'}",
+                f"--kubelet-client-key={d / 'kubelet-client.key'}",
+                "--kubelet-preferred-address-types=InternalIP",
+            ]
+        else:
+            network = [
+                "--bind-address=127.0.0.1",
+                "--advertise-address=127.0.0.1",
+                "--endpoint-reconciler-type=none",  # a loopback address is no valid endpoint
+            ]
         self._spawn(
             "kube-apiserver",
             [
                 self._bin("kube-apiserver"),
                 f"--etcd-servers={etcd_url}",
-                "--bind-address=127.0.0.1",
-                "--advertise-address=127.0.0.1",
+                *network,
                 f"--secure-port={self.api_port}",
                 f"--tls-cert-file={d / 'apiserver.crt'}",
                 f"--tls-private-key-file={d / 'apiserver.key'}",
@@ -457,7 +611,6 @@ class Cluster:
                 "StorageObjectInUseProtection,PersistentVolumeClaimResize,ResourceQuota,"
                 "MutatingAdmissionWebhook,ValidatingAdmissionWebhook,ValidatingAdmissionPolicy",
                 f"--admission-control-config-file={d / 'admission.yaml'}",
-                "--endpoint-reconciler-type=none",  # a loopback address is no valid endpoint
                 "--allow-privileged=true",
                 "--profiling=false",
                 "--v=1",
@@ -475,6 +628,7 @@ class Cluster:
     def _start_controller_manager(self) -> None:
         d = self.state / "pki"
         port = free_port()
+        controllers = CONTROLLERS + (REAL_NODE_CONTROLLERS if self.config.real_node else ())
         self._spawn(
             "kube-controller-manager",
             [
@@ -484,7 +638,7 @@ class Cluster:
                 f"--secure-port={port}",
                 f"--cert-dir={self.state / 'kcm'}",
                 "--leader-elect=false",
-                f"--controllers={','.join(CONTROLLERS)}",
+                f"--controllers={','.join(controllers)}",
                 f"--service-account-private-key-file={d / 'sa.key'}",
                 f"--root-ca-file={self.ca_path}",
                 "--use-service-account-credentials=false",
@@ -493,7 +647,7 @@ class Cluster:
         )
         self._wait(
             "kube-controller-manager /healthz",
-            lambda: _http_ok(f"https://127.0.0.1:{port}/healthz"),
+            lambda: self._probe(f"https://127.0.0.1:{port}/healthz"),
         )
 
     def _install_snapshot_crds(self) -> None:
@@ -536,7 +690,7 @@ class Cluster:
             ],
         )
         self._wait(
-            "snapshot-controller /metrics", lambda: _http_ok(f"http://127.0.0.1:{port}/metrics")
+            "snapshot-controller /metrics", lambda: self._probe(f"http://127.0.0.1:{port}/metrics")
         )
 
     def _start_scheduler(self) -> None:
@@ -552,7 +706,9 @@ class Cluster:
                 "--v=1",
             ],
         )
-        self._wait("kube-scheduler /healthz", lambda: _http_ok(f"https://127.0.0.1:{port}/healthz"))
+        self._wait(
+            "kube-scheduler /healthz", lambda: self._probe(f"https://127.0.0.1:{port}/healthz")
+        )
 
     def _start_local_components(self) -> None:
         env = dict(os.environ)
@@ -586,6 +742,89 @@ class Cluster:
             node.append(f"--images={self.config.images_config}")
         self._spawn("node", node, env)
 
+    def _start_real_node(self) -> None:
+        """The provisioner (on the host: it only mounts and talks to the API server; its
+        volumes are the first node's), then in the namespace the registry (filled with the
+        pause and product images before any kubelet may pull), and per node containerd and
+        the kubelet; one kube-proxy serves the namespace (its iptables are the nodes')."""
+        assert self.netns is not None and self.net is not None
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p
+        )
+        for i, name in enumerate(self.config.node_names):
+            node = RealNode(
+                state=self.state,
+                netns=self.netns,
+                bin_dir=self.config.bin_dir,
+                node_name=name,
+                kubeconfig=self.kubeconfig,
+                ca_path=self.ca_path,
+                cgroup_name=f"testkit-rn-{self.net.n}" + (f"-{i + 1}" if i else ""),
+                images_dir=self.config.product_images,
+                index=i,
+            )
+            self.realnodes.append(node)
+        first = self.realnodes[0]
+        healthz = {node.index: free_port() for node in self.realnodes}
+        proxy_ports = (free_port(), free_port())
+        for node in self.realnodes:
+            node.write_configs(healthz[node.index], proxy_ports)
+            node.record()
+            node.make_cgroups()
+        self._spawn(
+            "provisioner",
+            [
+                sys.executable,
+                "-m",
+                "testkit.provisioner",
+                f"--kubeconfig={self.kubeconfig}",
+                f"--node-name={first.node_name}",
+                f"--state-dir={self.storage_dir}",
+            ],
+            env,
+            host=True,
+        )
+        self._spawn("registry", first.registry_argv())
+        for node in self.realnodes:
+            self._spawn(_suffixed("containerd", node.index), node.containerd_argv())
+        self._wait("registry", lambda: self._probe(f"http://{realnode.REGISTRY}/v2/"))
+        first.push_images()
+        for node in self.realnodes:
+            self._wait("containerd socket", node.containerd_socket.exists)
+            self._spawn(_suffixed("kubelet", node.index), node.kubelet_argv())
+        self._spawn("kube-proxy", first.kube_proxy_argv())
+        for node in self.realnodes:
+            url = f"http://127.0.0.1:{healthz[node.index]}/healthz"
+            self._wait(f"kubelet /healthz of {node.node_name}", lambda u=url: self._probe(u))
+        self._wait(
+            "kube-proxy /healthz", lambda: self._probe(f"http://127.0.0.1:{proxy_ports[0]}/healthz")
+        )
+
+    def _drain_real_node(self) -> None:
+        """Before the kubelet stops: no new pods (controllers and scheduler down), every pod
+        deleted through the kubelet, so it unmounts volumes, releases block-volume loop devices
+        and tears sandboxes (and their network namespaces) down itself."""
+        for proc in self.processes:
+            if proc.name in ("kube-controller-manager", "kube-scheduler"):
+                proc.stop(grace=5.0)
+        self.processes = [
+            p for p in self.processes if p.name not in ("kube-controller-manager", "kube-scheduler")
+        ]
+        try:
+            kube = self.kube()
+            for pod in kube.get("/api/v1/pods")["items"]:
+                meta = pod["metadata"]
+                kube.delete_ignore_missing(
+                    f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}",
+                    {"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 1},
+                )
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and kube.get("/api/v1/pods")["items"]:
+                time.sleep(0.5)
+        except (ApiError, OSError, urllib3.exceptions.HTTPError):
+            pass  # the API server is gone: the cgroup sweep in stop() kills what is left
+
     def _wait_cluster_usable(self) -> None:
         kube = self.kube()
 
@@ -599,11 +838,15 @@ class Cluster:
             return
 
         def node_ready() -> bool:
-            node = kube.get_or_none(f"/api/v1/nodes/{self.config.node_name}")
-            if node is None or node.get("spec", {}).get("taints"):
-                return False
-            conds = node.get("status", {}).get("conditions") or []
-            return any(c["type"] == "Ready" and c["status"] == "True" for c in conds)
+            names = self.config.node_names if self.config.real_node else [self.config.node_name]
+            for name in names:
+                node = kube.get_or_none(f"/api/v1/nodes/{name}")
+                if node is None or node.get("spec", {}).get("taints"):
+                    return False
+                conds = node.get("status", {}).get("conditions") or []
+                if not any(c["type"] == "Ready" and c["status"] == "True" for c in conds):
+                    return False
+            return True
 
         def classes() -> bool:
             names = {
@@ -636,6 +879,11 @@ class Cluster:
             time.sleep(0.1)
         tails = "\n".join(f"--- {p.name}\n{p.log_tail()}" for p in self.processes)
         raise ClusterStartFailed(f"timed out waiting for {what}\n{tails}")
+
+
+def _suffixed(name: str, index: int) -> str:
+    """A component's name (its log file) for node ``index``: ``kubelet``, ``kubelet-2``..."""
+    return name if index == 0 else f"{name}-{index + 1}"
 
 
 def _write_admission_config(path: Path, kubeconfig: Path, client: pki.KeyPair) -> None:
@@ -683,7 +931,12 @@ def _http_ok(url: str) -> bool:
 def _cmd_up(args: argparse.Namespace) -> int:
     state = Path(args.state_dir or tempfile.mkdtemp(prefix="testkit-"))
     cfg = ClusterConfig(
-        state_dir=state, keep_state=args.keep, with_node=not args.no_node, images_config=args.images
+        state_dir=state,
+        keep_state=args.keep,
+        with_node=not args.no_node,
+        images_config=args.images,
+        node=args.node or _default_node(),
+        nodes=args.nodes,
     )
     cluster = Cluster(cfg)
     stop = threading.Event()
@@ -717,6 +970,13 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("--keep", action="store_true", help="keep the state dir after stopping")
     up.add_argument("--no-node", action="store_true", help="control plane only")
     up.add_argument("--images", type=Path, help="image->command map for the node agent")
+    up.add_argument(
+        "--node",
+        choices=NODE_KINDS,
+        help="process: pods as local processes; real: kubelet + containerd in a network "
+        "namespace (default: $TESTKIT_NODE, else process)",
+    )
+    up.add_argument("--nodes", type=int, default=1, help="how many real nodes (--node real)")
     args = parser.parse_args(argv)
     return _cmd_up(args)
 

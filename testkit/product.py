@@ -212,11 +212,16 @@ class Product:
 
     def log(self, app: str = CONTROLLER) -> str:
         """Every container log of every pod the app ever had on the node, oldest first."""
-        root = self.cluster.state / "node" / "pods"
-        dirs = sorted(root.glob(f"{NAMESPACE}_{app}-*"), key=lambda d: d.stat().st_mtime)
+        real = self.cluster.realnodes
+        roots = [n.pod_logs_dir for n in real] or [self.cluster.state / "node" / "pods"]
+        dirs = sorted(
+            (d for root in roots for d in root.glob(f"{NAMESPACE}_{app}-*")),
+            key=lambda d: d.stat().st_mtime,
+        )
         out = []
         for d in dirs:
-            for f in sorted((d / "logs").glob("*/*.log"), key=lambda p: (p.parent, int(p.stem))):
+            logs = d if real else d / "logs"
+            for f in sorted(logs.glob("*/*.log"), key=lambda p: (p.parent, int(p.stem))):
                 out.append(
                     f"--- {d.name}/{f.parent.name}/{f.name}\n{f.read_text(errors='replace')}"
                 )

@@ -76,16 +76,25 @@ def build_example_image(work: Path) -> Path:
 
 class ImageServer:
     """Serves one directory over HTTP on 127.0.0.1 (the standard library's file handler:
-    Content-Length, HEAD, no directory listing needed) in a background thread."""
+    Content-Length, HEAD, no directory listing needed) in a background thread. With a real-node
+    ``cluster`` it listens where its pods reach instead: on ``cluster.host_address``, inside
+    the cluster's network namespace."""
 
-    def __init__(self, root: Path, port: int) -> None:
+    def __init__(self, root: Path, port: int, cluster: Cluster | None = None) -> None:
         handler = functools.partial(_QuietHandler, directory=str(root))
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", port), handler)
+        self.host = "127.0.0.1"
+        if cluster is not None and cluster.config.real_node:
+            self.host = cluster.host_address
+            self.httpd = cluster.network_call(
+                lambda: ThreadingHTTPServer((self.host, port), handler)
+            )
+        else:
+            self.httpd = ThreadingHTTPServer((self.host, port), handler)
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
 
     @property
     def hostport(self) -> str:
-        return f"127.0.0.1:{self.httpd.server_address[1]}"
+        return f"{self.host}:{self.httpd.server_address[1]}"
 
     def start(self) -> ImageServer:
         self.thread.start()
@@ -103,15 +112,16 @@ class _QuietHandler(SimpleHTTPRequestHandler):
 
 def allow_example_server(product: Product, cluster: Cluster) -> None:
     """Imports may reach only public addresses unless CDIConfig allows more (README, "What an
-    import may connect to"): allow the example server on 127.0.0.1, as an operator allows an
-    internal mirror, and name the cluster's own ranges, which stay refused."""
+    import may connect to"): allow the example server (127.0.0.1, or a real node's address), as
+    an operator allows an internal mirror, and name the cluster's own ranges, which stay
+    refused."""
     config = {
         "apiVersion": "cdi.kubevirt.io/v1beta1",
         "kind": "CDIConfig",
         "metadata": {"name": "config"},
         "spec": {
             "importPolicy": {
-                "allowedSourceCIDRs": ["127.0.0.1/32"],
+                "allowedSourceCIDRs": [f"{cluster.host_address}/32"],
                 "clusterCIDRs": [cluster.pod_cidr, cluster.service_cidr],
             }
         },
@@ -122,12 +132,15 @@ def allow_example_server(product: Product, cluster: Cluster) -> None:
 def instructions(cluster: Cluster, product: Product, server: ImageServer) -> str:
     bin_dir = cluster.config.bin_dir
     example = example_datavolume(server.hostport)
+    real = cluster.realnode
+    pods = real.pod_logs_dir if real is not None else cluster.state / "node" / "pods"
+    cidr = f"{server.host}/32"
     return f"""\
 cdi-py try-out: cluster ready in {cluster.started_in:.1f} s, \
 crds/ and deploy/ applied in {product.installed_in:.1f} s
 kubeconfig: {cluster.kubeconfig}
-example image: http://{server.hostport}/{IMAGE_NAME} (CDIConfig allows imports from 127.0.0.1/32)
-logs: {cluster.state / "logs"} (components), {cluster.state / "node" / "pods"} (pods)
+example image: http://{server.hostport}/{IMAGE_NAME} (CDIConfig allows imports from {cidr})
+logs: {cluster.state / "logs"} (components), {pods} (pods)
 
 In another shell on this machine, as root:
 
@@ -145,19 +158,24 @@ def _interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt(signal.Signals(signum).name)
 
 
-def run(state: Path, image_port: int) -> int:
+def run(state: Path, image_port: int, real_node: bool = False) -> int:
     # SIGINT too: a shell starts background jobs with it ignored, and Python then leaves it so.
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _interrupt)
-    cluster = Cluster(ClusterConfig(state_dir=state))
+    cluster = Cluster(
+        ClusterConfig(state_dir=state, node="real") if real_node else ClusterConfig(state_dir=state)
+    )
     server: ImageServer | None = None
     status = 0
     try:
         print("cdi-py try-out: building the example image", flush=True)
         image = build_example_image(state / "tryout")
-        server = ImageServer(image.parent, image_port).start()
+        if not cluster.config.real_node:
+            server = ImageServer(image.parent, image_port).start()
         print(f"cdi-py try-out: starting the cluster in {state}", flush=True)
         cluster.start()
+        if server is None:  # a real node's: inside its network namespace, made by start()
+            server = ImageServer(image.parent, image_port, cluster).start()
         print("cdi-py try-out: applying crds/ and deploy/ with kubectl", flush=True)
         product = Product.on(cluster).install()
         allow_example_server(product, cluster)
@@ -193,11 +211,16 @@ def main(argv: list[str] | None = None) -> int:
         help="loopback port serving the example image (0: any free port)",
     )
     parser.add_argument("--state-dir", type=Path, help="default: a new /tmp/testkit-* dir")
+    parser.add_argument(
+        "--real-node",
+        action="store_true",
+        help="a real kubelet + containerd in a network namespace (docs/kube-harness.md)",
+    )
     args = parser.parse_args(argv)
     if os.geteuid() != 0:
         parser.error("needs root (loop devices, mounts and mount namespaces, as the tests)")
     state = args.state_dir or Path(tempfile.mkdtemp(prefix="testkit-"))
-    return run(state, args.image_port)
+    return run(state, args.image_port, args.real_node)
 
 
 if __name__ == "__main__":

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Build the real Kubernetes control plane used by the integration tests (testkit/) from Go
-# modules: kube-apiserver, kube-controller-manager, kube-scheduler and kubectl of one release
-# from k8s.io/kubernetes (module ./k8s), the etcd 3.6 server (module ./etcd) and the CSI
+# modules: kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, and the real
+# node's kubelet and kube-proxy (testkit's node="real"), with the static pause of
+# its build/pause/linux/pause.c, of one release from k8s.io/kubernetes
+# (module ./k8s), the etcd 3.6 server (module ./etcd) and the CSI
 # snapshot-controller of kubernetes-csi/external-snapshotter (module ./snapshot), with the
 # VolumeSnapshot CRDs of the same release.
 #
 # Output: hack/kube/_build/bin/{etcd,kube-apiserver,kube-controller-manager,kube-scheduler,
-# kubectl,snapshot-controller} and hack/kube/_build/crd/*.yaml (git-ignored). Cached: a stamp records the hash of every input (go.mod, go.sum,
+# kubectl,kubelet,kube-proxy,pause,snapshot-controller} and hack/kube/_build/crd/*.yaml (git-ignored). Cached: a stamp records the hash of every input (go.mod, go.sum,
 # sources, this script, the Go version); when it matches and the binaries exist, the script
 # exits at once. Each build is also kept under ~/.cache/cdi-py/kube/<hash>/ (XDG_CACHE_HOME is
 # honoured; the three newest are kept), so a fresh clone or another worktree with the same
@@ -19,12 +21,14 @@ out="$here/_build"
 bin="$out/bin"
 stamp="$out/stamp"
 crd="$out/crd"
-binaries=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl snapshot-controller)
+binaries=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy
+  pause snapshot-controller)
 # The snapshot.storage.k8s.io/v1 CRDs the snapshot-controller serves (group snapshots stay off).
 crds=(volumesnapshotclasses volumesnapshotcontents volumesnapshots)
 cache_root="${XDG_CACHE_HOME:-$HOME/.cache}/cdi-py/kube"
 
 command -v go >/dev/null || { echo "hack/kube: no Go toolchain on PATH (need Go >= 1.25)" >&2; exit 1; }
+command -v cc >/dev/null || { echo "hack/kube: no C compiler (pause.c): scripts/setup.sh --test" >&2; exit 1; }
 
 kube_version="$(awk '$1 == "k8s.io/kubernetes" {print $2}' "$here/k8s/go.mod" | head -n1)"
 # The module may list it in a require block ("k8s.io/kubernetes vX") or a one-line require.
@@ -84,7 +88,7 @@ echo "hack/kube: building etcd $etcd_version"
     -o "$bin/etcd" .
 )
 
-echo "hack/kube: building kube-apiserver, kube-controller-manager, kube-scheduler, kubectl $kube_version"
+echo "hack/kube: building kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, kubelet, kube-proxy $kube_version"
 minor="${kube_version#v1.}"
 minor="${minor%%.*}"
 # The same variables hack/lib/version.sh sets upstream, so /version reports the real release.
@@ -102,7 +106,14 @@ done
     k8s.io/kubernetes/cmd/kube-apiserver \
     k8s.io/kubernetes/cmd/kube-controller-manager \
     k8s.io/kubernetes/cmd/kube-scheduler \
-    k8s.io/kubernetes/cmd/kubectl
+    k8s.io/kubernetes/cmd/kubectl \
+    k8s.io/kubernetes/cmd/kubelet \
+    k8s.io/kubernetes/cmd/kube-proxy
+  # The real node's sandbox image: upstream's pause.c of the same release, linked statically
+  # (testkit/realnode.py wraps it in a one-layer image, registry.k8s.io/pause).
+  src="$(go list -m -f '{{.Dir}}' k8s.io/kubernetes)/build/pause/linux/pause.c"
+  cc -static -Os -DVERSION="${kube_version}" -o "$bin/pause" "$src"
+  strip "$bin/pause"
 )
 
 echo "hack/kube: building snapshot-controller $snapshot_version"
