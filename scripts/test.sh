@@ -9,6 +9,7 @@ if [[ -x hack/kube/build.sh ]]; then
 fi
 bash hack/promtool/build.sh          # promtool for the alert rules' tests (cached)
 bash hack/s3/build.sh                # versitygw, the S3 tests' real gateway (cached)
+bash hack/gcs/build.sh               # fake-gcs-server, the GCS tests' real emulator (cached)
 echo "== ruff";        .venv/bin/ruff check . && .venv/bin/ruff format --check .
 echo "== mypy";        .venv/bin/mypy
 echo "== import-linter"; .venv/bin/lint-imports
