@@ -127,6 +127,7 @@ SCRATCH_VOLUME = "cdi-scratch-vol"
 CERT_VOLUME = "cdi-cert-vol"
 PROXY_CERT_VOLUME = "cdi-proxy-cert-vol"
 AUTH_VOLUME = "cdi-auth-secret-vol"
+GCS_AUTH_VOLUME = "cdi-gcs-secret-vol"  # the GCS secretRef: credentials.json only
 PROXY_AUTH_VOLUME = "cdi-proxy-auth-vol"
 TMP_VOLUME = "tmp"
 SHARED_VOLUME = "cdi-shared-vol"  # node pull: the holder binary and the handshake files
@@ -342,8 +343,10 @@ def _mounts(
         mounts.append({"name": PROXY_CERT_VOLUME, "mountPath": PROXY_CERT_DIR, "readOnly": True})
     if settings.secret_ref:
         gcs = settings.source == IMPORT_SOURCE_GCS
-        where = GOOGLE_CREDENTIALS_DIR if gcs else AUTH_SECRET_DIR
-        mounts.append({"name": AUTH_VOLUME, "mountPath": where, "readOnly": True})
+        name, where = (
+            (GCS_AUTH_VOLUME, GOOGLE_CREDENTIALS_DIR) if gcs else (AUTH_VOLUME, AUTH_SECRET_DIR)
+        )
+        mounts.append({"name": name, "mountPath": where, "readOnly": True})
     if config.proxy_auth_secret:
         mounts.append({"name": PROXY_AUTH_VOLUME, "mountPath": PROXY_AUTH_DIR, "readOnly": True})
     for i, _ in enumerate(settings.secret_headers):
@@ -388,15 +391,16 @@ def _secret_volumes(settings: SourceSettings) -> list[dict[str, Any]]:
     """Credentials and secret headers as read-only files, never as environment variables."""
     volumes: list[dict[str, Any]] = []
     if settings.secret_ref:
-        keys: tuple[str, ...] = (SECRET_KEY_ACCESS_KEY_ID, SECRET_KEY_SECRET_KEY)
+        keys: tuple[str, ...]
+        name, keys = AUTH_VOLUME, (SECRET_KEY_ACCESS_KEY_ID, SECRET_KEY_SECRET_KEY)
         if settings.source == IMPORT_SOURCE_GCS:  # CDI: the service-account key at /google
-            keys = (GOOGLE_CREDENTIALS_KEY,)
+            name, keys = GCS_AUTH_VOLUME, (GOOGLE_CREDENTIALS_KEY,)
         auth = {
             "secretName": settings.secret_ref,
             "defaultMode": 0o440,
             "items": [{"key": k, "path": k} for k in keys],
         }
-        volumes.append({"name": AUTH_VOLUME, "secret": auth})
+        volumes.append({"name": name, "secret": auth})
     for i, name in enumerate(settings.secret_headers):
         header = {"secretName": name, "defaultMode": 0o440}
         volumes.append({"name": f"cdi-secret-extra-headers-vol-{i}", "secret": header})
