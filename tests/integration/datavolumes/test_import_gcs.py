@@ -4,7 +4,8 @@ importer pod on the local node reading from a real GCS emulator on loopback (fak
 ``credentials.json``, mounted at ``/google`` as CDI does) got from a real OAuth token endpoint
 (``testkit.gcsserver.TokenServer``: fake-gcs-server has none). The URL is the https form with the
 emulator as its host, so the controller needs no emulator setting. The volume holds the image's
-bytes; the key appears in no event, condition or pod."""
+bytes; the key appears in no event, condition or pod. A VolumeImportSource reads a public
+object without a secret."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import pytest
 from testkit.gcsserver import GcsServer, ServiceAccountKey
 from testkit.kubeclient import Kube
 from testkit.product import Product
+from testkit.waiting import wait_until
 from tests.integration.datavolumes.cdi_env import (
     Images,
     condition,
@@ -26,7 +28,14 @@ from tests.integration.datavolumes.cdi_env import (
     events_for,
     pv_of,
     same_prefix_then_zeros,
+    volume_dir,
     wait_phase,
+)
+from tests.integration.datavolumes.populator_env import (
+    import_source,
+    populated_claim,
+    pvc_path,
+    vis_path,
 )
 
 pytestmark = pytest.mark.integration
@@ -91,3 +100,24 @@ def test_gcs_with_a_key_the_token_endpoint_refuses_fails_permanently_unechoed(
     assert dv["status"].get("restartCount", 0) == 0
     seen = everything_a_reader_sees(kube, namespace, "wrongkey")
     assert stranger.private_pem.splitlines()[1] not in seen
+
+
+def test_a_volume_import_source_with_a_public_gcs_object_populates_the_claim(
+    kube: Kube, namespace: str, controller: Product, gcs: GcsServer, images: Images
+) -> None:
+    """No secretRef: the importer asks for no token and reads the object anonymously."""
+    gcs.put("public", "os/vis-disk.raw.gz", images.path("disk.raw.gz"))
+    assert gcs.tokens is not None
+    granted = len(gcs.tokens.granted)
+    url = gcs.https_url("public", "os/vis-disk.raw.gz")
+    kube.create(vis_path(namespace), import_source("src", {"gcs": {"url": url}}))
+    kube.create(pvc_path(namespace), populated_claim("disk", "src", "64Mi"))
+
+    def bound() -> dict | None:
+        pvc = kube.get(pvc_path(namespace, "disk"))
+        return pvc if pvc.get("status", {}).get("phase") == "Bound" else None
+
+    pvc = wait_until(bound, "the target claim Bound", 120)
+    assert pvc["metadata"]["annotations"]["cdi.kubevirt.io/storage.pod.phase"] == "Succeeded"
+    same_prefix_then_zeros(volume_dir(kube, namespace, "disk") / "disk.img", images.reference)
+    assert len(gcs.tokens.granted) == granted
