@@ -19,7 +19,6 @@ import pytest
 from testkit.gcsserver import GcsServer, ServiceAccountKey
 from testkit.kubeclient import Kube
 from testkit.product import Product
-from testkit.waiting import wait_until
 from tests.integration.datavolumes.cdi_env import (
     Images,
     condition,
@@ -36,6 +35,7 @@ from tests.integration.datavolumes.populator_env import (
     populated_claim,
     pvc_path,
     vis_path,
+    wait_claim_bound,
 )
 
 pytestmark = pytest.mark.integration
@@ -112,12 +112,7 @@ def test_a_volume_import_source_with_a_public_gcs_object_populates_the_claim(
     url = gcs.https_url("public", "os/vis-disk.raw.gz")
     kube.create(vis_path(namespace), import_source("src", {"gcs": {"url": url}}))
     kube.create(pvc_path(namespace), populated_claim("disk", "src", "64Mi"))
-
-    def bound() -> dict | None:
-        pvc = kube.get(pvc_path(namespace, "disk"))
-        return pvc if pvc.get("status", {}).get("phase") == "Bound" else None
-
-    pvc = wait_until(bound, "the target claim Bound", 120)
+    pvc = wait_claim_bound(kube, namespace, "disk")
     assert pvc["metadata"]["annotations"]["cdi.kubevirt.io/storage.pod.phase"] == "Succeeded"
     same_prefix_then_zeros(volume_dir(kube, namespace, "disk") / "disk.img", images.reference)
     assert len(gcs.tokens.granted) == granted
