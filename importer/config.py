@@ -3,7 +3,7 @@
 Two edges build it: ``from_env`` for the import pod (CDI's environment variable names, so pods
 rendered the way CDI renders them work) and the ``cdi import`` command line. Either way the
 result is three parts: the data path's frozen ``ProcessPlan`` (``build_plan``), the options of
-the one source to read (HTTP, S3, a registry, a local file, or none for a blank disk) and the
+the one source to read (HTTP, S3, GCS, a registry, a local file, or none for a blank disk) and the
 process edges (termination message, metrics). Nothing below this module reads the environment.
 
 Extra headers are validated here, at configuration time, so a bad one is a typed
@@ -41,6 +41,7 @@ from datapath import CheckpointPlan, ProcessPlan, TargetSpec, parse_checksum
 from datapath.checkpoint import INTERVAL as CHECKPOINT_INTERVAL
 from datapath.plan import SPILL_MEMORY_LIMIT
 from importer.registry.credentials import registry_credentials
+from importer.sources.gcs import GcsOptions, emulator_endpoint, gcs_options, service_account
 from importer.sources.http import HttpOptions, ProxyConfig
 from importer.sources.registry_options import NodePullOptions, RegistryOptions
 from importer.sources.s3 import S3Options, s3_options
@@ -71,7 +72,13 @@ class BlankOptions:
 
 
 SourceOptions = (
-    HttpOptions | S3Options | RegistryOptions | NodePullOptions | FileOptions | BlankOptions
+    HttpOptions
+    | S3Options
+    | GcsOptions
+    | RegistryOptions
+    | NodePullOptions
+    | FileOptions
+    | BlankOptions
 )
 
 
@@ -113,7 +120,7 @@ def attested_checkpoint(text: str | None) -> tuple[int, str] | None:
 
 def source_id(source: SourceOptions) -> str:
     """The identity a checkpoint records for this source (a changed source restarts)."""
-    if isinstance(source, HttpOptions | S3Options | RegistryOptions | NodePullOptions):
+    if isinstance(source, HttpOptions | S3Options | GcsOptions | RegistryOptions | NodePullOptions):
         return source.url
     if isinstance(source, FileOptions):
         return source.path
@@ -340,6 +347,32 @@ def _s3_from_env(env: Mapping[str, str]) -> S3Options:
     return s3_options(env.get(ImporterEnv.ENDPOINT, ""), credentials, http)
 
 
+GCS_EMULATOR_ENV = "STORAGE_EMULATOR_HOST"  # Google's libraries' name; set by the controller
+
+
+def _gcs_from_env(env: Mapping[str, str]) -> GcsOptions:
+    """``source.gcs``: the object's URL, the service-account key the Secret's
+    ``credentials.json`` holds (mounted at ``/google``, named by
+    ``GOOGLE_APPLICATION_CREDENTIALS`` as CDI does; none: anonymous), the endpoint gs:// URLs
+    are read from (``STORAGE_EMULATOR_HOST``, which only the pod spec sets) and the HTTP
+    settings for trust, proxy, policy. A key that does not parse is refused here, before any
+    connection, without quoting it."""
+    plain = {k: v for k, v in env.items() if "ACCESS_KEY" not in k and "SECRET_KEY" not in k}
+    http = _http_from_env(plain)
+    path = env.get(ImporterEnv.GOOGLE_APPLICATION_CREDENTIALS)
+    account = None
+    if path:
+        try:
+            text = read_file(path)
+        except OSError as exc:
+            raise InvalidConfig("GCS secretRef: credentials.json cannot be read") from exc
+        if not text:
+            raise InvalidConfig("GCS secretRef: the Secret has no credentials.json")
+        account = service_account(text)
+    endpoint = emulator_endpoint(env.get(GCS_EMULATOR_ENV))
+    return gcs_options(env.get(ImporterEnv.ENDPOINT, ""), account, http, endpoint)
+
+
 def node_pull_dir(env: Mapping[str, str]) -> str | None:
     """The folder shared with the containerDisk's holder, for a node pull (else None)."""
     if env.get(ImporterEnv.PULL_METHOD) != "node" or env.get(ImporterEnv.SOURCE) != "registry":
@@ -388,11 +421,13 @@ def _source_from_env(env: Mapping[str, str]) -> SourceOptions:
         return _http_from_env(env)
     if kind == "s3":
         return _s3_from_env(env)
+    if kind == "gcs":
+        return _gcs_from_env(env)
     if kind == "registry":
         return _registry_from_env(env)
     if kind in ("none", "blank"):
         return BlankOptions()
-    # GCS, imageio, vddk: rendered by the controller, not served by this importer.
+    # imageio, vddk: rendered by the controller, not served by this importer.
     raise InvalidConfig(f"unknown source {kind!r}")
 
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, cast
 from cdi.api.termination import REASON_COMPLETED, TerminationMessage
 from datapath import FileSource, Processor, Progress, Source
 from importer.config import BlankOptions, FileOptions, ImportConfig, SourceOptions
+from importer.sources.gcs import GcsOptions, GcsSource
 from importer.sources.http import HttpOptions, HttpSource
 from importer.sources.registry_options import NodePullOptions, RegistryOptions
 from importer.sources.s3 import S3Options, S3Source
@@ -49,6 +50,8 @@ def make_source(options: SourceOptions) -> Source | None:
             return HttpSource(options)
         case S3Options():
             return S3Source(options)
+        case GcsOptions():
+            return GcsSource(options)
         case RegistryOptions():
             from importer.sources.registry import RegistrySource  # ~30 ms: only when used
 

@@ -12,6 +12,7 @@ bash hack/s3/build.sh                # versitygw, the S3 tests' real gateway (ca
 # The product images (build/images/oci) the real-node tests pull (tests/integration/
 # test_real_node.py): about 100 s cold, 37 s with the base layer cached.
 bash scripts/images.sh
+bash hack/gcs/build.sh               # fake-gcs-server, the GCS tests' real emulator (cached)
 echo "== ruff";        .venv/bin/ruff check . && .venv/bin/ruff format --check .
 echo "== mypy";        .venv/bin/mypy
 echo "== import-linter"; .venv/bin/lint-imports

@@ -272,6 +272,8 @@ PROXY_CERT_DIR: Final = "/proxycerts/"
 EXTRA_HEADERS_DIR: Final = "/extraheaders"
 # Not CDI (CDI passes basic-auth credentials as secretKeyRef env vars): we mount the Secret.
 AUTH_SECRET_DIR: Final = "/var/run/cdi/auth"
+GOOGLE_CREDENTIALS_DIR: Final = "/google"  # CDI: the GCS secretRef mounted here
+GOOGLE_CREDENTIALS_KEY: Final = "credentials.json"  # its key: a service-account key file
 # Not CDI (CDI puts importProxy URLs, credentials included, into env): the proxies' userinfo
 # comes from a per-import Secret mounted here, keys "http" and "https" ("user:password").
 PROXY_AUTH_DIR: Final = "/var/run/cdi/proxy-auth"

@@ -68,7 +68,9 @@ Two deliberate differences from CDI: basic-auth credentials are not env vars (CD
 files. Secret extra headers are mounted at ``/extraheaders/<i>/`` as in CDI; each file's content
 is one ``Name: value`` header. Likewise importProxy credentials never reach the env: the proxy
 URLs lose their userinfo and ``cdi.render.proxy_auth`` renders it as a Secret mounted at
-``/var/run/cdi/proxy-auth``.
+``/var/run/cdi/proxy-auth``. A GCS ``secretRef`` is mounted as CDI mounts it: its
+``credentials.json`` (a service-account key) at ``/google``, ``GOOGLE_APPLICATION_CREDENTIALS``
+naming the file.
 """
 
 from __future__ import annotations
@@ -85,6 +87,9 @@ from cdi.api.constants import (
     CERT_DIR,
     DATA_MOUNT_PATH,
     EXTRA_HEADERS_DIR,
+    GOOGLE_CREDENTIALS_DIR,
+    GOOGLE_CREDENTIALS_KEY,
+    IMPORT_SOURCE_GCS,
     IMPORTER_CONTAINER_NAME,
     IMPORTER_EXTRA_HEADER_PREFIX,
     NODE_PULL_CONTAINER_NAME,
@@ -122,6 +127,7 @@ SCRATCH_VOLUME = "cdi-scratch-vol"
 CERT_VOLUME = "cdi-cert-vol"
 PROXY_CERT_VOLUME = "cdi-proxy-cert-vol"
 AUTH_VOLUME = "cdi-auth-secret-vol"
+GCS_AUTH_VOLUME = "cdi-gcs-secret-vol"  # the GCS secretRef: credentials.json only
 PROXY_AUTH_VOLUME = "cdi-proxy-auth-vol"
 TMP_VOLUME = "tmp"
 SHARED_VOLUME = "cdi-shared-vol"  # node pull: the holder binary and the handshake files
@@ -291,7 +297,10 @@ def _env(
     ]
     if settings.cert_config_map:
         pairs.append((ImporterEnv.CERT_DIR, CERT_DIR))
-    if settings.secret_ref:
+    if settings.secret_ref and settings.source == IMPORT_SOURCE_GCS:
+        credentials = f"{GOOGLE_CREDENTIALS_DIR}/{GOOGLE_CREDENTIALS_KEY}"
+        pairs.append((ImporterEnv.GOOGLE_APPLICATION_CREDENTIALS, credentials))
+    elif settings.secret_ref:
         pairs += [
             (ImporterEnv.ACCESS_KEY_ID_FILE, f"{AUTH_SECRET_DIR}/{SECRET_KEY_ACCESS_KEY_ID}"),
             (ImporterEnv.SECRET_KEY_FILE, f"{AUTH_SECRET_DIR}/{SECRET_KEY_SECRET_KEY}"),
@@ -333,7 +342,11 @@ def _mounts(
     if config.proxy_ca_config_map:
         mounts.append({"name": PROXY_CERT_VOLUME, "mountPath": PROXY_CERT_DIR, "readOnly": True})
     if settings.secret_ref:
-        mounts.append({"name": AUTH_VOLUME, "mountPath": AUTH_SECRET_DIR, "readOnly": True})
+        gcs = settings.source == IMPORT_SOURCE_GCS
+        name, where = (
+            (GCS_AUTH_VOLUME, GOOGLE_CREDENTIALS_DIR) if gcs else (AUTH_VOLUME, AUTH_SECRET_DIR)
+        )
+        mounts.append({"name": name, "mountPath": where, "readOnly": True})
     if config.proxy_auth_secret:
         mounts.append({"name": PROXY_AUTH_VOLUME, "mountPath": PROXY_AUTH_DIR, "readOnly": True})
     for i, _ in enumerate(settings.secret_headers):
@@ -378,13 +391,16 @@ def _secret_volumes(settings: SourceSettings) -> list[dict[str, Any]]:
     """Credentials and secret headers as read-only files, never as environment variables."""
     volumes: list[dict[str, Any]] = []
     if settings.secret_ref:
-        keys = (SECRET_KEY_ACCESS_KEY_ID, SECRET_KEY_SECRET_KEY)
+        keys: tuple[str, ...]
+        name, keys = AUTH_VOLUME, (SECRET_KEY_ACCESS_KEY_ID, SECRET_KEY_SECRET_KEY)
+        if settings.source == IMPORT_SOURCE_GCS:  # CDI: the service-account key at /google
+            name, keys = GCS_AUTH_VOLUME, (GOOGLE_CREDENTIALS_KEY,)
         auth = {
             "secretName": settings.secret_ref,
             "defaultMode": 0o440,
             "items": [{"key": k, "path": k} for k in keys],
         }
-        volumes.append({"name": AUTH_VOLUME, "secret": auth})
+        volumes.append({"name": name, "secret": auth})
     for i, name in enumerate(settings.secret_headers):
         header = {"secretName": name, "defaultMode": 0o440}
         volumes.append({"name": f"cdi-secret-extra-headers-vol-{i}", "secret": header})

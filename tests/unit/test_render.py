@@ -373,6 +373,30 @@ def test_auth_secret_is_mounted_as_files_and_ca_configmap_mounted() -> None:
     assert {"/certs", "/var/run/cdi/auth", "/extraheaders/0", "/tmp"} <= mounts
 
 
+def test_a_gcs_secret_is_mounted_at_google_with_its_credentials_json_only() -> None:
+    """CDI's layout: the service-account key at /google/credentials.json, named by
+    GOOGLE_APPLICATION_CREDENTIALS; none of the S3 key-pair variables."""
+    pod = pod_for({"source": {"gcs": {"url": "gs://b/o.img", "secretRef": "sa"}}, **storage()})
+    env = env_of(pod)
+    assert env["IMPORTER_SOURCE"] == "gcs" and env["IMPORTER_ENDPOINT"] == "gs://b/o.img"
+    assert env["GOOGLE_APPLICATION_CREDENTIALS"] == "/google/credentials.json"
+    assert "IMPORTER_ACCESS_KEY_ID_FILE" not in env and "IMPORTER_SECRET_KEY_FILE" not in env
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    assert "cdi-auth-secret-vol" not in volumes
+    secret = volumes["cdi-gcs-secret-vol"]["secret"]
+    assert secret["secretName"] == "sa"
+    assert secret["items"] == [{"key": "credentials.json", "path": "credentials.json"}]
+    mounts = {m["name"]: m for m in pod["spec"]["containers"][0]["volumeMounts"]}
+    assert mounts["cdi-gcs-secret-vol"]["mountPath"] == "/google"
+    assert mounts["cdi-gcs-secret-vol"]["readOnly"] is True
+
+
+def test_a_public_gcs_object_mounts_no_secret() -> None:
+    pod = pod_for({"source": {"gcs": {"url": "gs://b/o.img"}}, **storage()})
+    assert "GOOGLE_APPLICATION_CREDENTIALS" not in env_of(pod)
+    assert not any("secret" in v for v in pod["spec"]["volumes"])
+
+
 def test_cluster_config_flows_into_the_pod() -> None:
     cdi = CDIConfig.from_dict(
         {

@@ -18,6 +18,7 @@ import pytest
 from testkit.kubeclient import Kube
 from testkit.vm import Boot
 from testkit.vm import build as build_vm
+from testkit.waiting import wait_until
 from tests.integration.datavolumes.cdi_env import DV_API, Images, run
 from tests.integration.helpers import pvc_manifest
 
@@ -97,6 +98,16 @@ def start_population(
     kube.create(vis_path(ns), import_source("src", {"http": {"url": url}}))
     target = kube.create(pvc_path(ns), populated_claim("disk", "src", "32Mi", storage_class, mode))
     return f"prime-{target['metadata']['uid']}"
+
+
+def wait_claim_bound(kube: Kube, ns: str, name: str, timeout: float = 120) -> dict[str, Any]:
+    """The claim once it is Bound (a populated target binds when its data is in)."""
+
+    def bound() -> dict[str, Any] | None:
+        pvc = kube.get(pvc_path(ns, name))
+        return pvc if pvc.get("status", {}).get("phase") == "Bound" else None
+
+    return wait_until(bound, f"the claim {ns}/{name} Bound", timeout)
 
 
 def claims(kube: Kube, ns: str) -> dict[str, dict[str, Any]]:

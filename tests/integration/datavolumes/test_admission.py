@@ -72,6 +72,14 @@ CASES: dict[str, tuple[dict[str, Any], tuple[str, ...]]] = {
         with_("spec.source", {"s3": {"url": ""}}),
         ("spec.source source URL is empty",),
     ),
+    "gcs-invalid-url": (
+        with_("spec.source", {"gcs": {"url": "gs//bucket/object"}}),
+        ("spec.source Invalid source URL",),
+    ),
+    "gcs-bad-scheme": (
+        with_("spec.source", {"gcs": {"url": "s3://bucket/object"}}),
+        ("spec.source Invalid source URL scheme",),
+    ),
     "pvc-source-empty-namespace": (
         with_("spec.source", {"pvc": {"namespace": "", "name": "x"}}),
         ("spec.source.PVC source PVC is not valid",),

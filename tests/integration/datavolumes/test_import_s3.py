@@ -16,7 +16,6 @@ import pytest
 from testkit.kubeclient import Kube
 from testkit.product import Product
 from testkit.s3server import S3Server
-from testkit.waiting import wait_until
 from tests.integration.datavolumes.cdi_env import (
     Images,
     condition,
@@ -33,6 +32,7 @@ from tests.integration.datavolumes.populator_env import (
     populated_claim,
     pvc_path,
     vis_path,
+    wait_claim_bound,
 )
 
 pytestmark = pytest.mark.integration
@@ -105,11 +105,6 @@ def test_a_volume_import_source_with_s3_populates_the_claim(
         vis_path(namespace), import_source("src", {"s3": {"url": url, "secretRef": "s3-keys"}})
     )
     kube.create(pvc_path(namespace), populated_claim("disk", "src", "64Mi"))
-
-    def bound() -> dict | None:
-        pvc = kube.get(pvc_path(namespace, "disk"))
-        return pvc if pvc.get("status", {}).get("phase") == "Bound" else None
-
-    pvc = wait_until(bound, "the target claim Bound", 120)
+    pvc = wait_claim_bound(kube, namespace, "disk")
     assert pvc["metadata"]["annotations"]["cdi.kubevirt.io/storage.pod.phase"] == "Succeeded"
     same_prefix_then_zeros(volume_dir(kube, namespace, "disk") / "disk.img", images.reference)

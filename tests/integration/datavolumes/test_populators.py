@@ -31,6 +31,7 @@ from tests.integration.datavolumes.populator_env import (
     start_population,
     vis_path,
     volumes_for,
+    wait_claim_bound,
 )
 
 pytestmark = pytest.mark.integration
@@ -49,12 +50,7 @@ def test_plain_pvc_with_volume_import_source_binds_populated_and_prime_is_delete
     seen = wait_until(lambda: claims(kube, namespace).get(prime), "the prime claim", 30)
     assert seen["metadata"]["ownerReferences"][0]["uid"] == target["metadata"]["uid"]
     assert not claims(kube, namespace)["disk"]["spec"].get("volumeName")
-
-    def bound() -> dict | None:
-        pvc = kube.get(pvc_path(namespace, "disk"))
-        return pvc if pvc.get("status", {}).get("phase") == "Bound" else None
-
-    pvc = wait_until(bound, "the target claim Bound", 120)
+    pvc = wait_claim_bound(kube, namespace, "disk")
     ann = pvc["metadata"]["annotations"]
     assert ann["cdi.kubevirt.io/storage.populator.progress"] == "100.0%"
     assert ann["cdi.kubevirt.io/storage.populator.pvcPrime"] == prime
