@@ -5,11 +5,14 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 VERSION=v0.316.0   # github.com/prometheus/prometheus (Prometheus 3.x)
-CACHE="${XDG_CACHE_HOME:-$HOME/.cache}/cdi-py/promtool/$VERSION"
+# Without the service-discovery plugins (AWS, Azure, GCE, Kubernetes, ... SDKs) that rule
+# checking never uses: 3.5 min of CPU to build instead of 9.
+TAGS=remove_all_sd
+CACHE="${XDG_CACHE_HOME:-$HOME/.cache}/cdi-py/promtool/$VERSION-$TAGS"
 if [[ ! -x "$CACHE/promtool" ]]; then
   mkdir -p "$CACHE"
   start=$SECONDS
-  GOBIN="$CACHE" GOFLAGS=-mod=mod nice -n 10 go install \
+  GOBIN="$CACHE" GOFLAGS=-mod=mod nice -n 10 go install -tags "$TAGS" \
     "github.com/prometheus/prometheus/cmd/promtool@$VERSION"
   echo "hack/promtool: built promtool $VERSION in $((SECONDS - start)) s"
 fi
