@@ -28,7 +28,7 @@ from cdi.api.termination import TerminationMessage
 from uploader.config import TERMINATION_PATH, UploadConfig, from_env
 from uploader.server import make_app, serving_context
 from uploader.session import Uploads
-from uploader.tlsfront import FrontLimits, Peers, TlsFrontSite
+from uploader.tlsfront import FrontLimits, TlsFrontSite
 
 log = logging.getLogger("uploader")
 
@@ -54,14 +54,13 @@ async def serve(config: UploadConfig, clock: Clock = _now) -> TerminationMessage
     """Serve until the pod's outcome is known; write it as the termination message."""
     uploads = Uploads(config)
     tls = serving_context(config.tls.cert, config.tls.key, config.tls.client_ca, config.tls.profile)
-    peers = Peers()
-    app = make_app(uploads, config.tls.client_name, peers)
+    app = make_app(uploads, config.tls.client_name)
     runner = web.AppRunner(app, handle_signals=False)
     await runner.setup()
     limits = FrontLimits(
         handshake_timeout=config.handshake_timeout, head_timeout=config.head_timeout
     )
-    site = TlsFrontSite(runner, config.address, config.port, tls, peers, limits=limits)
+    site = TlsFrontSite(runner, config.address, config.port, tls, limits=limits)
     await site.start()
     log.info("upload server listening on %s:%d", config.address, config.port)
     stop = asyncio.Event()
@@ -81,7 +80,7 @@ async def serve(config: UploadConfig, clock: Clock = _now) -> TerminationMessage
         for watcher in watchers:
             watcher.cancel()
         await runner.cleanup()  # lets the answer to the last request go out first
-        await site.wait_closed()  # ... through the TLS front, to the client
+        await site.wait_closed()  # handshakes dropped at the stop
     message = uploads.outcome or TerminationMessage(
         reason=STOPPED_REASON, message="the upload server was stopped", transient=True
     )

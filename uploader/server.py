@@ -1,6 +1,6 @@
 """The upload server's HTTP face: CDI's endpoints and statuses, plus tus 1.0 core for resume.
 
-``make_app(uploads, client_name, peers)`` serves ``GET /healthz`` and, for a client whose
+``make_app(uploads, client_name)`` serves ``GET /healthz`` and, for a client whose
 verified certificate has CN ``client_name`` (else 401, as CDI), the upload paths (the TLS
 layer lets no client without a certificate from the client CA through, see
 ``serving_context``; the kubelet's readiness probe is a TCP connect):
@@ -18,9 +18,9 @@ Other methods are 404 (CDI). Statuses: another upload in flight 503, the pod alr
 ``Saving stream failed: ...`` text built from the typed error (never a traceback). Bodies
 are read in pieces as they arrive (``iter_any``, ``read_chunk``) and never buffered whole.
 
-The app is served through the TLS front (``tlsfront.py``) on a plain connection: the CN comes
-from the front's ``Peers`` record of that connection, never from anything the client sends;
-served on asyncio's own TLS (no record), from the transport's verified certificate.
+The app is served on asyncio's TLS behind the door of ``tlsfront.py`` (its limits): the CN
+comes from the certificate the TLS layer verified for the connection, never from anything the
+client sends.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from cdi.api.tlsprofile import INTERMEDIATE, TLSProfile
 from cdi.api.tlsprofile import apply as apply_tls_profile
 from uploader.body import Busy, Feed, OffsetMismatch
 from uploader.session import RESTART_NOTE, AlreadyDone, Mode, Upload, Uploads
-from uploader.tlsfront import Peers, common_name
+from uploader.tlsfront import common_name
 
 TUS_VERSION = "1.0.0"
 RECEIVE_PIECE = 1024 * 1024  # a multipart part is read in these; the data path coalesces
@@ -56,14 +56,12 @@ _CLONE_TYPES = {
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def peer_common_name(request: web.Request, peers: Peers | None = None) -> str | None:
-    """The CN of the client certificate the TLS front (or asyncio's TLS) verified for this
-    request's connection; None without one."""
+def peer_common_name(request: web.Request) -> str | None:
+    """The CN of the client certificate the TLS layer verified for this request's
+    connection; None without one."""
     transport = request.transport
     if transport is None:
         return None
-    if peers is not None and peers.knows(transport):
-        return peers.name(transport)
     return common_name(transport.get_extra_info("peercert"))
 
 
@@ -227,10 +225,10 @@ async def healthz(request: web.Request) -> web.StreamResponse:
     return web.Response(text="OK")
 
 
-def _client_check(client_name: str, peers: Peers | None) -> Any:
+def _client_check(client_name: str) -> Any:
     @web.middleware
     async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.path != "/healthz" and peer_common_name(request, peers) != client_name:
+        if request.path != "/healthz" and peer_common_name(request) != client_name:
             return web.Response(status=401, text="client certificate required")
         return await handler(request)
 
@@ -241,8 +239,8 @@ async def not_found(request: web.Request) -> web.StreamResponse:
     return web.Response(status=404, text="404: Not Found")
 
 
-def make_app(uploads: Uploads, client_name: str, peers: Peers | None = None) -> web.Application:
-    app = web.Application(middlewares=[_client_check(client_name, peers)])
+def make_app(uploads: Uploads, client_name: str) -> web.Application:
+    app = web.Application(middlewares=[_client_check(client_name)])
     handlers = UploadHandlers(uploads)
     app.router.add_get("/healthz", healthz)
     for path in UPLOAD_PATHS:

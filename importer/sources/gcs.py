@@ -40,8 +40,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from urllib.parse import quote, urlencode, urlsplit, urlunsplit
 
-import jwt
-
 from cdi.api.errors import (
     InvalidConfig,
     SourceForbidden,
@@ -177,6 +175,8 @@ def signed_assertion(account: ServiceAccount, now: float) -> str:
         "exp": int(now) + TOKEN_LIFETIME,
     }
     headers = {"kid": account.private_key_id} if account.private_key_id else None
+    import jwt  # here, not at the top: PyJWT and cryptography cost every importer ~35 ms
+
     try:
         return jwt.encode(claims, account.private_key, algorithm="RS256", headers=headers)
     except (ValueError, TypeError, jwt.PyJWTError) as exc:

@@ -1,10 +1,10 @@
-"""The upload server's TLS front (``uploader/tlsfront.py``) through the real server (``serve``,
+"""The upload server's TLS door (``uploader/tlsfront.py``) through the real server (``serve``,
 in-process, or ``python -m uploader``), real TLS on 127.0.0.1 with certificates from our own
 certs code: who may upload (a client certificate is required in the handshake; the CN of the
-certificate the front verified, per connection, never a header), a connection cut mid-body
+certificate verified for the connection, never a header), a connection cut mid-body
 reaching the app as a cut (and the tus PATCH then finishing the upload), a half-close that
-ends, connections of every kind leaving no thread or file descriptor behind, and SIGTERM with
-connections still open."""
+ends, connections of every kind leaving no task, thread or file descriptor behind, and
+SIGTERM with connections still open."""
 
 from __future__ import annotations
 
@@ -87,18 +87,18 @@ def once(
         conn.close()
 
 
-def _anonymous_post(port: int, pki: Pki) -> BaseException | None:
-    """A POST from a client without a certificate; the error that ended it (None: answered)."""
+def _anonymous_post(port: int, pki: Pki) -> BaseException | bytes:
+    """A POST from a client without a certificate: the error that ended it, or what the
+    server answered (``b""``: the connection was closed without a byte)."""
     raw = socket.create_connection(("127.0.0.1", port), timeout=10)
     try:
         tls = anonymous(pki).wrap_socket(raw, server_hostname="127.0.0.1")
         tls.sendall(b"POST /v1beta1/upload HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\nabc")
-        tls.recv(4096)
+        return tls.recv(4096)
     except (OSError, ssl.SSLError) as exc:
         return exc
     finally:
         raw.close()
-    return None
 
 
 async def test_a_client_without_a_certificate_is_refused_at_the_handshake(
@@ -106,8 +106,10 @@ async def test_a_client_without_a_certificate_is_refused_at_the_handshake(
 ) -> None:
     async with running_server(env) as srv:
         refused = await asyncio.to_thread(_anonymous_post, srv.config.port, pki)
-    assert isinstance(refused, ssl.SSLError), refused  # no 401: the app never saw it (N4)
-    assert refused.reason == "TLSV13_ALERT_CERTIFICATE_REQUIRED"
+    # No answer at all, not even the app's 401: the handshake failed on the server (TLS 1.3
+    # lets the client finish its side first, so it sees the connection end; asyncio does not
+    # send the certificate_required alert before closing), and the app never saw it (N4).
+    assert refused == b"" or isinstance(refused, (ssl.SSLError, ConnectionError)), refused
     assert not Path(env["DESTINATION"]).exists()
 
 
@@ -239,8 +241,11 @@ async def test_a_half_closed_connection_ends_instead_of_hanging(
     assert seconds < 5  # a hang would raise TimeoutError after 10 s
 
 
-def _front_threads() -> int:
-    return sum(t.name.startswith("tlsfront") for t in threading.enumerate())
+def _leftovers() -> int:
+    """Threads besides the test's own, and the front's handshake tasks still alive."""
+    names = ("_handshake", "_wait_for_slot")
+    tasks = [t for t in asyncio.all_tasks() if any(n in repr(t.get_coro()) for n in names)]
+    return len(tasks) + sum(t.name.startswith("tlsfront") for t in threading.enumerate())
 
 
 def _fds() -> int:
@@ -298,10 +303,10 @@ async def test_many_connections_of_every_kind_leave_no_threads_or_fds_behind(
 ) -> None:
     async with running_server(env) as srv:
         await asyncio.to_thread(once, srv.config.port, pki.client_context(), "GET", "/healthz")
-        assert await _settles(lambda: _front_threads() == 0)
+        assert await _settles(lambda: _leftovers() == 0)
         fds = _fds()
         await asyncio.to_thread(_many_connections, srv.config.port, pki)
-        assert await _settles(lambda: _front_threads() == 0), _front_threads()
+        assert await _settles(lambda: _leftovers() == 0), _leftovers()
         assert await _settles(lambda: _fds() <= fds), (_fds(), fds)
 
 
