@@ -32,6 +32,7 @@ from importer.config import (
     build_plan,
     content_type,
     mounted_files,
+    parse_bandwidth,
     parse_size,
     read_file,
     split_header,
@@ -83,6 +84,11 @@ def _add_import_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--proxy", help="HTTP(S) proxy URL (default: none)")
     p.add_argument("--no-proxy", default="", help="comma-separated hosts that bypass the proxy")
     p.add_argument("--preallocate", action="store_true", help="allocate the whole file")
+    p.add_argument(
+        "--bandwidth-limit",
+        metavar="RATE",
+        help="read the network source at most this many bytes per second (50Mi, 10M)",
+    )
     p.add_argument(
         "--filesystem-overhead",
         type=float,
@@ -178,7 +184,8 @@ def config_from_args(a: argparse.Namespace) -> ImportConfig:
         metrics_addr="127.0.0.1",
         owner_uid=a.owner_uid,
     )
-    return ImportConfig(plan=plan, source=source, edges=edges)
+    bandwidth = parse_bandwidth(a.bandwidth_limit)
+    return ImportConfig(plan=plan, source=source, edges=edges, bandwidth_limit=bandwidth)
 
 
 def cmd_import(a: argparse.Namespace) -> int:

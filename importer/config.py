@@ -103,6 +103,8 @@ class ImportConfig:
     # Registry only: resolve the reference to its digest and report it; import nothing
     # (the DataImportCron poller pod, IMPORTER_REGISTRY_POLL=true).
     poll_only: bool = False
+    # Bytes per second a network source may read at most (IMPORTER_BANDWIDTH_LIMIT); None: no cap
+    bandwidth_limit: int | None = None
 
 
 class TargetExists(InvalidConfig):
@@ -176,6 +178,22 @@ def parse_size(text: str) -> int:
         return Quantity.parse(text.strip()).value()
     except QuantityError as exc:
         raise InvalidConfig(f"{text!r} is not a size (e.g. 10Gi, 512Mi): {exc}") from exc
+
+
+def parse_bandwidth(text: str | None) -> int | None:
+    """A bandwidth cap in bytes per second, as a Kubernetes quantity ("50Mi" is 50 MiB/s);
+    unset or empty is no cap, anything else that is not a positive quantity a typed error."""
+    if text is None or not text.strip():
+        return None
+    try:
+        rate = Quantity.parse(text.strip()).value()
+    except QuantityError as exc:
+        raise InvalidConfig(
+            f"bandwidth limit {text!r} is not a quantity of bytes per second (e.g. 50Mi): {exc}"
+        ) from exc
+    if rate <= 0:
+        raise InvalidConfig(f"bandwidth limit {text!r} must be more than 0 bytes per second")
+    return rate
 
 
 def mounted_files(folder: str | None) -> tuple[str, ...]:
@@ -462,4 +480,7 @@ def from_env(env: Mapping[str, str]) -> ImportConfig:
     poll = env.get(REGISTRY_POLL_ENV, "").lower() == "true"
     if poll and not isinstance(source, RegistryOptions):
         raise InvalidConfig(f"{REGISTRY_POLL_ENV} applies to registry sources only")
-    return ImportConfig(plan=plan, source=source, edges=edges, poll_only=poll)
+    bandwidth = parse_bandwidth(env.get(ImporterEnv.BANDWIDTH_LIMIT))
+    return ImportConfig(
+        plan=plan, source=source, edges=edges, poll_only=poll, bandwidth_limit=bandwidth
+    )

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, cast
 
 from cdi.api.termination import REASON_COMPLETED, TerminationMessage
 from datapath import FileSource, Processor, Progress, Source
+from datapath.sources.throttle import Throttled
 from importer.config import BlankOptions, FileOptions, ImportConfig, SourceOptions
 from importer.sources.gcs import GcsOptions, GcsSource
 from importer.sources.http import HttpOptions, HttpSource
@@ -66,6 +67,19 @@ def make_source(options: SourceOptions) -> Source | None:
             return None
 
 
+NETWORK_SOURCES = (HttpOptions, S3Options, GcsOptions, RegistryOptions)
+"""The sources a bandwidth cap applies to (S3 and GCS options are HTTP options too)."""
+
+
+def capped(source: Source | None, config: ImportConfig) -> Source | None:
+    """The source under the config's bandwidth cap, if it reads the network and one is set."""
+    if source is None or config.bandwidth_limit is None or config.poll_only:
+        return source
+    if not isinstance(config.source, NETWORK_SOURCES):
+        return source
+    return Throttled(source, config.bandwidth_limit)
+
+
 async def run_import(config: ImportConfig, progress: Progress | None = None) -> TerminationMessage:
     progress = progress or Progress()
     edges = config.edges
@@ -83,7 +97,7 @@ async def run_import(config: ImportConfig, progress: Progress | None = None) -> 
         from datapath.metrics import serve_metrics  # prometheus_client: 12 ms of start-up
 
         serve_metrics(progress, edges.owner_uid, edges.metrics_port, edges.metrics_addr)
-    message = await Processor(config.plan, source, progress).run()
+    message = await Processor(config.plan, capped(source, config), progress).run()
     if isinstance(config.source, NodePullOptions):  # the image's labels; the kubelet's digest
         labels = {**cast("NodePullSource", source).labels, **message.labels}
         message = replace(message, labels=labels)

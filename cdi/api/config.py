@@ -156,6 +156,8 @@ class CDIConfigSpec(ApiObject):
     webhook_pvc_rendering: str | None = None
     import_policy: ImportPolicy | None = None
     tls_security_profile: TLSSecurityProfile | None = None
+    # Not CDI (issue 28): bytes per second every import's network source may read at most
+    import_bandwidth_limit: str | None = None
 
 
 @dataclass(frozen=True)

@@ -216,6 +216,9 @@ ANN_IMPORT_POD_NAME: Final = _A + "storage.import.importPodName"
 ANN_REQUIRES_SCRATCH: Final = _A + "storage.import.requiresScratch"
 ANN_REQUIRES_DIRECT_IO: Final = _A + "storage.import.requiresDirectIo"
 ANN_FATAL_ERROR: Final = _A + "storage.import.fatalError"
+# Not CDI (issue 28): the DataVolume's own bandwidth cap, a quantity of bytes per second; it
+# lowers CDIConfig's spec.importBandwidthLimit for this import, never raises it.
+ANN_BANDWIDTH_LIMIT: Final = _A + "storage.import.bandwidthLimit"
 ANN_MINIMUM_SUPPORTED_PVC_SIZE: Final = _A + "minimumSupportedPvcSize"  # on StorageProfile
 # Upload: on the PVC (the upload proxy reads them; the upload flavour writes them).
 ANN_UPLOAD_REQUEST: Final = _A + "storage.upload.target"
@@ -338,6 +341,8 @@ class ImporterEnv(StrEnum):
     CLUSTER_CIDRS = "IMPORTER_CLUSTER_CIDRS"
     # Not CDI: "<offset>:<blake3 hex>", the resume prefix the controller attests (checkpoint.py)
     CHECKPOINT_ATTESTED = "IMPORTER_CHECKPOINT_ATTESTED"
+    # Not CDI: bytes per second a network source may read at most (issue 28, throttle.py)
+    BANDWIDTH_LIMIT = "IMPORTER_BANDWIDTH_LIMIT"
 
 
 IMPORTER_EXTRA_HEADER_PREFIX: Final = "IMPORTER_EXTRA_HEADER_"  # + index: "Name: value"

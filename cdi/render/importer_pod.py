@@ -81,6 +81,7 @@ from typing import Any
 
 from cdi.api.config import CDIConfig
 from cdi.api.constants import (
+    ANN_BANDWIDTH_LIMIT,
     AUTH_SECRET_DIR,
     BLOCK_DEVICE_PATH,
     CACHE_MODE_TRY_NONE,
@@ -105,6 +106,7 @@ from cdi.api.constants import (
     ImporterEnv,
     VolumeMode,
 )
+from cdi.api.quantity import Quantity, QuantityError
 from cdi.api.types import DataVolume, resolve_volume_mode
 from cdi.render import RenderError
 from cdi.render.importer_env import SourceSettings, source_settings
@@ -294,6 +296,7 @@ def _env(
         *_proxy_env(cdi, config),
         (ImporterEnv.CACHE_MODE, CACHE_MODE_TRY_NONE if config.direct_io else None),
         (ImporterEnv.CHECKPOINT_ATTESTED, _attested(config.checkpoint_attested)),
+        (ImporterEnv.BANDWIDTH_LIMIT, _text(bandwidth_limit(dv, cdi))),
     ]
     if settings.cert_config_map:
         pairs.append((ImporterEnv.CERT_DIR, CERT_DIR))
@@ -307,6 +310,32 @@ def _env(
         ]
     env: list[dict[str, Any]] = [{"name": str(k), "value": v} for k, v in pairs if v is not None]
     return env + metrics_env(config, ImporterEnv.METRICS_ADDR, ImporterEnv.METRICS_PORT)
+
+
+def _rate(text: str | None, where: str) -> int | None:
+    if text is None or not str(text).strip():
+        return None
+    try:
+        rate = Quantity.parse(str(text).strip()).value()
+    except QuantityError as exc:
+        raise RenderError(f"{where} {text!r} is not a quantity of bytes per second: {exc}") from exc
+    if rate <= 0:
+        raise RenderError(f"{where} {text!r} must be more than 0 bytes per second")
+    return rate
+
+
+def bandwidth_limit(dv: DataVolume, cdi: CDIConfig) -> int | None:
+    """The bytes per second this import's network source may read: CDIConfig's
+    ``importBandwidthLimit``, lowered (never raised: a tenant cannot take more than its share)
+    by the DataVolume's ``storage.import.bandwidthLimit`` annotation; None for no cap."""
+    cluster = _rate(cdi.spec.import_bandwidth_limit, "CDIConfig spec.importBandwidthLimit")
+    own = _rate(dv.annotations.get(ANN_BANDWIDTH_LIMIT), f"annotation {ANN_BANDWIDTH_LIMIT}")
+    limits = [rate for rate in (cluster, own) if rate is not None]
+    return min(limits) if limits else None
+
+
+def _text(value: int | None) -> str | None:
+    return None if value is None else str(value)
 
 
 def _attested(pair: tuple[int, str] | None) -> str | None:

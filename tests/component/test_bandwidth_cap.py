@@ -1,0 +1,55 @@
+"""The import bandwidth cap (issue 28) end to end with a real HTTP server on loopback: ``cdi
+import --bandwidth-limit`` of a raw image served with ranges (parallel range requests share
+the one cap) takes at least as long as the cap allows, writes the same bytes, and an import
+without the cap is far faster on the same server (so the cap, not the server, set the pace);
+a rate that is not a quantity is refused up front with a typed error, nothing read."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+from tests.component.conftest import ImageFactory, MiB, Server, same_content
+from tests.component.test_cli_and_pod import _run
+
+CDI = [sys.executable, "-m", "commands.main"]
+RATE = 8 * MiB
+
+
+async def _import(url: str, target: Path, *extra: str) -> tuple[float, dict[str, object]]:
+    started = time.monotonic()
+    code, out, err = await _run(*CDI, "import", url, str(target), "--json", "--quiet", *extra)
+    assert code == 0, err
+    return time.monotonic() - started, json.loads(out)
+
+
+async def test_a_capped_import_reads_no_faster_than_the_cap(
+    images: ImageFactory, server: Server, tmp_path: Path
+) -> None:
+    image = images.make("raw")  # 32 MiB with data spread through it, served with ranges
+    wire = image.path.stat().st_size
+    url = server.link("ok", image.path)
+    capped = tmp_path / "capped.img"
+    seconds, result = await _import(url, capped, "--bandwidth-limit", "8Mi")
+    assert result["reason"] == "Completed"
+    assert seconds >= 0.9 * wire / RATE, (seconds, wire)  # 32 MiB at 8 MiB/s: >= 3.6 s
+    assert same_content(capped, image.reference)
+    free = tmp_path / "free.img"
+    unlimited, _ = await _import(url, free)
+    assert unlimited < seconds / 2, (unlimited, seconds)
+    assert same_content(free, image.reference)
+
+
+async def test_a_rate_that_is_not_a_quantity_is_refused_before_anything_is_read(
+    server: Server, tmp_path: Path
+) -> None:
+    code, _, err = await _run(
+        *CDI, "import", f"{server.url}/ok/none.img", str(tmp_path / "d.img"),
+        "--bandwidth-limit", "fast",
+    )  # fmt: skip
+    assert code != 0
+    assert "bandwidth limit 'fast' is not a quantity of bytes per second" in err, err
+    assert "Traceback" not in err
+    assert not server.recorder.requests
