@@ -158,6 +158,8 @@ class CDIConfigSpec(ApiObject):
     tls_security_profile: TLSSecurityProfile | None = None
     # Not CDI (issue 28): bytes per second every import's network source may read at most
     import_bandwidth_limit: str | None = None
+    # Not CDI (issue 28): importer pods alive at once, cluster-wide; None or 0: no limit
+    max_concurrent_imports: int | None = None
 
 
 @dataclass(frozen=True)

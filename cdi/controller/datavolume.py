@@ -199,6 +199,7 @@ class DataVolumeReconciler:
                 clock,
                 self.own_claims,
                 storage_class=caches.storage_classes.get,
+                worker_pods=caches.pods.items,
             )
             if burst is not None:  # other new DataVolumes wait (the manager's queue says)
                 deps = dataclasses.replace(deps, burst=burst)

@@ -218,7 +218,9 @@ class Manager:
         self.datavolumes = datavolumes
         # seals the records that authorize acts beyond a tenant's reach (cdi.controller.seal)
         seal = Seal.from_shared_key(cfg.requester_key)
-        deps = FlavourDeps(self.kube, datavolumes.events, self.scraper, seal=seal)
+        deps = FlavourDeps(
+            self.kube, datavolumes.events, self.scraper, seal=seal, worker_pods=i[PODS].items
+        )
         settings = cfg.controller
         uploads = UploadPVCReconciler(
             self.kube,

@@ -28,13 +28,14 @@ one line in the table, not an edit of another flavour.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from cdi.api.config import CDIConfig
 from cdi.api.constants import KIND_DATASOURCE, SourceKind
 from cdi.api.types import DataVolume
+from cdi.controller.importslots import ImportSlots
 from cdi.controller.progress import Scraper
 from cdi.controller.record import ClaimRecord
 from cdi.controller.seal import Seal
@@ -98,6 +99,10 @@ class FlavourDeps:
     storage_class: Callable[[str], Mapping[str, Any] | None] = field(default=lambda name: None)
     # seals every record written beside CDI's keys (``cdi.controller.seal``); None: unsealed
     seal: Seal | None = None
+    # every worker pod in the cluster (the informer's): what holds an import slot
+    worker_pods: Callable[[], Iterable[Mapping[str, Any]]] = field(default=lambda: ())
+    # the queue for CDIConfig's maxConcurrentImports (``cdi.controller.importslots``)
+    slots: ImportSlots = field(default_factory=ImportSlots)
 
 
 class Flavour(Protocol):

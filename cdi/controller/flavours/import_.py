@@ -44,6 +44,8 @@ from cdi.api.constants import (
     Phase,
 )
 from cdi.controller.flavours import JSON, Claim, FlavourDefaults, FlavourDeps, PhaseEvent
+from cdi.controller.importslots import QUEUED_REASON, ImportSlots
+from cdi.controller.importslots import REQUEUE as SLOT_REQUEUE
 from cdi.controller.policy import Decision, FailurePolicy, Outcome, pod_outcome, pod_problem
 from cdi.controller.progress import Progress, parse_metrics
 from cdi.controller.proxy_relay import ProxyRelay, RelaySettings
@@ -219,6 +221,10 @@ class ImportFlavour(FlavourDefaults):
             if wait > 0:
                 return dataclasses.replace(view, retry_in=wait), Result(requeue_after=wait)
         name = importer_pod_name(claim.name, attempt)
+        queued = self._queued(claim, name)
+        if queued is not None:
+            view = dataclasses.replace(view, pod_phase="Pending", pod_problem=queued)
+            return view, Result(requeue_after=SLOT_REQUEUE)
         intent = claim.record
         if intent.pod_name == name and intent.pod_uid and not await self._still_wanted(claim):
             return view, Result(requeue_after=1.0)  # the claim cache is behind: wait for it
@@ -271,6 +277,25 @@ class ImportFlavour(FlavourDefaults):
         await self._record(pvc, recorded, guarded=False)
         del self._created[(dv.namespace, name)]  # recorded: the PVC vouches for it now
         return view, Result(requeue_after=settings.progress_interval)
+
+    def _queued(self, claim: Claim, pod_name: str) -> tuple[str, str] | None:
+        """The Running condition's (reason, message) while CDIConfig's ``maxConcurrentImports``
+        keeps this import waiting for a slot (``cdi.controller.importslots``); None: go on."""
+        limit = claim.cdi_config.spec.max_concurrent_imports
+        if not limit or limit <= 0:
+            return None
+        dv = claim.dv
+        ns = str(claim.pvc["metadata"].get("namespace") or dv.namespace)
+        ahead = self.deps.slots.take(
+            (dv.namespace, dv.name),
+            dv.metadata.creation_timestamp or "",
+            (ns, pod_name),
+            limit,
+            self.deps.worker_pods(),
+        )
+        if ahead is None:
+            return None
+        return QUEUED_REASON, ImportSlots.message(limit, ahead)
 
     async def _proxy_auth_secret(self, claim: Claim) -> tuple[str | None, CDIConfig]:
         """With a credentialed importProxy: the Secret holding this attempt's relay ticket

@@ -7,6 +7,7 @@ DataVolume waiting with a condition that names it, never Failed."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 from collections.abc import Iterator
@@ -102,3 +103,52 @@ def test_an_annotation_that_is_not_a_rate_is_named_and_never_fails_the_datavolum
     assert "'fast' is not a quantity of bytes per second" in message, message
     assert not [p for p in kube.get(ns_path(namespace, "pods"))["items"]
                 if p["metadata"]["name"].startswith("importer-bad")]  # fmt: skip
+
+
+@pytest.fixture
+def one_at_a_time(kube: Kube, controller: Any) -> Iterator[None]:
+    kube.patch(CONFIG, {"spec": {"maxConcurrentImports": 1}})
+    time.sleep(2)  # the controller's CDIConfig informer takes the change
+    yield
+    kube.patch(CONFIG, {"spec": {"maxConcurrentImports": None}})
+
+
+def alive(pod: dict[str, Any]) -> bool:
+    meta, phase = pod["metadata"], (pod.get("status") or {}).get("phase", "Pending")
+    return not meta.get("deletionTimestamp") and phase in ("Pending", "Running")
+
+
+def test_at_most_the_limit_of_imports_run_and_the_rest_start_in_creation_order(
+    kube: Kube, namespace: str, one_at_a_time: None, image_server: ImageServer, images: Images
+) -> None:
+    url = image_server.url("ok", "disk.qcow2")
+    names = ["a-first", "b-second", "c-third"]  # creationTimestamp has whole seconds: ties
+    for name in names:  # fall back to the name, so this is the creation order either way
+        kube.create(dv_path(namespace), capped(name, url, "1Mi"))  # ~2.5 s each
+    queued: set[str] = set()
+    most = 0
+
+    def all_done() -> bool:
+        nonlocal most
+        pods = [p for p in kube.get(ns_path(namespace, "pods"))["items"]
+                if p["metadata"]["name"].startswith("importer-")]  # fmt: skip
+        most = max(most, sum(alive(p) for p in pods))
+        phases = []
+        for name in names:
+            dv = kube.get(dv_path(namespace, name))
+            status = dv.get("status") or {}
+            phases.append(status.get("phase"))
+            for c in status.get("conditions") or []:
+                if c["type"] == "Running" and c.get("reason") == "ImportQueued":
+                    queued.add(name)
+                    assert "at most 1 imports run at once" in c["message"], c
+        return all(p == "Succeeded" for p in phases)
+
+    wait_until(all_done, "three DataVolumes Succeeded", 180, interval=0.2)
+    assert most == 1, most
+    assert {"b-second", "c-third"} <= queued, queued
+    pods = {name: importer(kube, namespace, name) for name in names}
+    for earlier, later in itertools.pairwise(names):
+        finished = pods[earlier]["status"]["containerStatuses"][0]["state"]["terminated"]
+        started = pods[later]["metadata"]["creationTimestamp"]
+        assert started >= finished["finishedAt"], (earlier, later)
