@@ -40,6 +40,7 @@ from cdi.api.quantity import Quantity, QuantityError
 from datapath import CheckpointPlan, ProcessPlan, TargetSpec, parse_checksum
 from datapath.checkpoint import INTERVAL as CHECKPOINT_INTERVAL
 from datapath.plan import SPILL_MEMORY_LIMIT
+from importer.poll import POLL_ENV, PollPlan, poll_plan
 from importer.registry.credentials import registry_credentials
 from importer.sources.gcs import GcsOptions, emulator_endpoint, gcs_options, service_account
 from importer.sources.http import HttpOptions, ProxyConfig
@@ -103,6 +104,9 @@ class ImportConfig:
     # Registry only: resolve the reference to its digest and report it; import nothing
     # (the DataImportCron poller pod, IMPORTER_REGISTRY_POLL=true).
     poll_only: bool = False
+    # HTTP only: poll the image or the release stream at the URL; import nothing (the
+    # DataImportCron poller pod of an HTTP or stream cron, IMPORTER_POLL; ``importer.poll``).
+    http_poll: PollPlan | None = None
 
 
 class TargetExists(InvalidConfig):
@@ -462,4 +466,7 @@ def from_env(env: Mapping[str, str]) -> ImportConfig:
     poll = env.get(REGISTRY_POLL_ENV, "").lower() == "true"
     if poll and not isinstance(source, RegistryOptions):
         raise InvalidConfig(f"{REGISTRY_POLL_ENV} applies to registry sources only")
-    return ImportConfig(plan=plan, source=source, edges=edges, poll_only=poll)
+    http_poll = poll_plan(env, env.get(ImporterEnv.ENDPOINT, ""))
+    if http_poll is not None and type(source) is not HttpOptions:
+        raise InvalidConfig(f"{POLL_ENV} applies to http sources only")
+    return ImportConfig(plan=plan, source=source, edges=edges, poll_only=poll, http_poll=http_poll)

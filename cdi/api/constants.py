@@ -338,6 +338,13 @@ class ImporterEnv(StrEnum):
     CLUSTER_CIDRS = "IMPORTER_CLUSTER_CIDRS"
     # Not CDI: "<offset>:<blake3 hex>", the resume prefix the controller attests (checkpoint.py)
     CHECKPOINT_ATTESTED = "IMPORTER_CHECKPOINT_ATTESTED"
+    # Not CDI: a DataImportCron poller of an HTTP image or a release stream (importer/poll.py):
+    # "http" or "stream"; the checksum file beside the image; the stream's architecture and
+    # artifact (cdi.api.releasestream).
+    POLL = "IMPORTER_POLL"
+    POLL_CHECKSUM_FILE = "IMPORTER_POLL_CHECKSUM_FILE"
+    POLL_STREAM_ARCHITECTURE = "IMPORTER_POLL_STREAM_ARCHITECTURE"
+    POLL_STREAM_ARTIFACT = "IMPORTER_POLL_STREAM_ARTIFACT"
 
 
 IMPORTER_EXTRA_HEADER_PREFIX: Final = "IMPORTER_EXTRA_HEADER_"  # + index: "Name: value"
