@@ -42,6 +42,9 @@ KUBEVIRT = "kubevirt"
 KIND_REGISTRY = "registry"
 KIND_HTTP = "http"
 MAX_DOCUMENT_BYTES = 4 * 1024 * 1024  # Fedora's stable.json is ~50 KB
+# The record travels in a termination message (4096 bytes) and an annotation: bounded fields.
+MAX_LOCATION = 2048
+MAX_RELEASE = 128
 _NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")
 _ARCH = re.compile(r"[a-z0-9][a-z0-9_]{0,31}")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
@@ -126,8 +129,10 @@ def _check_release(release: StreamRelease) -> None:
     hexpart = release.digest.removeprefix("sha256:")
     if not release.digest.startswith("sha256:") or not _SHA256.fullmatch(hexpart):
         raise InvalidStreamDocument(f"{release.artifact}: digest is not sha256:<64 hex>")
-    if not release.release or len(release.release) > 128:
-        raise InvalidStreamDocument(f"{release.artifact}: no release version")
+    if not release.release or len(release.release) > MAX_RELEASE:
+        raise InvalidStreamDocument(f"{release.artifact}: no release version of a sane length")
+    if len(release.location) > MAX_LOCATION or len(release.stream) > MAX_RELEASE:
+        raise InvalidStreamDocument(f"{release.artifact}: location or stream name too long")
     if release.kind == KIND_REGISTRY:
         ref = release.location.removeprefix("docker://")
         if not release.location.startswith("docker://") or not _DIGEST_REF.fullmatch(ref):
