@@ -19,7 +19,7 @@ import pytest
 
 from testkit.kubeclient import Kube
 from testkit.product import Product
-from testkit.registry import Registry, Tls
+from testkit.registry import Registry
 from testkit.waiting import wait_until
 from tests.integration.datavolumes.cdi_env import Images, pv_of, same_prefix_then_zeros
 from tests.integration.datavolumes.cdi_env import (  # the fixtures this module uses
@@ -35,10 +35,10 @@ from tests.integration.datavolumes.cdi_env import (
     product as product,
 )
 from tests.integration.datavolumes.test_registry_datavolume import registry_access
-from tests.integration.test_dataimportcron import publish
+from tests.integration.test_dataimportcron import PASSWORD, USER, publish
+from tests.integration.test_dataimportcron import registry as registry  # the fixture
 
 pytestmark = pytest.mark.integration
-USER, PASSWORD = "cron", "cron-secret-2"
 CRONS = "/apis/cdi.kubevirt.io/v1beta1/namespaces/{ns}/dataimportcrons"
 SOURCES = "/apis/cdi.kubevirt.io/v1beta1/namespaces/{ns}/datasources"
 DVS = "/apis/cdi.kubevirt.io/v1beta1/namespaces/{ns}/datavolumes"
@@ -108,14 +108,6 @@ def site() -> Iterator[Site]:
     served = Site()
     yield served
     served.server.shutdown()
-
-
-@pytest.fixture(scope="module")
-def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
-    root = tmp_path_factory.mktemp("stream-registry")
-    reg = Registry(root / "reg", tls=Tls.make(root / "tls"), users={USER: PASSWORD}).start()
-    yield reg
-    reg.stop()
 
 
 def cron(source: dict[str, Any], name: str = "fcos-cron") -> dict[str, Any]:
