@@ -217,7 +217,8 @@ def imported_source(cron: Cron, digest: str, release: Mapping[str, str]) -> JSON
     found = StreamRelease.from_record(release)
     common = {k: stream[k] for k in ("secretRef", "certConfigMap") if stream.get(k)}
     if found.kind == KIND_REGISTRY:
-        return {"registry": {**common, "url": found.location}}
+        pull = {"pullMethod": stream["pullMethod"]} if stream.get("pullMethod") else {}
+        return {"registry": {**common, **pull, "url": found.location}}
     return {"http": {**common, "url": found.location, "checksum": found.digest}}
 
 

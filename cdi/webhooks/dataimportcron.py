@@ -136,6 +136,11 @@ def _stream_causes(spec: Mapping[str, Any], template: Mapping[str, Any]) -> Caus
         Artifact.parse(str(stream.get("artifact") or ""))
     except ValueError as exc:
         return [Cause(f"Illegal stream artifact: {exc}", f"{field}.artifact")]
+    method = stream.get("pullMethod")
+    if method not in (None, "", "pod", "node"):
+        return [Cause(f'ImportMethod {method} is neither pod, node or ""', f"{field}.pullMethod")]
+    if method == "node" and stream.get("artifact") != "kubevirt":
+        return [Cause("pullMethod applies to the kubevirt artifact only", f"{field}.pullMethod")]
     for key in ("secretRef", "certConfigMap"):
         causes += name_causes(stream.get(key), f"{field}.{key}")
     return causes

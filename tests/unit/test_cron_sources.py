@@ -278,6 +278,10 @@ def test_a_stream_release_imports_the_digest_reference_and_labels_the_release() 
     dv = desired_import(cron, found.digest, found.record())
     assert dv["metadata"]["name"] == import_name("fcos", KUBEVIRT_DIGEST) == "fcos-" + "ab" * 6
     assert dv["spec"]["source"] == {"registry": {"certConfigMap": "ca", "url": found.location}}
+    node = copy.deepcopy(STREAM)
+    node["stream"]["pullMethod"] = "node"
+    dv = desired_import(Cron.from_obj(cron_obj(node)), found.digest, found.record())
+    assert dv["spec"]["source"]["registry"]["pullMethod"] == "node"
     assert dv["metadata"]["labels"][LABEL_STREAM_RELEASE] == "40.20240416.3.1"
     assert dv["metadata"]["labels"][LABEL_STREAM_DIGEST] == "sha256-" + "ab" * 6
     disk = parse_stream(doc(fcos()), "x86_64", Artifact.parse("qemu/qcow2.xz"))
@@ -398,6 +402,11 @@ def test_http_and_stream_crons_are_admitted(source: dict[str, Any], extra: dict[
             {"stream": {**STREAM["stream"], "url": "file:///etc/x"}},
             {},
             "spec.source Invalid source URL scheme: file:///etc/x",
+        ),
+        (
+            {"stream": {**STREAM["stream"], "artifact": "qemu/raw", "pullMethod": "node"}},
+            {},
+            "pullMethod applies to the kubevirt artifact only",
         ),
         (
             {"stream": STREAM["stream"], "http": {"url": "http://h/d"}},
