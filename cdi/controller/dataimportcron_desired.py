@@ -182,8 +182,10 @@ def desired_release(cron: Cron) -> dict[str, str]:
 
 
 def poll_error(cron: Cron) -> Condition | None:
-    """The last poll's failure as an ``UpToDate`` condition (None: the last poll succeeded)."""
-    if ANN_POLL_ERROR not in cron.annotations:
+    """The last poll's failure as an ``UpToDate`` condition (None: the last poll succeeded).
+    Our sources only: a registry cron's conditions stay CDI's (``UpToDate`` speaks of the
+    import, and CDI's ``CDIDataImportCronOutdated`` alert is computed from it)."""
+    if ANN_POLL_ERROR not in cron.annotations or cron.kind == KIND_REGISTRY:
         return None
     error = _json_annotation(cron, ANN_POLL_ERROR)
     return (False, error.get("reason") or "PollFailed", error.get("message") or "Poll failed")

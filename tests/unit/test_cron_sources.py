@@ -336,6 +336,9 @@ def test_a_permanent_poll_failure_shows_and_waits_to_be_asked() -> None:
     assert not poll_due(cron, now), "no schedule: a failed poll is not repeated until asked"
     obj["metadata"]["annotations"][ANN_NEXT_CRON_TIME] = "2000-01-01T00:00:00Z"
     assert poll_due(Cron.from_obj(obj), now)
+    registry = cron_obj({"registry": {"url": "docker://q.io/a:b"}})
+    registry["metadata"]["annotations"] = {ANN_POLL_ERROR: error}
+    assert poll_error(Cron.from_obj(registry)) is None, "registry crons keep CDI's conditions"
     obj["metadata"]["annotations"] = {ANN_DESIRED_DIGEST: "sha256:" + "1" * 64}
     obj["metadata"]["annotations"][ANN_DESIRED_RELEASE] = "{}"
     assert poll_error(Cron.from_obj(obj)) is None
