@@ -294,6 +294,33 @@ def test_http_cron_without_a_validator_says_so_and_never_imports(
     assert kube.get_or_none(f"{SOURCES.format(ns=ns)}/fcos") is None
 
 
+def test_http_cron_by_checksum_file_imports_the_listed_bytes_once_per_sum(
+    kube: Kube, namespace: str, site: Site, request: pytest.FixtureRequest
+) -> None:
+    ns = namespace
+    deployed: Product = request.getfixturevalue("controller")
+    disks: Images = request.getfixturevalue("images")
+    data = (disks.root / "disk.qcow2").read_bytes()
+    sha = hashlib.sha256(data).hexdigest()
+    site.put("disk.img", data)
+    site.put("SHA256SUMS", f"{'0' * 64}  other.iso\n{sha}  disk.img\n".encode())
+    body = cron({"http": {"url": site.url("plain/disk.img")}})  # no validators: the sums
+    body["spec"]["httpPoll"] = {"checksumFile": "SHA256SUMS"}
+    kube.create(CRONS.format(ns=ns), body)
+    ds = wait_pointed(kube, ns, deployed)
+    one = f"fcos-{sha[:12]}"
+    assert ds["spec"]["source"]["pvc"]["name"] == one
+    dv = kube.get(f"{DVS.format(ns=ns)}/{one}")
+    assert dv["spec"]["source"]["http"]["checksum"] == f"sha256:{sha}"
+    assert site.count("HEAD", "plain/disk.img") + site.count("GET", "plain/disk.img") >= 1
+    gets = site.count("GET", "plain/disk.img")
+    assert gets == 1
+    force_poll(kube, ns, deployed)
+    assert dv_names(kube, ns) == {one}
+    assert site.count("GET", "plain/disk.img") == gets, "the same sum: no import"
+    assert site.count("GET", "plain/SHA256SUMS") == 2
+
+
 def test_stream_cron_follows_the_kubevirt_containerdisk_by_digest(
     kube: Kube,
     namespace: str,
