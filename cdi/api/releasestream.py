@@ -126,6 +126,10 @@ class StreamRelease:
 
 
 def _check_release(release: StreamRelease) -> None:
+    if release.kind == KIND_REGISTRY:
+        ref = release.location.removeprefix("docker://")
+        if not release.location.startswith("docker://") or not _DIGEST_REF.fullmatch(ref):
+            raise InvalidStreamDocument("images.kubevirt: digest-ref is not <repo>@sha256:<hex>")
     hexpart = release.digest.removeprefix("sha256:")
     if not release.digest.startswith("sha256:") or not _SHA256.fullmatch(hexpart):
         raise InvalidStreamDocument(f"{release.artifact}: digest is not sha256:<64 hex>")
@@ -134,10 +138,7 @@ def _check_release(release: StreamRelease) -> None:
     if len(release.location) > MAX_LOCATION or len(release.stream) > MAX_RELEASE:
         raise InvalidStreamDocument(f"{release.artifact}: location or stream name too long")
     if release.kind == KIND_REGISTRY:
-        ref = release.location.removeprefix("docker://")
-        if not release.location.startswith("docker://") or not _DIGEST_REF.fullmatch(ref):
-            raise InvalidStreamDocument("images.kubevirt: digest-ref is not <repo>@sha256:<hex>")
-        if not ref.endswith("@" + release.digest):
+        if not release.location.endswith("@" + release.digest):
             raise InvalidStreamDocument("images.kubevirt: digest-ref names another digest")
     else:
         parts = urlsplit(release.location)
