@@ -40,6 +40,7 @@ from cdi.api.quantity import Quantity, QuantityError
 from datapath import CheckpointPlan, ProcessPlan, TargetSpec, parse_checksum
 from datapath.checkpoint import INTERVAL as CHECKPOINT_INTERVAL
 from datapath.plan import SPILL_MEMORY_LIMIT
+from importer.poll import POLL_ENV, PollPlan, poll_plan
 from importer.registry.credentials import registry_credentials
 from importer.sources.gcs import GcsOptions, emulator_endpoint, gcs_options, service_account
 from importer.sources.http import HttpOptions, ProxyConfig
@@ -105,6 +106,9 @@ class ImportConfig:
     poll_only: bool = False
     # Bytes per second a network source may read at most (IMPORTER_BANDWIDTH_LIMIT); None: no cap
     bandwidth_limit: int | None = None
+    # HTTP only: poll the image or the release stream at the URL; import nothing (the
+    # DataImportCron poller pod of an HTTP or stream cron, IMPORTER_POLL; ``importer.poll``).
+    http_poll: PollPlan | None = None
 
 
 class TargetExists(InvalidConfig):
@@ -480,7 +484,15 @@ def from_env(env: Mapping[str, str]) -> ImportConfig:
     poll = env.get(REGISTRY_POLL_ENV, "").lower() == "true"
     if poll and not isinstance(source, RegistryOptions):
         raise InvalidConfig(f"{REGISTRY_POLL_ENV} applies to registry sources only")
+    http_poll = poll_plan(env, env.get(ImporterEnv.ENDPOINT, ""))
+    if http_poll is not None and type(source) is not HttpOptions:
+        raise InvalidConfig(f"{POLL_ENV} applies to http sources only")
     bandwidth = parse_bandwidth(env.get(ImporterEnv.BANDWIDTH_LIMIT))
     return ImportConfig(
-        plan=plan, source=source, edges=edges, poll_only=poll, bandwidth_limit=bandwidth
+        plan=plan,
+        source=source,
+        edges=edges,
+        poll_only=poll,
+        http_poll=http_poll,
+        bandwidth_limit=bandwidth,
     )

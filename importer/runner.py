@@ -17,6 +17,7 @@ from cdi.api.termination import REASON_COMPLETED, TerminationMessage
 from datapath import FileSource, Processor, Progress, Source
 from datapath.sources.throttle import Throttled
 from importer.config import BlankOptions, FileOptions, ImportConfig, SourceOptions
+from importer.poll import poll
 from importer.sources.gcs import GcsOptions, GcsSource
 from importer.sources.http import HttpOptions, HttpSource
 from importer.sources.registry_options import NodePullOptions, RegistryOptions
@@ -83,6 +84,11 @@ def capped(source: Source | None, config: ImportConfig) -> Source | None:
 async def run_import(config: ImportConfig, progress: Progress | None = None) -> TerminationMessage:
     progress = progress or Progress()
     edges = config.edges
+    if config.http_poll is not None and isinstance(config.source, HttpOptions):
+        message = await poll(config.source, config.http_poll)  # a poll serves no progress
+        if edges.termination_path:
+            message.write(edges.termination_path)
+        return message
     source = make_source(config.source)
     # registry options make a RegistrySource (imported lazily, so no isinstance on it here)
     registry = (

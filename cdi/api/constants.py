@@ -343,6 +343,13 @@ class ImporterEnv(StrEnum):
     CHECKPOINT_ATTESTED = "IMPORTER_CHECKPOINT_ATTESTED"
     # Not CDI: bytes per second a network source may read at most (issue 28, throttle.py)
     BANDWIDTH_LIMIT = "IMPORTER_BANDWIDTH_LIMIT"
+    # Not CDI: a DataImportCron poller of an HTTP image or a release stream (importer/poll.py):
+    # "http" or "stream"; the checksum file beside the image; the stream's architecture and
+    # artifact (cdi.api.releasestream).
+    POLL = "IMPORTER_POLL"
+    POLL_CHECKSUM_FILE = "IMPORTER_POLL_CHECKSUM_FILE"
+    POLL_STREAM_ARCHITECTURE = "IMPORTER_POLL_STREAM_ARCHITECTURE"
+    POLL_STREAM_ARTIFACT = "IMPORTER_POLL_STREAM_ARTIFACT"
 
 
 IMPORTER_EXTRA_HEADER_PREFIX: Final = "IMPORTER_EXTRA_HEADER_"  # + index: "Name: value"

@@ -83,6 +83,31 @@ class TargetError(WorkerError):
     transient = True
 
 
+class NoValidator(WorkerError):
+    """A DataImportCron poll of an HTTP source: the server names no version of the image (no
+    ``ETag``, no ``Last-Modified``), so a change cannot be told without downloading it."""
+
+    reason = "NoValidator"
+
+
+class ChecksumFileInvalid(WorkerError):
+    """A DataImportCron poll: the checksum file beside the image does not list the image."""
+
+    reason = "ChecksumFileInvalid"
+
+
+class InvalidStreamDocument(WorkerError):
+    """A DataImportCron poll: the release stream document does not parse as one."""
+
+    reason = "InvalidStreamDocument"
+
+
+class StreamArtifactMissing(WorkerError):
+    """A DataImportCron poll: the stream document has no such architecture or artifact."""
+
+    reason = "StreamArtifactMissing"
+
+
 class InternalError(WorkerError):
     """A bug: something failed that no typed error describes. The message is fixed and
     generic (an exception's text may hold a URL's credentials); the details go to the log."""
@@ -102,5 +127,9 @@ ALL_ERRORS: tuple[type[WorkerError], ...] = (
     InsufficientSpace,
     InvalidConfig,
     TargetError,
+    NoValidator,
+    ChecksumFileInvalid,
+    InvalidStreamDocument,
+    StreamArtifactMissing,
     InternalError,
 )

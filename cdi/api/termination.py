@@ -35,6 +35,9 @@ class TerminationMessage:
     preallocation_applied: bool = False
     labels: dict[str, str] = field(default_factory=dict)
     source_digest: str | None = None  # registry: the manifest digest a tag resolved to
+    # A DataImportCron poll of an HTTP source or a release stream: what was found (the
+    # stream's release record, ``cdi.api.releasestream``; the checksum or validators polled).
+    source_release: dict[str, str] = field(default_factory=dict)
 
     @property
     def succeeded(self) -> bool:

@@ -14,6 +14,7 @@ cannot choose the digest that gets imported: it is deleted by its UID, never rea
 from __future__ import annotations
 
 import datetime as dt
+import json
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -22,10 +23,13 @@ from typing import Any, Protocol
 from cdi.api.codec import SchemaError
 from cdi.api.config import CDIConfig
 from cdi.api.constants import CDICONFIG_NAME
+from cdi.api.errors import WorkerError
 from cdi.controller import dataimportcron_desired as desired
 from cdi.controller.dataimportcron_desired import (
     ANN_DESIRED_DIGEST,
+    ANN_DESIRED_RELEASE,
     ANN_NEXT_CRON_TIME,
+    ANN_POLL_ERROR,
     ANN_POLLER_UID,
     DATAIMPORTCRONS,
     GC_NEVER,
@@ -134,21 +138,32 @@ class DataImportCronReconciler:
         if outcome is None:
             return obj, True, False
         await self.kube.delete_if_present(PODS, cron.poller_name, cron.namespace, uid=recorded)
-        digest = outcome.termination.source_digest if outcome.termination else None
+        term = outcome.termination
+        digest = term.source_digest if term else None
+        nxt = desired.next_poll(cron.schedule, now)
         if outcome.succeeded and digest:
-            nxt = desired.next_poll(cron.schedule, now)
-            changes = {ANN_DESIRED_DIGEST: digest, ANN_POLLER_UID: None}
-            changes[ANN_NEXT_CRON_TIME] = desired.rfc3339(nxt) if nxt else None
+            release = term.source_release if term else {}
+            changes = {
+                ANN_DESIRED_DIGEST: digest,
+                ANN_DESIRED_RELEASE: json.dumps(release, sort_keys=True) if release else None,
+                ANN_POLL_ERROR: None,
+                ANN_POLLER_UID: None,
+                ANN_NEXT_CRON_TIME: desired.rfc3339(nxt) if nxt else None,
+            }
             return await self._annotate(cron, changes), False, True
         log.info(
             "%s/%s: poll failed: %s: %s", cron.namespace, cron.name, outcome.reason, outcome.message
         )
-        retry = desired.rfc3339(now + POLL_RETRY)
-        return (
-            await self._annotate(cron, {ANN_NEXT_CRON_TIME: retry, ANN_POLLER_UID: None}),
-            False,
-            True,
-        )
+        # A transient failure (the network) is retried soon; a permanent one (no validator, a
+        # bad document) waits for the schedule or a forced poll: polling again cannot help.
+        retry = now + POLL_RETRY if outcome.transient else nxt
+        error = {"reason": outcome.reason, "message": outcome.message[:1024]}
+        changes = {
+            ANN_NEXT_CRON_TIME: desired.rfc3339(retry) if retry else None,
+            ANN_POLL_ERROR: json.dumps(error, sort_keys=True),
+            ANN_POLLER_UID: None,
+        }
+        return await self._annotate(cron, changes), False, True
 
     async def _annotate(self, cron: Cron, changes: Mapping[str, str | None]) -> JSON:
         patch = {"metadata": {"annotations": dict(changes)}}
@@ -178,53 +193,71 @@ class DataImportCronReconciler:
         stamp = desired.rfc3339(now)
         previous = old.get("conditions") or []
         digest = cron.annotations.get(ANN_DESIRED_DIGEST)
+        poll_error = desired.poll_error(cron)
         if not digest:
-            conds = [
-                desired.condition(
-                    previous, "Progressing", False, "NoImport", "No current import", stamp
-                ),
-                desired.condition(
-                    previous, "UpToDate", False, "NoDigest", "No source digest", stamp
-                ),
-            ]
+            up_to_date = poll_error or (False, "NoDigest", "No source digest")
+            conds = desired.cron_conditions(previous, stamp, desired.NO_IMPORT, up_to_date)
             return {**old, "conditions": conds}, False
+        release = desired.desired_release(cron)
         name = desired.import_name(cron.managed, digest)
         dv = await self.kube.get_or_none(DATAVOLUMES, name, cron.namespace)
         if dv is None:
-            dv = await self.kube.create(DATAVOLUMES, desired.desired_import(cron, digest))
+            try:
+                want = desired.desired_import(cron, digest, release)
+            except WorkerError as exc:  # a release record that does not check out: no import
+                refused = (False, exc.reason, exc.message)
+                conds = desired.cron_conditions(previous, stamp, desired.NO_IMPORT, refused)
+                return {**old, "conditions": conds}, False
+            dv = await self.kube.create(DATAVOLUMES, want)
         phase = (dv.get("status") or {}).get("phase") or ""
-        status = {**old, "currentImports": [{"dataVolumeName": name, "Digest": digest}]}
+        current: JSON = {"dataVolumeName": name, "Digest": digest}
+        if release.get("release"):
+            current["release"] = release["release"]
+        status = {**old, "currentImports": [current]}
         if phase != "Succeeded":
             conds = desired.cron_conditions(
                 previous,
                 stamp,
                 (True, "ImportProgressing", f"Import DataVolume phase {phase or 'Pending'}"),
-                (False, "ImportProgressing", "Import is progressing"),
+                poll_error or (False, "ImportProgressing", "Import is progressing"),
             )
             return {**status, "conditions": conds}, True
-        await self._point_data_source(cron, name, dv)
+        await self._point_data_source(cron, name, dv, release)
         await self._collect(cron, name)
         status["lastImportedPVC"] = {"name": name, "namespace": cron.namespace}
+        if release.get("release"):
+            status["sourceRelease"] = dict(release)
         status.setdefault("lastImportTimestamp", stamp)
         if old.get("lastImportedPVC") != status["lastImportedPVC"]:
             status["lastImportTimestamp"] = stamp
-        conds = desired.cron_conditions(
-            previous, stamp, desired.NO_IMPORT, (True, "UpToDate", "Latest import is up to date")
-        )
+        up_to_date = poll_error or (True, "UpToDate", "Latest import is up to date")
+        conds = desired.cron_conditions(previous, stamp, desired.NO_IMPORT, up_to_date)
         return {**status, "conditions": conds}, False
 
-    async def _point_data_source(self, cron: Cron, pvc: str, dv: JSON) -> None:
+    async def _point_data_source(
+        self, cron: Cron, pvc: str, dv: JSON, release: Mapping[str, str]
+    ) -> None:
         labels = {
             k: v
             for k, v in ((dv.get("metadata") or {}).get("labels") or {}).items()
             if ".kubevirt.io/" in k and not k.startswith("cdi.kubevirt.io/")
         }
-        want = desired.desired_data_source(cron, pvc, labels)
+        try:
+            labels.update(desired.release_labels(release))
+            annotations = desired.release_annotations(release)
+        except WorkerError:  # the record was checked when the import was made; now tampered
+            annotations = {}
+        want = desired.desired_data_source(cron, pvc, labels, annotations)
         found = await self.kube.get_or_none(DATA_SOURCES, cron.managed, cron.namespace)
         if found is None:
             await self.kube.create(DATA_SOURCES, want)
-        elif (found.get("spec") or {}).get("source") != want["spec"]["source"]:
-            patch = {"spec": want["spec"], "metadata": {"labels": want["metadata"]["labels"]}}
+        elif (found.get("spec") or {}).get("source") != want["spec"]["source"] or not _carries(
+            found, want
+        ):
+            meta = {
+                k: want["metadata"][k] for k in ("labels", "annotations") if k in want["metadata"]
+            }
+            patch = {"spec": want["spec"], "metadata": meta}
             await self.kube.patch(DATA_SOURCES, cron.managed, patch, cron.namespace)
         # Its Ready condition and status.source are the DataSource reconciler's (datasource.py).
 
@@ -239,6 +272,16 @@ class DataImportCronReconciler:
         ]
         for name in desired.to_collect(ours, current, cron.keep):
             await self.kube.delete_if_present(DATAVOLUMES, name, cron.namespace)
+
+
+def _carries(found: Mapping[str, Any], want: Mapping[str, Any]) -> bool:
+    """Whether ``found`` has the labels and annotations ``want`` sets (others may be there)."""
+    meta = found.get("metadata") or {}
+    for key in ("labels", "annotations"):
+        have = meta.get(key) or {}
+        if any(have.get(k) != v for k, v in (want["metadata"].get(key) or {}).items()):
+            return False
+    return True
 
 
 def _soonest(cron: Cron, now: dt.datetime, busy: bool) -> float | None:

@@ -11,18 +11,29 @@ time to force a poll); conditions ``Progressing`` and ``UpToDate``. Polls run in
 network policy stay in the data plane) that reports the digest in its termination message.
 The schedule is parsed by croniter; an empty schedule polls once and then only when the
 annotation asks.
+
+Beyond CDI, two more sources (``docs/registry.md``): ``source.http`` (the poller reads the
+image's validators or its checksum file, ``IMPORTER_POLL=http``; the import is the template as
+written, with the polled checksum when there is one) and ``source.stream`` (a release stream
+document, ``IMPORTER_POLL=stream``; the import is a registry DataVolume pinned to the artifact's
+digest reference or an HTTP one with the stream's sha256). Whatever the kind, the poll reports
+an identity ``sha256:<hex>`` that names the import exactly as a registry digest does; what
+else it found (a stream's release) is the annotation ``storage.import.sourceDesiredRelease``,
+and a failed poll's reason is ``storage.import.pollError``, shown in ``UpToDate``.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from croniter import croniter
 
-from cdi.api.constants import LABEL_COMPONENT
+from cdi.api.constants import LABEL_COMPONENT, ImporterEnv
+from cdi.api.releasestream import KIND_REGISTRY, StreamRelease
 from cdi.api.types import DataVolume
 from cdi.kube.client import Resource
 from cdi.render.importer_pod import (
@@ -33,12 +44,21 @@ from cdi.render.importer_pod import (
 )
 
 JSON = dict[str, Any]
+Condition = tuple[bool, str, str]  # status, reason, message
 DATAIMPORTCRONS = Resource("cdi.kubevirt.io", "v1beta1", "dataimportcrons", "DataImportCron")
 _A = "cdi.kubevirt.io/"
 ANN_DESIRED_DIGEST = _A + "storage.import.sourceDesiredDigest"
 ANN_NEXT_CRON_TIME = _A + "storage.import.nextCronTime"
 ANN_LAST_USE_TIME = _A + "storage.import.lastUseTime"
 ANN_POLLER_UID = _A + "storage.import.pollerPodUID"  # not CDI: the poller pod we created
+ANN_DESIRED_RELEASE = _A + "storage.import.sourceDesiredRelease"  # not CDI: JSON, see above
+ANN_POLL_ERROR = _A + "storage.import.pollError"  # not CDI: JSON {reason, message}
+LABEL_STREAM_RELEASE = _A + "stream.release"
+LABEL_STREAM_ARTIFACT = _A + "stream.artifact"
+LABEL_STREAM_DIGEST = _A + "stream.digest"  # sha256-<12 hex>: a label value is 63 characters
+ANN_STREAM_DIGEST = _A + "stream.releaseDigest"  # the whole sha256:<hex>
+ANN_STREAM_LOCATION = _A + "stream.location"
+KIND_HTTP, KIND_STREAM = "http", "stream"
 LABEL_CRON = _A + "dataImportCron"
 LABEL_CLEANUP = _A + "dataImportCron.cleanup"
 POLL_ENV = "IMPORTER_REGISTRY_POLL"
@@ -59,6 +79,7 @@ class Cron:
     garbage_collect: str
     retention: str
     annotations: Mapping[str, str]
+    checksum_file: str = ""  # spec.httpPoll.checksumFile (http crons)
 
     @classmethod
     def from_obj(cls, obj: Mapping[str, Any]) -> Cron:
@@ -75,12 +96,24 @@ class Cron:
             garbage_collect=str(spec.get("garbageCollect") or "Outdated"),
             retention=str(spec.get("retentionPolicy") or "RetainAll"),
             annotations=dict(meta.get("annotations") or {}),
+            checksum_file=str((spec.get("httpPoll") or {}).get("checksumFile") or ""),
         )
 
     @property
+    def source(self) -> JSON:
+        return dict((self.template.get("spec") or {}).get("source") or {})
+
+    @property
+    def kind(self) -> str:
+        """registry (CDI's), http or stream (ours); the first present, as admission allows one."""
+        for kind in (KIND_REGISTRY, KIND_HTTP, KIND_STREAM):
+            if self.source.get(kind):
+                return kind
+        return ""
+
+    @property
     def source_url(self) -> str:
-        registry = ((self.template.get("spec") or {}).get("source") or {}).get("registry") or {}
-        return str(registry.get("url") or "")
+        return str((self.source.get(self.kind) or {}).get("url") or "") if self.kind else ""
 
     @property
     def poller_name(self) -> str:
@@ -124,11 +157,38 @@ def next_poll(schedule: str, now: dt.datetime) -> dt.datetime | None:
 
 def poll_due(cron: Cron, now: dt.datetime) -> bool:
     """At creation (no digest, no poll time yet), and when ``nextCronTime`` has come (a failed
-    poll sets it to a retry time)."""
+    poll sets it to a retry time; a permanent failure without a schedule waits to be asked)."""
     when = parse_time(cron.annotations.get(ANN_NEXT_CRON_TIME))
     if when is None:
-        return not cron.annotations.get(ANN_DESIRED_DIGEST)
+        return (
+            not cron.annotations.get(ANN_DESIRED_DIGEST) and ANN_POLL_ERROR not in cron.annotations
+        )
     return when <= now
+
+
+def _json_annotation(cron: Cron, key: str) -> dict[str, str]:
+    try:
+        value = json.loads(cron.annotations.get(key) or "{}")
+    except ValueError:
+        return {}
+    if not isinstance(value, dict):
+        return {}
+    return {str(k): str(v) for k, v in value.items()}
+
+
+def desired_release(cron: Cron) -> dict[str, str]:
+    """What the last good poll found beside the identity (a stream's release record)."""
+    return _json_annotation(cron, ANN_DESIRED_RELEASE)
+
+
+def poll_error(cron: Cron) -> Condition | None:
+    """The last poll's failure as an ``UpToDate`` condition (None: the last poll succeeded).
+    Our sources only: a registry cron's conditions stay CDI's (``UpToDate`` speaks of the
+    import, and CDI's ``CDIDataImportCronOutdated`` alert is computed from it)."""
+    if ANN_POLL_ERROR not in cron.annotations or cron.kind == KIND_REGISTRY:
+        return None
+    error = _json_annotation(cron, ANN_POLL_ERROR)
+    return (False, error.get("reason") or "PollFailed", error.get("message") or "Poll failed")
 
 
 def import_name(managed: str, digest: str) -> str:
@@ -143,25 +203,69 @@ def pinned_url(url: str, digest: str) -> str:
     return f"{head}/{name}@{digest}"
 
 
-def desired_import(cron: Cron, digest: str) -> JSON:
+def imported_source(cron: Cron, digest: str, release: Mapping[str, str]) -> JSON:
+    """The import's ``spec.source``: a registry tag pinned to the digest; an HTTP image as
+    written, checked against the polled checksum; a stream's artifact by its digest reference
+    or its URL and sha256 (``StreamRelease.from_record`` checks the record again)."""
+    source = cron.source
+    if cron.kind == KIND_REGISTRY:
+        return {"registry": {**source["registry"], "url": pinned_url(cron.source_url, digest)}}
+    if cron.kind == KIND_HTTP:
+        http = dict(source["http"])
+        if release.get("checksum"):
+            http["checksum"] = release["checksum"]
+        return {"http": http}
+    stream = source[KIND_STREAM]
+    found = StreamRelease.from_record(release)
+    common = {k: stream[k] for k in ("secretRef", "certConfigMap") if stream.get(k)}
+    if found.kind == KIND_REGISTRY:
+        pull = {"pullMethod": stream["pullMethod"]} if stream.get("pullMethod") else {}
+        return {"registry": {**common, **pull, "url": found.location}}
+    return {"http": {**common, "url": found.location, "checksum": found.digest}}
+
+
+def release_labels(release: Mapping[str, str]) -> dict[str, str]:
+    """A stream release as labels (a label value: at most 63 of [A-Za-z0-9._-])."""
+    if not release.get("release"):
+        return {}
+    found = StreamRelease.from_record(release)
+    return {
+        LABEL_STREAM_RELEASE: _label_value(found.release),
+        LABEL_STREAM_ARTIFACT: _label_value(found.artifact.replace("/", "_")),
+        LABEL_STREAM_DIGEST: "sha256-" + found.digest.removeprefix("sha256:")[:12],
+    }
+
+
+def release_annotations(release: Mapping[str, str]) -> dict[str, str]:
+    if not release.get("release"):
+        return {}
+    return {ANN_STREAM_DIGEST: release["digest"], ANN_STREAM_LOCATION: release["location"]}
+
+
+def _label_value(text: str) -> str:
+    cleaned = "".join(c if c.isascii() and (c.isalnum() or c in "._-") else "_" for c in text)
+    return cleaned[:63].strip("._-")
+
+
+def desired_import(cron: Cron, digest: str, release: Mapping[str, str] | None = None) -> JSON:
     """The DataVolume importing ``digest``: the template, pinned, named and labelled."""
     template = cron.template
+    release = release or {}
     spec = dict(template.get("spec") or {})
-    source = dict(spec.get("source") or {})
-    source["registry"] = {
-        **(source.get("registry") or {}),
-        "url": pinned_url(cron.source_url, digest),
-    }
-    spec["source"] = source
+    spec["source"] = imported_source(cron, digest, release)
     meta_in = template.get("metadata") or {}
-    labels = {**(meta_in.get("labels") or {}), LABEL_CRON: cron.name}
+    labels = {**(meta_in.get("labels") or {}), **release_labels(release), LABEL_CRON: cron.name}
     if cron.retention == RETAIN_NONE:
         labels[LABEL_CLEANUP] = "true"
     meta: JSON = {
         "name": import_name(cron.managed, digest),
         "namespace": cron.namespace,
         "labels": labels,
-        "annotations": {**(meta_in.get("annotations") or {}), ANN_DESIRED_DIGEST: digest},
+        "annotations": {
+            **(meta_in.get("annotations") or {}),
+            **release_annotations(release),
+            ANN_DESIRED_DIGEST: digest,
+        },
     }
     if cron.retention == RETAIN_NONE:
         meta["ownerReferences"] = [cron.reference()]
@@ -173,10 +277,48 @@ def desired_import(cron: Cron, digest: str) -> JSON:
     }
 
 
+def _poll_env(cron: Cron) -> list[JSON]:
+    """What the importer polls, by kind (``importer.poll``; a registry: the digest)."""
+    if cron.kind == KIND_REGISTRY:
+        return [{"name": POLL_ENV, "value": "true"}]
+    if cron.kind == KIND_HTTP:
+        env = [{"name": ImporterEnv.POLL.value, "value": KIND_HTTP}]
+        if cron.checksum_file:
+            env.append({"name": ImporterEnv.POLL_CHECKSUM_FILE.value, "value": cron.checksum_file})
+        return env
+    stream = cron.source[KIND_STREAM]
+    return [
+        {"name": ImporterEnv.POLL.value, "value": KIND_STREAM},
+        {
+            "name": ImporterEnv.POLL_STREAM_ARCHITECTURE.value,
+            "value": str(stream.get("architecture") or ""),
+        },
+        {
+            "name": ImporterEnv.POLL_STREAM_ARTIFACT.value,
+            "value": str(stream.get("artifact") or ""),
+        },
+    ]
+
+
+def _poll_template(cron: Cron) -> JSON:
+    """The DataVolume the poller pod is rendered from: a stream's document is read like an
+    HTTP image (its URL, the CA), without the template's checksum (a poll checks none)."""
+    spec = dict(cron.template.get("spec") or {})
+    if cron.kind == KIND_STREAM:
+        stream = cron.source[KIND_STREAM]
+        http = {"url": stream["url"]}
+        if stream.get("certConfigMap"):
+            http["certConfigMap"] = stream["certConfigMap"]
+        spec["source"] = {"http": http}
+    elif cron.kind == KIND_HTTP:
+        spec["source"] = {"http": {k: v for k, v in cron.source["http"].items() if k != "checksum"}}
+    return {**cron.template, "spec": spec}
+
+
 def poller_pod(cron: Cron, config: ImporterPodConfig) -> JSON:
     """The importer pod for the cron's source in poll mode: no volume, only the digest."""
     dv = DataVolume.from_dict(
-        {**cron.template, "metadata": {"name": cron.managed, "namespace": cron.namespace}}
+        {**_poll_template(cron), "metadata": {"name": cron.managed, "namespace": cron.namespace}}
     )
     # The claim is never mounted (its volumes are dropped below); the renderer needs a size.
     spec = {"resources": {"requests": {"storage": "1Mi"}}}
@@ -193,16 +335,20 @@ def poller_pod(cron: Cron, config: ImporterPodConfig) -> JSON:
         mounts = container.get("volumeMounts") or []
         container["volumeMounts"] = [m for m in mounts if m["name"] not in dropped]
         container.pop("volumeDevices", None)
-        container["env"] = [*container.get("env", []), {"name": POLL_ENV, "value": "true"}]
+        container["env"] = [*container.get("env", []), *_poll_env(cron)]
     return pod
 
 
-def desired_data_source(cron: Cron, pvc: str, labels: Mapping[str, str]) -> JSON:
+def desired_data_source(
+    cron: Cron, pvc: str, labels: Mapping[str, str], annotations: Mapping[str, str] | None = None
+) -> JSON:
     meta: JSON = {
         "name": cron.managed,
         "namespace": cron.namespace,
         "labels": {**labels, LABEL_CRON: cron.name},
     }
+    if annotations:
+        meta["annotations"] = dict(annotations)
     if cron.retention == RETAIN_NONE:
         meta["ownerReferences"] = [cron.reference()]
     return {
@@ -247,7 +393,6 @@ def to_collect(imports: Sequence[Mapping[str, Any]], current: str, keep: int) ->
     )
 
 
-Condition = tuple[bool, str, str]  # status, reason, message
 NO_IMPORT: Condition = (False, "NoImport", "No current import")
 
 

@@ -7,6 +7,12 @@ registries only, so it is refused with CDI's "Missing source"), may not set the 
 owns, the schedule must parse (croniter: the parser the controller uses, so what is admitted
 is what runs), ``importsToKeep`` may not be negative, ``garbageCollect`` is ``Outdated`` or
 ``Never``, ``managedDataSource`` names something, and the spec never changes after creation.
+
+Beyond CDI (``docs/registry.md``): the template may import from ``source.http`` (checked with
+the DataVolume's own http rules and messages, ``cdi.webhooks.sources``; its ``checksum`` is the
+cron's to set, from ``spec.httpPoll.checksumFile``, which must stay on the image's origin) or
+follow a release stream, ``source.stream`` (an http(s) URL, an architecture, an artifact
+``kubevirt`` or ``<platform>/<format>``: ``cdi.api.releasestream``'s rules, the poller's).
 """
 
 from __future__ import annotations
@@ -16,10 +22,21 @@ from typing import Any
 
 from croniter import croniter
 
+from cdi.api.codec import SchemaError
+from cdi.api.httpchange import checksum_url
+from cdi.api.releasestream import Artifact, valid_architecture
+from cdi.api.types import DataVolumeSpec
+from cdi.webhooks.sources import (
+    extra_source_causes,
+    import_source_causes,
+    name_causes,
+    source_url_causes,
+)
 from cdi.webhooks.verdict import Cause, Causes, ValidationResult
 
 UNSETTABLE = ("sourceRef", "contentType", "checkpoints", "finalCheckpoint")
 GARBAGE_COLLECT = ("Outdated", "Never")
+KINDS = ("registry", "http", "stream")
 
 
 def validate_dataimportcron(
@@ -34,11 +51,22 @@ def validate_dataimportcron(
 def _spec_causes(spec: Mapping[str, Any]) -> Causes:
     template = (spec.get("template") or {}).get("spec") or {}
     source = template.get("source") or {}
-    if not isinstance(source, Mapping) or not source.get("registry"):
+    kinds = [k for k in KINDS if isinstance(source, Mapping) and source.get(k)]
+    if not kinds:
         return [Cause("Missing source", "spec.template.spec.source")]
-    if not str((source.get("registry") or {}).get("url") or "").startswith("docker://"):
-        url = (source.get("registry") or {}).get("url")
-        return [Cause(f"Illegal registry source URL {url}", "spec.template.spec.source.registry")]
+    if len(kinds) > 1 or len([k for k, v in source.items() if v is not None]) > 1:
+        return [
+            Cause(
+                "DataImportCron source must be exactly one of registry, http, stream",
+                "spec.template.spec.source",
+            )
+        ]
+    kind_causes = {"registry": _registry_causes, "http": _http_causes, "stream": _stream_causes}
+    causes = kind_causes[kinds[0]](spec, template)
+    if causes:
+        return causes
+    if spec.get("httpPoll") is not None and kinds[0] != "http":
+        return [Cause("httpPoll applies to http sources only", "spec.httpPoll")]
     if any(template.get(key) for key in UNSETTABLE):
         return [
             Cause(
@@ -58,3 +86,61 @@ def _spec_causes(spec: Mapping[str, Any]) -> Causes:
     if not spec.get("managedDataSource"):
         return [Cause("Illegal ManagedDataSource value", "spec.managedDataSource")]
     return []
+
+
+def _registry_causes(spec: Mapping[str, Any], template: Mapping[str, Any]) -> Causes:
+    url = (template["source"].get("registry") or {}).get("url")
+    if not str(url or "").startswith("docker://"):
+        return [Cause(f"Illegal registry source URL {url}", "spec.template.spec.source.registry")]
+    return []
+
+
+def _http_causes(spec: Mapping[str, Any], template: Mapping[str, Any]) -> Causes:
+    """The DataVolume's http rules (CDI's messages), then the cron's own."""
+    try:
+        dv_spec = DataVolumeSpec.from_dict({"source": {"http": template["source"]["http"]}})
+    except SchemaError as exc:
+        return [Cause(str(exc), "spec.template.spec.source.http")]
+    causes = import_source_causes(dv_spec) + extra_source_causes(dv_spec)
+    if causes:
+        return causes
+    http = template["source"]["http"]
+    if http.get("checksum"):
+        return [
+            Cause(
+                "A DataImportCron sets the http checksum itself (spec.httpPoll.checksumFile)",
+                "spec.template.spec.source.http.checksum",
+            )
+        ]
+    checksum_file = (spec.get("httpPoll") or {}).get("checksumFile")
+    if checksum_file is not None:
+        try:
+            checksum_url(str(http.get("url") or ""), str(checksum_file))
+        except ValueError as exc:
+            return [Cause(f"Illegal checksumFile: {exc}", "spec.httpPoll.checksumFile")]
+    return []
+
+
+def _stream_causes(spec: Mapping[str, Any], template: Mapping[str, Any]) -> Causes:
+    stream = template["source"]["stream"]
+    field = "spec.template.spec.source.stream"
+    if not isinstance(stream, Mapping):
+        return [Cause("stream must be an object", field)]
+    causes = source_url_causes(str(stream.get("url") or ""), "stream")
+    if causes:
+        return causes
+    architecture = str(stream.get("architecture") or "")
+    if not valid_architecture(architecture):
+        return [Cause(f"Illegal stream architecture {architecture!r}", f"{field}.architecture")]
+    try:
+        Artifact.parse(str(stream.get("artifact") or ""))
+    except ValueError as exc:
+        return [Cause(f"Illegal stream artifact: {exc}", f"{field}.artifact")]
+    method = stream.get("pullMethod")
+    if method not in (None, "", "pod", "node"):
+        return [Cause(f'ImportMethod {method} is neither pod, node or ""', f"{field}.pullMethod")]
+    if method == "node" and stream.get("artifact") != "kubevirt":
+        return [Cause("pullMethod applies to the kubevirt artifact only", f"{field}.pullMethod")]
+    for key in ("secretRef", "certConfigMap"):
+        causes += name_causes(stream.get(key), f"{field}.{key}")
+    return causes

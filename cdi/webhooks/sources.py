@@ -227,14 +227,14 @@ def _reference_name_causes(source: DataVolumeSource) -> Causes:
     for kind in source.kinds:
         member = getattr(source, kind.value)
         for attr, key in (("secret_ref", "secretRef"), ("cert_config_map", "certConfigMap")):
-            causes += _name_causes(getattr(member, attr, None), f"spec.source.{kind}.{key}")
+            causes += name_causes(getattr(member, attr, None), f"spec.source.{kind}.{key}")
     if source.http is not None:
         for i, name in enumerate(source.http.secret_extra_headers):
-            causes += _name_causes(name, f"spec.source.http.secretExtraHeaders[{i}]")
+            causes += name_causes(name, f"spec.source.http.secretExtraHeaders[{i}]")
     return causes
 
 
-def _name_causes(name: str | None, path: str) -> Causes:
+def name_causes(name: str | None, path: str) -> Causes:
     if name and not is_dns1123_subdomain(name):
         return [Cause(f'{path}: Invalid value: "{name}": {DNS1123_SUBDOMAIN_MSG}', path)]
     return []

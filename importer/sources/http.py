@@ -34,6 +34,7 @@ from cdi.api.errors import (
     SourceUnavailable,
     WorkerError,
 )
+from cdi.api.httpchange import Validators
 from cdi.api.netpolicy import NetPolicy
 from cdi.api.redact import redact_text, redact_url
 from datapath.sources import SourceInfo
@@ -128,6 +129,14 @@ def _rate(got: float, waited: float, first: float, first_wait: float) -> float:
     return got / max(waited, 1e-6)
 
 
+def _validators_of(exchange: Exchange, length: int | None) -> Validators:
+    return Validators(
+        etag=exchange.header("ETag").strip(),
+        last_modified=exchange.header("Last-Modified").strip(),
+        content_length=length,
+    )
+
+
 def _status_error(status: int, url: str) -> WorkerError:
     msg = f"HTTP {status} from {redact_url(url)}"
     if status in (404, 410):
@@ -208,6 +217,60 @@ class HttpSource:
             )
         finally:
             exchange.close()
+
+    async def validators(self) -> Validators:
+        """What the server says about the image's version, without its body (a DataImportCron
+        poll): a HEAD, or a one-byte ranged GET where HEAD is refused, through the same client,
+        dialer and policy as an import."""
+        return await self._run(self._validators)
+
+    def _validators(self) -> Validators:
+        head = self._guarded(lambda: self._client.open("HEAD"))
+        try:
+            if head.status == 200:
+                return _validators_of(head, head.content_length)
+        finally:
+            head.close()
+        exchange = self._open(0, 1)  # HEAD refused or unsupported: bytes=0-0
+        try:
+            if exchange.status == 206:
+                total = exchange.header("Content-Range").rpartition("/")[2]
+                return _validators_of(exchange, int(total) if total.isdigit() else None)
+            return _validators_of(exchange, exchange.content_length)  # the whole body: unread
+        finally:
+            self._release(exchange)
+
+    async def fetch_document(self, limit: int) -> bytes:
+        """A small document (a checksum file, a stream's JSON) read whole, at most ``limit``
+        bytes; a longer body is refused without reading past the limit."""
+        return await self._run(self._fetch_document, limit)
+
+    def _fetch_document(self, limit: int) -> bytes:
+        exchange = self._open(0)
+        try:
+            pieces: list[bytes] = []
+            got = 0
+            while chunk := exchange.read_chunk():
+                pieces.append(chunk)
+                got += len(chunk)
+                if got > limit:
+                    raise SourceUnavailable(
+                        f"{self._shown} is over {limit} bytes: not the document expected",
+                        transient=False,
+                    )
+            return b"".join(pieces)
+        finally:
+            self._release(exchange)
+
+    def _guarded(self, fn: Callable[[], Exchange]) -> Exchange:
+        """One exchange with the transport's errors typed as ``_open`` types them."""
+        try:
+            return fn()
+        except ssl.SSLCertVerificationError as exc:
+            raise SourceUnavailable(f"TLS to {self._shown} failed: {exc}", transient=False) from exc
+        except (OSError, http.client.HTTPException) as exc:
+            detail = redact_text(str(exc))
+            raise SourceUnavailable(f"cannot reach {self._shown}: {detail}") from exc
 
     def _open(self, start: int, end: int | None = None) -> Exchange:
         """A 200/206 response for ``[start, end)`` after bounded retries (blocking)."""

@@ -192,7 +192,10 @@ GOOD = {
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"template": {"spec": {"source": {"http": {"url": "http://x"}}}}}, "Missing source"),
+        (
+            {"template": {"spec": {"source": {"pvc": {"name": "a", "namespace": "b"}}}}},
+            "Missing source",
+        ),
         ({"schedule": "every minute"}, "Illegal cron schedule"),
         ({"importsToKeep": -1}, "Illegal ImportsToKeep value"),
         ({"garbageCollect": "Sometimes"}, "Illegal GarbageCollect value"),
