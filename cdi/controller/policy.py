@@ -106,11 +106,11 @@ UNSCHEDULABLE_MESSAGE = "Importer pod cannot be scheduled"
 
 
 def pod_problem(
-    pod: dict[str, Any], unschedulable: str = UNSCHEDULABLE_MESSAGE
+    pod: dict[str, Any], unschedulable_message: str = UNSCHEDULABLE_MESSAGE
 ) -> tuple[str, str] | None:
     """Why a worker pod that has not finished is stuck, as CDI reports it on the Running
     condition: ``ImagePullFailed`` "failed to pull image" (the kubelet's reason for it
-    follows), ``Unschedulable`` (``unschedulable``: CDI's words for an importer, another
+    follows), ``Unschedulable`` (``unschedulable_message``: CDI's words for an importer, another
     worker names itself); None when nothing is wrong."""
     status = pod.get("status") or {}
     for cs in [
@@ -124,5 +124,5 @@ def pod_problem(
     for cond in status.get("conditions") or []:
         unschedulable = cond.get("reason") == ConditionReason.UNSCHEDULABLE
         if cond.get("type") == "PodScheduled" and cond.get("status") == "False" and unschedulable:
-            return ConditionReason.UNSCHEDULABLE, unschedulable
+            return ConditionReason.UNSCHEDULABLE, unschedulable_message
     return None

@@ -149,9 +149,7 @@ def server_lifetime(config: CDIConfig, default: dt.timedelta) -> Lifetime:
     """An upload server certificate's lifetime: the CDI resource's ``certConfig.server`` (as
     CDIConfig's status carries it), else ``default`` (the controller's flag) renewed with
     ``RENEW_BEFORE`` of it left."""
-    return lifetimes(
-        config.cert_config, Lifetime(default, default * RENEW_BEFORE)
-    ).upload_server
+    return lifetimes(config.cert_config, Lifetime(default, default * RENEW_BEFORE)).upload_server
 
 
 def client_lifetime(config: CDIConfig, default: dt.timedelta) -> dt.timedelta:
@@ -188,8 +186,9 @@ def _due(
     cert_pem: bytes, issuer: KeyPair, now: dt.datetime, lifetime: Lifetime | None = None
 ) -> bool:
     """A certificate to (re-)issue: unreadable, not from ``issuer``, longer-lived than
-    ``lifetime`` asks (the CDI resource's ``certConfig.client`` shortened it), or due: ``lifetime``'s
-    renewBefore before its end, else with less than ``RENEW_BEFORE`` of its life left."""
+    ``lifetime`` asks (the CDI resource's ``certConfig.client`` shortened it), or due:
+    ``lifetime``'s renewBefore before its end, else with less than ``RENEW_BEFORE`` of its life
+    left."""
     try:
         cert = x509.load_pem_x509_certificate(cert_pem)
     except ValueError:

@@ -134,7 +134,9 @@ def from_cdi_resource(cdi: Mapping[str, Any] | None) -> dict[str, Any]:
     spec = (cdi or {}).get("spec") or {}
     out: dict[str, Any] = {}
     workload = spec.get("workload") or {}
-    placement = {k: workload[k] for k in ("nodeSelector", "affinity", "tolerations") if workload.get(k)}
+    placement = {
+        k: workload[k] for k in ("nodeSelector", "affinity", "tolerations") if workload.get(k)
+    }
     if placement:
         out["workload"] = placement
     if spec.get("cloneStrategyOverride") in ("copy", "snapshot", "csi-clone"):

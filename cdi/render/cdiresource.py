@@ -23,11 +23,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from cdi.api.cdiresource import (
+    CDI,
     CLONE_STRATEGIES,
     PHASE_DEPLOYED,
     PHASE_DEPLOYING,
     PHASE_ERROR,
-    CDI,
     lifetimes,
 )
 
@@ -40,7 +40,9 @@ def spec_problems(cdi: CDI) -> list[str]:
     problems = list(lifetimes(cdi.spec.cert_config).problems)
     override = cdi.spec.clone_strategy_override
     if override and override not in CLONE_STRATEGIES:
-        problems.append(f"cloneStrategyOverride {override!r} is not one of copy, snapshot, csi-clone")
+        problems.append(
+            f"cloneStrategyOverride {override!r} is not one of copy, snapshot, csi-clone"
+        )
     return problems
 
 

@@ -31,9 +31,9 @@ from cdi.api.config import CDIConfig
 from cdi.api.constants import GROUP, LABEL_APP, LABEL_APP_VALUE, LABEL_COMPONENT
 from cdi.api.types import DataVolume
 from cdi.render.naming import upload_service_name
+from cdi.render.owner import datavolume_reference
 from cdi.render.placement import pod_placement, prefer_pods_with
 from cdi.render.upload_pod import LABEL_UPLOAD_TARGET
-from cdi.render.owner import datavolume_reference
 from cdi.render.worker_pod import (
     WorkerPod,
     admission_fields,

@@ -177,9 +177,7 @@ def render_importer_pod(
     }
 
 
-def placement(
-    dv: DataVolume, pvc: Mapping[str, Any], config: ImporterPodConfig
-) -> dict[str, Any]:
+def placement(dv: DataVolume, pvc: Mapping[str, Any], config: ImporterPodConfig) -> dict[str, Any]:
     """The workload placement, narrowed by the DataVolume's node selector annotation (on the
     DataVolume, or on the claim: a populator's prime carries its target's) and pinned to the
     claim's selected node (``cdi.render.placement``)."""

@@ -50,8 +50,8 @@ from cdi.api.constants import (
 from cdi.api.types import DataVolume, DataVolumeSource, DataVolumeSpec, ObjectMeta
 from cdi.render import RenderError
 from cdi.render.naming import resource_name
-from cdi.render.placement import ANN_POD_NODE_SELECTOR
 from cdi.render.owner import controller_reference, datavolume_reference
+from cdi.render.placement import ANN_POD_NODE_SELECTOR
 
 JSON = dict[str, Any]
 PVC_KIND = "PersistentVolumeClaim"

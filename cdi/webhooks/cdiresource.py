@@ -18,7 +18,9 @@ from typing import Any
 from cdi.api.cdiresource import PHASE_ERROR, UNINSTALL_BLOCK, UNINSTALL_REFUSED
 
 
-def uninstall_refusal(request: Mapping[str, Any], datavolumes_exist: Callable[[], bool]) -> str | None:
+def uninstall_refusal(
+    request: Mapping[str, Any], datavolumes_exist: Callable[[], bool]
+) -> str | None:
     """CDI's message when the review deletes a resource that blocks its uninstall while
     DataVolumes exist; None when the request may go ahead."""
     if request.get("operation") != "DELETE":

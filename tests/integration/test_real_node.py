@@ -1,8 +1,8 @@
 """Real nodes (issue 24): kubelet, kube-proxy, containerd + runc and CNI in the cluster's own
 network namespace (two nodes here), pulling the images scripts/images.sh built from the
-namespace's loopback registry; worker pod placement across the two (issue 26). Nothing is skipped: a missing part (``hack/kube/build.sh``,
-``scripts/setup.sh --test``, ``scripts/images.sh``) makes the cluster fixture error with the
-command to run.
+namespace's loopback registry; worker pod placement across the two (issue 26). Nothing is
+skipped: a missing part (``hack/kube/build.sh``, ``scripts/setup.sh --test``,
+``scripts/images.sh``) makes the cluster fixture error with the command to run.
 """
 
 from __future__ import annotations

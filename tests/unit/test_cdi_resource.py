@@ -66,8 +66,8 @@ def test_cert_config_sets_lifetimes_and_ignores_what_cannot_work() -> None:
 
 
 def test_an_upload_server_certificate_follows_cert_config_server() -> None:
-    config = CDIConfig.from_dict({"status": {"certConfig": {"server": {"duration": "2h",
-                                                                     "renewBefore": "30m"}}}})  # fmt: skip
+    server = {"duration": "2h", "renewBefore": "30m"}
+    config = CDIConfig.from_dict({"status": {"certConfig": {"server": server}}})
     life = server_lifetime(config, 24 * H)
     assert (life.duration, life.renew_before) == (2 * H, dt.timedelta(minutes=30))
     assert deadline_for(NOW, life.duration, life.renew_before) == NOW + 90 * dt.timedelta(minutes=1)

@@ -89,7 +89,9 @@ def test_the_workload_placement_is_every_worker_pods() -> None:
 def test_a_datavolumes_node_selector_narrows_each_of_the_admins_alternatives() -> None:
     selector = '{"disk": "ssd"}'
     pod = render_importer_pod(
-        dv({ANN_POD_NODE_SELECTOR: selector}), claim(), ImporterPodConfig(image="i", cdi_config=CONFIG)
+        dv({ANN_POD_NODE_SELECTOR: selector}),
+        claim(),
+        ImporterPodConfig(image="i", cdi_config=CONFIG),
     )
     spec = pod["spec"]
     assert spec["nodeSelector"] == {"kubernetes.io/os": "linux"}  # the admin's, untouched

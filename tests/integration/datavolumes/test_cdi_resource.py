@@ -223,9 +223,10 @@ def test_clone_strategy_override_copy_beats_the_profiles_csi_clone(
     kube: Kube, namespace: str, cdi_resource: MakeCDI
 ) -> None:
     kube.create(dv_path(namespace), datavolume("golden", {"blank": {}}, "16Mi", "testkit-csi-fs"))
-    assert wait_phase(kube, namespace, "golden", ("Succeeded", "Failed"), 120)["status"][
-        "phase"
-    ] == "Succeeded"
+    assert (
+        wait_phase(kube, namespace, "golden", ("Succeeded", "Failed"), 120)["status"]["phase"]
+        == "Succeeded"
+    )
     profile = kube.get(f"{DV_API}/storageprofiles/testkit-csi-fs")
     assert profile["status"]["cloneStrategy"] != "copy"  # the profile alone would not copy
     cdi_resource(cloneStrategyOverride="copy")

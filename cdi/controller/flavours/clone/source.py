@@ -7,9 +7,9 @@
   (``_copy_source_denial``);
 - ``_with_source``: a PVC source populated (``populated``) and not written by a running pod
   (``writers_of``), sized (``_overhead``), its content type and size checked, then the strategy
-  (``_plan``: the CDI resource's ``cloneStrategyOverride``, else the profile's, or ``copy`` with CDI's fallback reason; a VolumeSnapshotClass for
-  ``snapshot``) and its first step: csi-clone here, a smart clone in ``snapshot``, a move in
-  ``move``.
+  (``_plan``: the CDI resource's ``cloneStrategyOverride``, else the profile's, or ``copy``
+  with CDI's fallback reason; a VolumeSnapshotClass for ``snapshot``) and its first step:
+  csi-clone here, a smart clone in ``snapshot``, a move in ``move``.
 """
 
 from __future__ import annotations
