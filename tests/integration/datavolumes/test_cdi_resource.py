@@ -73,8 +73,13 @@ def cdi_resource(kube: Kube, product: Product) -> Iterator[MakeCDI]:
         except ApiError as e:
             if e.status != 404:
                 raise
-    current = kube.get(CONFIG)
-    kube.replace(CONFIG, {**current, "spec": saved})
+    for _ in range(20):  # the controller writes the status meanwhile: 409, read again
+        try:
+            kube.replace(CONFIG, {**kube.get(CONFIG), "spec": saved})
+            break
+        except ApiError as e:
+            if not e.conflict:
+                raise
     wait_until(
         lambda: "workload" not in (kube.get(CONFIG).get("status") or {}),
         "CDIConfig's status without the CDI resource's workload",
