@@ -1,8 +1,8 @@
 """Real nodes (issue 24): kubelet, kube-proxy, containerd + runc and CNI in the cluster's own
 network namespace (two nodes here), pulling the images scripts/images.sh built from the
-namespace's loopback registry; worker pod placement across the two (issue 26). Nothing is
-skipped: a missing part (``hack/kube/build.sh``, ``scripts/setup.sh --test``,
-``scripts/images.sh``) makes the cluster fixture error with the command to run.
+namespace's loopback registry. Nothing is skipped: a missing part (``hack/kube/build.sh``,
+``scripts/setup.sh --test``, ``scripts/images.sh``) makes the cluster fixture error with the
+command to run.
 """
 
 from __future__ import annotations
@@ -37,7 +37,6 @@ from tests.integration.datavolumes.cdi_env import (
     same_prefix_then_zeros,
     volume_dir,
     wait_phase,
-    wait_running_reason,
 )
 
 pytestmark = pytest.mark.integration
@@ -325,56 +324,3 @@ def test_two_real_nodes_reach_each_others_pods_and_services(
     log = two.container_log("default", "cli", "main")
     assert f"http://{pod_ip}:8080/hostname 200" in log, log
     assert f"http://{svc['spec']['clusterIP']}/hostname 200" in log, log
-
-
-def test_worker_pods_go_where_the_cdi_resources_workload_says_on_two_nodes(
-    real_kube: Kube, real_product: Product, real_namespace: str
-) -> None:
-    """The testkit classes' volumes live on the first node. The CDI resource's ``workload``
-    placing worker pods on the second leaves an import waiting, Running False
-    ``Unschedulable``, never ``Failed``; placed on the first, an import runs there."""
-    kube, ns = real_kube, real_namespace
-    cdi, config = f"{DV_API}/cdis/cdi", f"{DV_API}/cdiconfigs/config"
-
-    def placed_on(node: str) -> None:
-        workload = {"workload": {"nodeSelector": {"kubernetes.io/hostname": node}}}
-        if kube.get_or_none(cdi) is None:
-            body = {"apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "CDI",
-                    "metadata": {"name": "cdi"}, "spec": workload}  # fmt: skip
-            kube.create(f"{DV_API}/cdis", body)
-        else:
-            kube.patch(cdi, {"spec": workload})
-
-        def in_config() -> bool:
-            status = kube.get(config).get("status") or {}
-            return (status.get("workload") or {}).get("nodeSelector") == {
-                "kubernetes.io/hostname": node
-            }
-
-        wait_until(in_config, f"the workload on {node} in CDIConfig's status", 60)
-
-    def importer(dv: str) -> dict:
-        pods = kube.get(f"/api/v1/namespaces/{ns}/pods", labelSelector="cdi.kubevirt.io=importer")
-        (pod,) = [p for p in pods["items"] if dv in p["metadata"]["name"]]
-        return dict(pod)
-
-    retain = {"cdi.kubevirt.io/storage.pod.retainAfterCompletion": "true"}
-    try:
-        placed_on("testkit-node-2")
-        kube.create(dv_path(ns), datavolume("far", {"blank": {}}, "16Mi"))
-        running = wait_running_reason(kube, ns, "far", "Unschedulable", 120)
-        assert running["status"] == "False"
-        dv = kube.get(dv_path(ns, "far"))
-        assert dv["status"]["phase"] == "ImportScheduled", dv["status"]
-        pod = importer("far")
-        assert pod["spec"]["nodeSelector"] == {"kubernetes.io/hostname": "testkit-node-2"}
-        assert pod["status"]["phase"] == "Pending" and not pod["spec"].get("nodeName")
-
-        placed_on("testkit-node")
-        kube.create(dv_path(ns), datavolume("near", {"blank": {}}, "16Mi", annotations=retain))
-        done = wait_phase(kube, ns, "near", ("Succeeded", "Failed"), 240)
-        assert done["status"]["phase"] == "Succeeded", done["status"]
-        assert importer("near")["spec"]["nodeName"] == "testkit-node"
-        assert kube.get(dv_path(ns, "far"))["status"]["phase"] == "ImportScheduled"
-    finally:
-        kube.delete_ignore_missing(cdi)
