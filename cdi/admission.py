@@ -53,6 +53,7 @@ from cdi.kube.client import (
     CDI_CONFIGS,
     CONFIG_MAPS,
     DATA_SOURCES,
+    DATAVOLUMES,
     MUTATING_WEBHOOKS,
     PVCS,
     SUBJECT_ACCESS_REVIEWS,
@@ -127,6 +128,11 @@ class KubeLookup:
             return CDIConfig.from_dict(found).gate(GATE_CLAIM_ADOPTION)
         except SchemaError:
             return False  # an unreadable CDIConfig turns no gate on
+
+    def datavolumes_exist(self) -> bool:
+        """Whether any DataVolume exists in the cluster (the CDI resource's uninstall check)."""
+        listing = self.kube.list(DATAVOLUMES, limit=1)
+        return bool(listing.get("items"))
 
     def allows(self, user: UserInfo, namespace: str, check: AccessCheck) -> bool:
         body = access_review_body(user, namespace, check)
@@ -233,7 +239,9 @@ async def serve_webhook(kube: Kube, config: WebhookConfig) -> None:
     lookup = KubeLookup(kube, claims)
     signer = RequesterSigner(config.requester_key) if config.requester_key else None
     lookups = FairLookups(run_blocking, API_CONCURRENCY)
-    app = make_app(lookup, run_blocking, lookup, signer, lookup, caller, lookups)
+    app = make_app(
+        lookup, run_blocking, lookup, signer, lookup, caller, lookups, lookup.datavolumes_exist
+    )
     runners = [web.AppRunner(app)]
     if config.health_port:
         runners.append(web.AppRunner(make_health_app()))

@@ -13,6 +13,7 @@ import dataclasses
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from cdi.api.codec import ApiObject, api_field
 from cdi.api.constants import (
@@ -163,6 +164,37 @@ class CDIConfigSpec(ApiObject):
 
 
 @dataclass(frozen=True)
+class NodePlacement(ApiObject):
+    """CDI's ``NodePlacement`` (the CDI resource's ``workload``, and ``infra``'s inline part):
+    what the scheduler sees of a pod. ``affinity`` and each toleration are Kubernetes' own
+    shapes, kept as the API server validated them (the CRD checks their structure)."""
+
+    node_selector: dict[str, str] = dataclasses.field(default_factory=dict)
+    affinity: Any = None
+    tolerations: tuple[Any, ...] = ()
+
+    @property
+    def empty(self) -> bool:
+        return not (self.node_selector or self.affinity or self.tolerations)
+
+
+@dataclass(frozen=True)
+class CertConfig(ApiObject):
+    """One certificate kind's ``duration`` and ``renewBefore`` (Go durations: ``48h``,
+    ``1h30m0s``), as the CDI resource's ``certConfig.ca`` / ``.server`` / ``.client``."""
+
+    duration: str | None = None
+    renew_before: str | None = None
+
+
+@dataclass(frozen=True)
+class CDICertConfig(ApiObject):
+    ca: CertConfig | None = None
+    server: CertConfig | None = None
+    client: CertConfig | None = None
+
+
+@dataclass(frozen=True)
 class CDIConfigStatus(ApiObject):
     upload_proxy_url: str | None = api_field(json="uploadProxyURL")
     upload_proxy_ca: str | None = api_field(json="uploadProxyCA")
@@ -172,6 +204,11 @@ class CDIConfigStatus(ApiObject):
     filesystem_overhead: FilesystemOverhead | None = None
     preallocation: bool | None = None
     image_pull_secrets: tuple[LocalObjectReference, ...] = ()
+    # Not in CDI's CDIConfig: what the CDI resource (cdi.api.cdiresource) sets for the whole
+    # product, copied here by the CDIConfig reconciler so every renderer reads one object
+    workload: NodePlacement | None = None
+    clone_strategy_override: str | None = None
+    cert_config: CDICertConfig | None = None
 
 
 def parse_go_bool(text: str) -> bool:
@@ -294,6 +331,20 @@ class CDIConfig(ApiObject):
                 else {"ciphers": list(custom.ciphers), "minTLSVersion": custom.min_tls_version},
             }
         )
+
+    @property
+    def workload(self) -> NodePlacement:
+        """Where worker pods may run: the CDI resource's ``spec.workload`` (none: anywhere)."""
+        return (self.status.workload if self.status else None) or NodePlacement()
+
+    @property
+    def clone_strategy_override(self) -> str | None:
+        """The CDI resource's ``cloneStrategyOverride``: beats every StorageProfile's."""
+        return self.status.clone_strategy_override if self.status else None
+
+    @property
+    def cert_config(self) -> CDICertConfig:
+        return (self.status.cert_config if self.status else None) or CDICertConfig()
 
     @property
     def scratch_space_storage_class(self) -> str | None:

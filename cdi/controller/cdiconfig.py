@@ -13,8 +13,12 @@ Everything else reads settings from that status (``CDIConfig`` prefers status ov
 change to ``spec.filesystemOverhead`` reaches the next PVC rendered once it is written here. The
 upload proxy's objects are not watched, so the key comes back every ``recheck`` seconds.
 
-What wakes it (``WATCHES``): any StorageClass or CDIConfig change maps to ``config``, which is
-also queued at start (created if missing, before any event).
+The CDI resource in force (``cdi.api.cdiresource``) adds what it sets for the whole product to
+the status, where the renderers read it: ``workload`` (worker pod placement),
+``cloneStrategyOverride`` and ``certConfig`` (``cdi.render.cdiconfig.from_cdi_resource``).
+
+What wakes it (``WATCHES``): any StorageClass, CDIConfig or CDI resource change maps to
+``config``, which is also queued at start (created if missing, before any event).
 """
 
 from __future__ import annotations
@@ -22,10 +26,11 @@ from __future__ import annotations
 import logging
 from typing import Any, Protocol
 
+from cdi.api.cdiresource import active
 from cdi.api.codec import SchemaError
 from cdi.api.config import CDIConfig
 from cdi.api.constants import CDICONFIG_NAME
-from cdi.kube.client import CDI_CONFIGS, SERVICES, STORAGE_CLASSES, AsyncKube, Resource
+from cdi.kube.client import CDI_CONFIGS, CDIS, SERVICES, STORAGE_CLASSES, AsyncKube, Resource
 from cdi.kube.errors import Forbidden, NotFound
 from cdi.kube.watches import Maps, Watches
 from cdi.kube.workqueue import Result
@@ -43,7 +48,7 @@ def singleton(_obj: JSON) -> list[str]:
 
 
 WATCHES = Watches(
-    (Maps(STORAGE_CLASSES, singleton), Maps(CDI_CONFIGS, singleton)),
+    (Maps(STORAGE_CLASSES, singleton), Maps(CDI_CONFIGS, singleton), Maps(CDIS, singleton)),
     initial=(CDICONFIG_NAME,),
 )
 
@@ -59,9 +64,11 @@ class CDIConfigReconciler:
         storage_classes: Store,
         namespace: str,
         recheck: float = 60.0,
+        cdis: Store | None = None,  # the CDI resources (None: none, as without the CRD)
     ) -> None:
         self.kube = kube
         self.storage_classes = storage_classes
+        self.cdis = cdis
         self.namespace = namespace
         self.recheck = recheck
 
@@ -81,6 +88,7 @@ class CDIConfigReconciler:
         classes = [str(sc["metadata"]["name"]) for sc in self.storage_classes.items()]
         proxy = render.upload_proxy_url(config, *await self._upload_proxy())
         wanted = render.desired_status(config, classes, proxy, await self._upload_proxy_ca())
+        wanted.update(render.from_cdi_resource(active(self.cdis.items() if self.cdis else [])))
         if wanted != (obj.get("status") or {}):
             await self.kube.replace(CDI_CONFIGS, {**obj, "status": wanted}, sub="status")
         return Result(requeue_after=self.recheck)

@@ -7,7 +7,8 @@ for their caches, then run each reconciler's workers off its own queue (a key is
 
 Wiring: what wakes a reconciler is declared beside it (``cdi.kube.watches``: ``For``, ``Owns``,
 ``Maps``; ``watches``/``WATCHES`` in ``cdi.controller.datavolume``, ``uploadpvc``,
-``populators``, ``dataimportcron``, ``storageprofile``, ``cdiconfig``, ``datasource``). Here
+``populators``, ``dataimportcron``, ``storageprofile``, ``cdiconfig``, ``cdiresource``,
+``datasource``). Here
 each reconciler is built with its declaration, one informer is made per kind that a reconciler
 reads or watches (``cdi.controller.caches``: shared by all of them), and each declared watch
 becomes one handler on its kind's informer that adds the keys it maps an object to to that
@@ -49,10 +50,18 @@ from typing import Any
 
 from aiohttp import web
 
-from cdi.controller import cdiconfig, dataimportcron, datasource, populators, storageprofile
+from cdi.controller import (
+    cdiconfig,
+    cdiresource,
+    dataimportcron,
+    datasource,
+    populators,
+    storageprofile,
+)
 from cdi.controller import uploadpvc as uploadpvcs
 from cdi.controller.caches import Informers
 from cdi.controller.cdiconfig import CDIConfigReconciler
+from cdi.controller.cdiresource import CDIResourceReconciler
 from cdi.controller.dataimportcron import CronSettings, DataImportCronReconciler
 from cdi.controller.dataimportcron_desired import DATAIMPORTCRONS
 from cdi.controller.datasource import DataSourceReconciler
@@ -79,6 +88,7 @@ from cdi.controller.storageprofile import StorageProfileReconciler
 from cdi.controller.uploadpvc import UploadPVCReconciler
 from cdi.kube.client import (
     CDI_CONFIGS,
+    CDIS,
     DATA_SOURCES,
     DATAVOLUMES,
     PODS,
@@ -237,8 +247,9 @@ class Manager:
         )
         profiles = StorageProfileReconciler(self.kube, utc_now)
         cdi_config = CDIConfigReconciler(
-            self.kube, i[STORAGE_CLASSES], cfg.namespace, cfg.config_recheck
+            self.kube, i[STORAGE_CLASSES], cfg.namespace, cfg.config_recheck, i[CDIS]
         )
+        cdi_resources = CDIResourceReconciler(self.kube, i[CDIS], cfg.namespace, cfg.config_recheck)
         # a source in another namespace is read only for a creator the webhook signed (N7)
         datasources = DataSourceReconciler(self.kube, utc_now, cfg.requester_key)
         claims = i[PVCS].get
@@ -264,6 +275,7 @@ class Manager:
                 "storageprofile", profiles.reconcile, storageprofile.watches(i[STORAGE_CLASSES])
             ),
             Controller("cdiconfig", cdi_config.reconcile, cdiconfig.WATCHES),
+            Controller("cdi", cdi_resources.reconcile, cdiresource.watches(i[CDIS])),
             Controller(
                 "datasource",
                 datasources.reconcile,

@@ -105,10 +105,13 @@ PULL_FAILED_MESSAGE = "failed to pull image"
 UNSCHEDULABLE_MESSAGE = "Importer pod cannot be scheduled"
 
 
-def pod_problem(pod: dict[str, Any]) -> tuple[str, str] | None:
+def pod_problem(
+    pod: dict[str, Any], unschedulable_message: str = UNSCHEDULABLE_MESSAGE
+) -> tuple[str, str] | None:
     """Why a worker pod that has not finished is stuck, as CDI reports it on the Running
     condition: ``ImagePullFailed`` "failed to pull image" (the kubelet's reason for it
-    follows), ``Unschedulable``; None when nothing is wrong."""
+    follows), ``Unschedulable`` (``unschedulable_message``: CDI's words for an importer, another
+    worker names itself); None when nothing is wrong."""
     status = pod.get("status") or {}
     for cs in [
         *(status.get("initContainerStatuses") or []),
@@ -121,5 +124,5 @@ def pod_problem(pod: dict[str, Any]) -> tuple[str, str] | None:
     for cond in status.get("conditions") or []:
         unschedulable = cond.get("reason") == ConditionReason.UNSCHEDULABLE
         if cond.get("type") == "PodScheduled" and cond.get("status") == "False" and unschedulable:
-            return ConditionReason.UNSCHEDULABLE, UNSCHEDULABLE_MESSAGE
+            return ConditionReason.UNSCHEDULABLE, unschedulable_message
     return None

@@ -100,6 +100,8 @@ STORAGE_PROFILES = Resource(
     "cdi.kubevirt.io", "v1beta1", "storageprofiles", "StorageProfile", False
 )
 CDI_CONFIGS = Resource("cdi.kubevirt.io", "v1beta1", "cdiconfigs", "CDIConfig", False)
+CDIS = Resource("cdi.kubevirt.io", "v1beta1", "cdis", "CDI", False)
+DEPLOYMENTS = Resource("apps", "v1", "deployments", "Deployment")
 DATA_SOURCES = Resource("cdi.kubevirt.io", "v1beta1", "datasources", "DataSource")
 PVS = Resource("", "v1", "persistentvolumes", "PersistentVolume", namespaced=False)
 CSI_DRIVERS = Resource("storage.k8s.io", "v1", "csidrivers", "CSIDriver", namespaced=False)

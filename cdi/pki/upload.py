@@ -33,6 +33,8 @@ from typing import Any
 
 from cryptography import x509
 
+from cdi.api.cdiresource import Lifetime, lifetimes
+from cdi.api.config import CDIConfig
 from cdi.kube.client import SECRETS, Kube, Resource
 from cdi.kube.errors import Conflict
 from cdi.pki.certs import RENEW_BEFORE, KeyPair, issue_client, issue_serving, new_ca
@@ -51,6 +53,7 @@ CA_BUNDLE_KEY = "ca-bundle.crt"
 # the upload proxy's serving CA (CDI's name), for CDIConfig status.uploadProxyCA
 PROXY_CA_BUNDLE = "cdi-uploadproxy-signer-bundle"
 PROXY_CLIENT_LIFETIME = dt.timedelta(days=30)
+ISSUED_EARLY = dt.timedelta(minutes=5)  # certs.py: valid from 5 minutes before issuing
 CONFIG_MAPS = Resource("", "v1", "configmaps", "ConfigMap")
 
 
@@ -113,9 +116,15 @@ def server_name(service: str, namespace: str) -> str:
     return f"{service}.{namespace}.svc"
 
 
-def deadline_for(now: dt.datetime, lifetime: dt.timedelta) -> dt.datetime:
-    """When the server stops taking uploads: with ``RENEW_BEFORE`` of the lifetime left."""
-    return now + lifetime * (1 - RENEW_BEFORE)
+def deadline_for(
+    now: dt.datetime, lifetime: dt.timedelta, renew_before: dt.timedelta | None = None
+) -> dt.datetime:
+    """When the server stops taking uploads: ``renew_before`` before the certificate ends (the
+    CDI resource's ``certConfig.server.renewBefore``), else with ``RENEW_BEFORE`` of the
+    lifetime left."""
+    if renew_before is None:
+        return now + lifetime * (1 - RENEW_BEFORE)
+    return now + lifetime - renew_before
 
 
 def issue_server_credentials(
@@ -125,13 +134,29 @@ def issue_server_credentials(
     namespace: str,
     now: dt.datetime,
     lifetime: dt.timedelta = SERVER_CERT_LIFETIME,
+    renew_before: dt.timedelta | None = None,
 ) -> ServerCredentials:
-    """A fresh serving certificate for ``<service>.<namespace>.svc`` from ``server_ca``."""
+    """A fresh serving certificate for ``<service>.<namespace>.svc`` from ``server_ca``,
+    valid ``lifetime``, taken out of service ``renew_before`` its end (``deadline_for``)."""
     # The Service name first: it becomes the CN (at most 64 characters; a DNS label is 63),
     # where ``<svc>.<ns>.svc`` can be longer. The proxy verifies the SAN ``<svc>.<ns>.svc``.
     names = (service, server_name(service, namespace))
     pair = issue_serving(server_ca, names, now, lifetime)
-    return ServerCredentials(pair, client_ca_pem, deadline_for(now, lifetime))
+    return ServerCredentials(pair, client_ca_pem, deadline_for(now, lifetime, renew_before))
+
+
+def server_lifetime(config: CDIConfig, default: dt.timedelta) -> Lifetime:
+    """An upload server certificate's lifetime: the CDI resource's ``certConfig.server`` (as
+    CDIConfig's status carries it), else ``default`` (the controller's flag) renewed with
+    ``RENEW_BEFORE`` of it left."""
+    return lifetimes(config.cert_config, Lifetime(default, default * RENEW_BEFORE)).upload_server
+
+
+def client_lifetime(config: CDIConfig, default: dt.timedelta) -> dt.timedelta:
+    """A clone source's client certificate lifetime: ``certConfig.client``'s, else ``default``."""
+    if config.cert_config.client is None:
+        return default
+    return lifetimes(config.cert_config).client.duration
 
 
 class UploadCAs:
@@ -157,15 +182,25 @@ class UploadCAs:
         return self._client
 
 
-def _due(cert_pem: bytes, issuer: KeyPair, now: dt.datetime) -> bool:
-    """A certificate to (re-)issue: unreadable, not from ``issuer``, or with less than
-    ``RENEW_BEFORE`` of its life left."""
+def _due(
+    cert_pem: bytes, issuer: KeyPair, now: dt.datetime, lifetime: Lifetime | None = None
+) -> bool:
+    """A certificate to (re-)issue: unreadable, not from ``issuer``, longer-lived than
+    ``lifetime`` asks (the CDI resource's ``certConfig.client`` shortened it), or due:
+    ``lifetime``'s renewBefore before its end, else with less than ``RENEW_BEFORE`` of its life
+    left."""
     try:
         cert = x509.load_pem_x509_certificate(cert_pem)
     except ValueError:
         return True
     start, end = cert.not_valid_before_utc, cert.not_valid_after_utc
-    return cert.issuer != issuer.cert.subject or now >= end - (end - start) * RENEW_BEFORE
+    if cert.issuer != issuer.cert.subject:
+        return True
+    if lifetime is None:
+        return now >= end - (end - start) * RENEW_BEFORE
+    # longer than asked: issued before a shorter certConfig (shorter may be the CA's end)
+    longer = end - start - ISSUED_EARLY > lifetime.duration + dt.timedelta(seconds=1)
+    return longer or lifetime.due(start, end, now)
 
 
 def _store(kube: Kube, resource: Resource, body: dict[str, Any], found: Any) -> None:
@@ -191,11 +226,12 @@ class ProxyCredentials:
     def __init__(self, cas: UploadCAs, lifetime: dt.timedelta = PROXY_CLIENT_LIFETIME) -> None:
         self.cas, self.lifetime = cas, lifetime
 
-    def ensure(self, now: dt.datetime) -> bool:
-        """Publish and issue what is due; whether anything was written."""
+    def ensure(self, now: dt.datetime, client: Lifetime | None = None) -> bool:
+        """Publish and issue what is due; whether anything was written. ``client``: the CDI
+        resource's ``certConfig.client`` (None: ``lifetime``, renewed at 80 %)."""
         server_ca, _ = self.cas.load()
         published = self._publish_server_ca(server_ca.cert_pem.decode())
-        return self._issue_client(now) or published
+        return self._issue_client(now, client) or published
 
     def _publish_server_ca(self, pem: str) -> bool:
         kube, ns = self.cas.kube, self.cas.namespace
@@ -211,12 +247,13 @@ class ProxyCredentials:
         _store(kube, CONFIG_MAPS, body, found)
         return True
 
-    def _issue_client(self, now: dt.datetime) -> bool:
+    def _issue_client(self, now: dt.datetime, client: Lifetime | None) -> bool:
         kube, ns, client_ca = self.cas.kube, self.cas.namespace, self.cas.client_ca()
         found = kube.get_or_none(SECRETS, PROXY_CLIENT_SECRET, ns)
-        if not _due(secret_data(found or {}).get("tls.crt", b""), client_ca, now):
+        if not _due(secret_data(found or {}).get("tls.crt", b""), client_ca, now, client):
             return False
-        pair = issue_client(client_ca, UPLOAD_CLIENT_NAME, now, self.lifetime)
+        duration = client.duration if client is not None else self.lifetime
+        pair = issue_client(client_ca, UPLOAD_CLIENT_NAME, now, duration)
         body = {
             "apiVersion": "v1",
             "kind": "Secret",

@@ -12,6 +12,8 @@ for the next PVC or pod rendered. Rules follow CDI's ``config-controller``:
 - ``defaultPodResourceRequirements``: CDI's defaults (cpu 100m/750m, memory 60M/600M), each of
   cpu/memory request/limit replaced by the spec's when given;
 - ``importProxy``, ``imagePullSecrets``, ``preallocation``: copied from the spec;
+- ``workload``, ``cloneStrategyOverride``, ``certConfig`` (not CDI's CDIConfig fields): the CDI
+  resource in force's (``from_cdi_resource``), where every renderer reads them;
 - ``uploadProxyURL``: ``spec.uploadProxyURLOverride``, else the host of an Ingress in the CDI
   namespace that routes to the ``cdi-uploadproxy`` Service, else that Service's cluster DNS name
   when it exists, else unset.
@@ -124,3 +126,21 @@ def desired_status(
     if spec.image_pull_secrets:
         status["imagePullSecrets"] = [ref.to_dict() for ref in spec.image_pull_secrets]
     return status
+
+
+def from_cdi_resource(cdi: Mapping[str, Any] | None) -> dict[str, Any]:
+    """What the CDI resource in force sets for the whole product, as CDIConfig status fields
+    (copied as the API server stored them; the CRD checked their shapes)."""
+    spec = (cdi or {}).get("spec") or {}
+    out: dict[str, Any] = {}
+    workload = spec.get("workload") or {}
+    placement = {
+        k: workload[k] for k in ("nodeSelector", "affinity", "tolerations") if workload.get(k)
+    }
+    if placement:
+        out["workload"] = placement
+    if spec.get("cloneStrategyOverride") in ("copy", "snapshot", "csi-clone"):
+        out["cloneStrategyOverride"] = spec["cloneStrategyOverride"]
+    if spec.get("certConfig"):
+        out["certConfig"] = spec["certConfig"]
+    return out

@@ -14,7 +14,10 @@ clone crosses namespaces; it is labelled with the target claim's UID instead, wh
 flavour finds (and deletes) it. Security, container resources (CDIConfig's requests and
 limits), the DataVolume's ``priorityClassName`` and CDIConfig's ``imagePullSecrets`` are every
 worker pod's (``cdi.render.worker_pod``); like CDI's, the pod names no service account: the
-DataVolume's lives in the target namespace, not beside the source.
+DataVolume's lives in the target namespace, not beside the source. Placement
+(``cdi.render.placement``): the CDI resource's ``workload``, pinned to the node of a running pod
+that mounts a ReadWriteOnce source (``reader_node``: CDI's required affinity), preferring the
+node of the target's upload server (CDI's preferred affinity).
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ from cdi.api.constants import GROUP, LABEL_APP, LABEL_APP_VALUE, LABEL_COMPONENT
 from cdi.api.types import DataVolume
 from cdi.render.naming import upload_service_name
 from cdi.render.owner import datavolume_reference
+from cdi.render.placement import pod_placement, prefer_pods_with
+from cdi.render.upload_pod import LABEL_UPLOAD_TARGET
 from cdi.render.worker_pod import (
     WorkerPod,
     admission_fields,
@@ -61,6 +66,31 @@ class CloneSourcePod:
     # certificate still verified for ``upload_server_name`` (``UPLOAD_SERVER_NAME``).
     upload_host: str = ""
     cdi_config: CDIConfig = field(default_factory=CDIConfig)  # resources, pull secrets
+    # where a ReadWriteOnce source is mounted already (``reader_node``): the pod must run there
+    source_node: str | None = None
+
+
+RWO_MODES = frozenset({"ReadWriteOnce", "ReadWriteOncePod"})
+
+
+def reader_node(pods: list[Mapping[str, Any]], source: Mapping[str, Any]) -> str | None:
+    """The node of a pod not yet finished that mounts ``source`` (read-only: a writer stops
+    the clone before this), when ``source`` is ReadWriteOnce: a second node could not attach
+    it, so the source pod must join it there (CDI's required pod affinity to such a pod).
+    None for a volume any node may attach, or one nobody mounts (the scheduler then follows
+    the volume's own node affinity, as for a local volume)."""
+    modes = set((source.get("spec") or {}).get("accessModes") or [])
+    if not modes or not modes <= RWO_MODES:
+        return None
+    name = _meta(source).get("name")
+    for pod in pods:
+        status, spec = pod.get("status") or {}, pod.get("spec") or {}
+        if status.get("phase") in ("Succeeded", "Failed") or not spec.get("nodeName"):
+            continue
+        for vol in spec.get("volumes") or []:
+            if (vol.get("persistentVolumeClaim") or {}).get("claimName") == name:
+                return str(spec["nodeName"])
+    return None
 
 
 def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -205,5 +235,16 @@ def render_clone_source_pod(
                 },
             ],
             **admission_fields(config.cdi_config, dv.spec.priority_class_name),
+            **_placement(target, config),
         },
     }
+
+
+def _placement(target: Mapping[str, Any], config: CloneSourcePod) -> dict[str, Any]:
+    """The workload placement, pinned to ``source_node``, preferring the node of the target's
+    upload server (CDI's preferred affinity: the stream then stays on one host). The
+    DataVolume's node selector is for the pods writing its claim, not this one: the source
+    pod must run where its volume can be attached."""
+    placed = pod_placement(config.cdi_config.workload, node=config.source_node)
+    server = {LABEL_UPLOAD_TARGET: str(_meta(target).get("uid") or "")}
+    return prefer_pods_with(placed, str(_meta(target).get("namespace") or ""), server)

@@ -29,6 +29,9 @@ Shape, and why:
   ``/proc/<pid>/root/disk/`` (``importer.sources.containerdisk``). ``platform.architecture``
   becomes the nodeSelector ``kubernetes.io/arch``. ``deploy/15-admission-policy.yaml`` admits
   the arbitrary image only in that exact container.
+- Placement (``cdi.render.placement``): the CDI resource's ``workload``, narrowed by the
+  DataVolume's ``cdi.kubevirt.io/storage.pod.nodeSelector`` and pinned to a placed claim's
+  node; the node-pull architecture is added to the nodeSelector after it.
 
 The importer runs as ``python -m importer`` and reads its configuration once, at start, from
 these environment variables (CDI's names, ``cdi.api.constants.ImporterEnv``):
@@ -110,6 +113,7 @@ from cdi.api.quantity import Quantity, QuantityError
 from cdi.api.types import DataVolume, resolve_volume_mode
 from cdi.render import RenderError
 from cdi.render.importer_env import SourceSettings, source_settings
+from cdi.render.placement import pod_placement, requested_selector, selected_node
 from cdi.render.proxy_auth import without_userinfo
 from cdi.render.worker_pod import (
     WorkerPod,
@@ -155,9 +159,6 @@ class ImporterPodConfig(WorkerPod):
     proxy_auth_secret: str | None = None  # the per-import Secret of importProxy credentials
     direct_io: bool = False  # retry after an OOM kill with O_DIRECT
     checkpoint_attested: tuple[int, str] | None = None  # scraped from the previous attempt
-    node_selector: Mapping[str, str] = field(default_factory=dict)
-    tolerations: tuple[Mapping[str, Any], ...] = ()
-    affinity: Mapping[str, Any] | None = None
 
 
 def render_importer_pod(
@@ -174,8 +175,17 @@ def render_importer_pod(
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": worker_metadata(dv, pvc, IMPORTER_COMPONENT, config),
-        "spec": _pod_spec(dv, claim, pvc_spec, block, settings, config),
+        "spec": _pod_spec(dv, claim, pvc_spec, block, settings, config, placement(dv, pvc, config)),
     }
+
+
+def placement(dv: DataVolume, pvc: Mapping[str, Any], config: ImporterPodConfig) -> dict[str, Any]:
+    """The workload placement, narrowed by the DataVolume's node selector annotation (on the
+    DataVolume, or on the claim: a populator's prime carries its target's) and pinned to the
+    claim's selected node (``cdi.render.placement``)."""
+    claim_ann = (pvc.get("metadata") or {}).get("annotations") or {}
+    labels = {**requested_selector(claim_ann), **requested_selector(dv.annotations)}
+    return pod_placement(config.cdi_config.workload, labels, selected_node(pvc))
 
 
 def _pod_spec(
@@ -185,6 +195,7 @@ def _pod_spec(
     block: bool,
     settings: SourceSettings,
     config: ImporterPodConfig,
+    placed: Mapping[str, Any],
 ) -> dict[str, Any]:
     spec: dict[str, Any] = {
         "restartPolicy": "Never",
@@ -199,12 +210,7 @@ def _pod_spec(
             config.cdi_config, dv.spec.priority_class_name, dv.spec.service_account_name
         )
     )
-    optional = {
-        "nodeSelector": dict(config.node_selector),
-        "tolerations": [dict(t) for t in config.tolerations],
-        "affinity": dict(config.affinity) if config.affinity else None,
-    }
-    spec.update({k: v for k, v in optional.items() if v})
+    spec.update(placed)
     if settings.node_pull_image:
         _add_node_pull(spec, settings, config)
     return spec

@@ -51,6 +51,7 @@ from cdi.api.types import DataVolume, DataVolumeSource, DataVolumeSpec, ObjectMe
 from cdi.render import RenderError
 from cdi.render.naming import resource_name
 from cdi.render.owner import controller_reference, datavolume_reference
+from cdi.render.placement import ANN_POD_NODE_SELECTOR
 
 JSON = dict[str, Any]
 PVC_KIND = "PersistentVolumeClaim"
@@ -99,9 +100,10 @@ def render_prime(
         ANN_POPULATOR_SOURCE: json.dumps(dict(source.get("spec") or {}), sort_keys=True),
         **(extra or {}),
     }
-    node = (meta.get("annotations") or {}).get(ANN_SELECTED_NODE)
-    if node:
-        annotations[ANN_SELECTED_NODE] = node
+    for key in (ANN_SELECTED_NODE, ANN_POD_NODE_SELECTOR):  # where its pods run
+        value = (meta.get("annotations") or {}).get(key)
+        if value:
+            annotations[key] = value
     prime_spec: JSON = {
         "accessModes": list(spec.get("accessModes") or ["ReadWriteOnce"]),
         "resources": {"requests": dict((spec.get("resources") or {}).get("requests") or {})},

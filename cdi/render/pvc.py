@@ -86,6 +86,7 @@ USER_SETTABLE: frozenset[str] = frozenset(
         ANN_PRE_POPULATED,
         f"{GROUP}/storage.pod.vddk.extraargs",
         f"{GROUP}/storage.pod.vddk.initimageurl",
+        f"{GROUP}/storage.pod.nodeSelector",  # cdi.render.placement: where its pods may run
     }
 )
 # CDI's messages (pkg/controller/datavolume/util.go) for a claim that cannot be completed.

@@ -23,6 +23,7 @@ Shape, and why:
   account token, no service links; the target is ``/data`` (``/data/disk.img``) or the device
   ``/dev/cdi-block-volume`` (then with an emptyDir ``/scratch`` for spill and the raw
   checkpoint: a filesystem target keeps both beside the image); resources from CDIConfig.
+  Placement: ``cdi.render.placement`` (workload, the claim's node selector annotation and node).
 - The Service selects the pod by ``service: <name>`` (CDI's label), port 8443 to 8443.
 """
 
@@ -55,6 +56,7 @@ from cdi.api.types import resolve_volume_mode
 from cdi.render import RenderError
 from cdi.render.naming import upload_service_name
 from cdi.render.owner import controller_reference
+from cdi.render.placement import pod_placement, requested_selector, selected_node
 from cdi.render.worker_pod import (
     WorkerPod,
     admission_fields,
@@ -153,6 +155,9 @@ def render_upload_pod(pvc: Mapping[str, Any], config: UploadPodConfig) -> dict[s
     }
     cdi = config.cdi_config
     spec.update(admission_fields(cdi, ann.get(ANN_PRIORITY_CLASS), ann.get(ANN_SERVICE_ACCOUNT)))
+    # the claim carries the DataVolume's node selector (cdi.render.pvc USER_SETTABLE; a prime
+    # copies its target's) and, once placed, its node
+    spec.update(pod_placement(cdi.workload, requested_selector(ann), selected_node(pvc)))
     metadata = _metadata(pvc, name)
     metadata["annotations"] = dict(POD_ANNOTATION_DEFAULTS)
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}

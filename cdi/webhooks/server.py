@@ -14,6 +14,8 @@
 - ``POST /populator-validate``: ``validate_populator`` (``cdi.webhooks.populators``) on a
   ``VolumeImportSource`` being created or updated;
 - ``POST /dataimportcron-validate``: ``validate_dataimportcron`` (``cdi.webhooks.dataimportcron``);
+- ``POST /cdi-validate``: the CDI resource's ``BlockUninstallIfWorkloadsExist``
+  (``cdi.webhooks.cdiresource``), with ``datavolumes_exist`` as its lookup;
 - ``GET /healthz`` (and the same on its own plain-HTTP app, ``make_health_app``: the kubelet's
   probe has no client certificate).
 
@@ -40,6 +42,7 @@ from typing import Any
 
 from aiohttp import web
 
+from cdi.webhooks.cdiresource import uninstall_refusal
 from cdi.webhooks.clone_auth import AccessReviewer, NoCrossNamespaceClones, authorize_clone
 from cdi.webhooks.dataimportcron import validate_dataimportcron
 from cdi.webhooks.datasource_mutation import mutate_datasource
@@ -181,12 +184,14 @@ def make_app(
     reviewer: AccessReviewer | None = None,
     caller: CallerCheck | None = None,
     lookups: FairLookups | None = None,
+    datavolumes_exist: Callable[[], bool] | None = None,
 ) -> web.Application:
     """``authorizer`` None: no requester may see any object. ``signer`` None: the requester
     record is written unsigned (the controller will not trust it for clones). ``reviewer``
     None: no cross-namespace clone is admitted. ``caller`` None: every caller is the API
     server (tests, and a webhook fenced by a NetworkPolicy instead, ``cdi.admission``).
-    ``lookups`` None: a ``FairLookups`` of ``LOOKUP_WORKERS`` over ``run_blocking``."""
+    ``lookups`` None: a ``FairLookups`` of ``LOOKUP_WORKERS`` over ``run_blocking``.
+    ``datavolumes_exist`` None: the CDI resource's uninstall is never blocked (blocking)."""
     fair = lookups or FairLookups(run_blocking, LOOKUP_WORKERS)
 
     @web.middleware
@@ -220,12 +225,23 @@ def make_app(
     async def populator(request: web.Request) -> web.Response:
         return web.json_response(populator_review(await _read_review(request)))
 
+    async def validate_cdi(request: web.Request) -> web.Response:
+        review = await _read_review(request)
+        exist = datavolumes_exist or (lambda: False)
+        refusal = await run_blocking(uninstall_refusal, review, exist)
+        uid = str(review.get("uid", ""))
+        if refusal is None:
+            return web.json_response(review_response(uid, allowed=True))
+        status = {"status": "Failure", "code": 403, "reason": "Forbidden", "message": refusal}
+        return web.json_response(review_response(uid, allowed=False, status=status))
+
     app = web.Application(client_max_size=MAX_REVIEW_BYTES, middlewares=[api_server_only])
     app.router.add_post("/datavolume-validate", validate)
     app.router.add_post("/datavolume-mutate", mutate)
     app.router.add_post("/datasource-mutate", mutate_source)
     app.router.add_post("/dataimportcron-validate", validate_cron)
     app.router.add_post("/populator-validate", populator)
+    app.router.add_post("/cdi-validate", validate_cdi)
     app.router.add_get("/healthz", _healthz)
     return app
 

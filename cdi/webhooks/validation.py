@@ -66,6 +66,7 @@ from cdi.api.constants import (
     SourceKind,
 )
 from cdi.api.types import DataVolume, DataVolumeSpec, ObjectRef
+from cdi.render.placement import ANN_POD_NODE_SELECTOR, PlacementError, node_selector_annotation
 from cdi.webhooks import sources as src
 from cdi.webhooks.syntax import DNS1123_SUBDOMAIN_MSG, is_dns1123_subdomain
 from cdi.webhooks.verdict import Cause, Causes, CauseType, ValidationResult
@@ -136,8 +137,19 @@ def validate_datavolume(
         lambda: [] if old is not None else _check_existing_claim(dv, ns, ctx),
         lambda: _check_spec(dv.spec, ns, ctx, creating=old is None),
         lambda: _check_extras(dv.spec),
+        lambda: _check_placement(dv),
     )
     return ValidationResult(tuple(causes), tuple(src.warnings(dv.spec)))
+
+
+def _check_placement(dv: DataVolume) -> Causes:
+    """The per-DataVolume node selector (``cdi.render.placement``) is a JSON object of
+    strings: a malformed one would otherwise be ignored by the renderers."""
+    try:
+        node_selector_annotation(dv.annotations)
+    except PlacementError as exc:
+        return [Cause(str(exc), f"metadata.annotations[{ANN_POD_NODE_SELECTOR}]")]
+    return []
 
 
 def _reject(causes: Causes) -> ValidationResult:

@@ -50,7 +50,7 @@ from cdi.api.constants import (
 from cdi.api.termination import REASON_COMPLETED
 from cdi.controller import workerpod
 from cdi.controller.flavours import JSON, Claim, FlavourDefaults, FlavourDeps, PhaseEvent
-from cdi.controller.policy import Outcome
+from cdi.controller.policy import Outcome, pod_problem
 from cdi.controller.record import (
     OUTCOME_FAILED,
     OUTCOME_SUCCEEDED,
@@ -64,7 +64,12 @@ from cdi.kube.client import PODS, PVCS, SECRETS, SERVICES, Resource
 from cdi.kube.errors import Forbidden
 from cdi.kube.events import NORMAL, WARNING
 from cdi.kube.workqueue import Result
-from cdi.pki.upload import SERVER_CERT_LIFETIME, UploadCAs, issue_server_credentials
+from cdi.pki.upload import (
+    SERVER_CERT_LIFETIME,
+    UploadCAs,
+    issue_server_credentials,
+    server_lifetime,
+)
 from cdi.render import RenderError
 from cdi.render.upload_pod import (
     UPLOAD_CLIENT_NAME,
@@ -92,6 +97,7 @@ UPLOAD_EVENTS: Mapping[str, PhaseEvent] = {
 }
 REASON_UNRECORDED_POD = "UnrecordedUploadPod"
 UPLOAD_COMPLETE = "Upload Complete"
+UNSCHEDULABLE = "Upload server pod cannot be scheduled"
 # The server's reason for exiting 0 at its deadline with no upload in flight (CDI's
 # ``deadlinePassed``): its certificate is due for renewal, the upload is not over.
 REASON_DEADLINE_PASSED = "DeadlinePassed"
@@ -235,14 +241,22 @@ class UploadWorker:
             await self.cleanup(dataclasses.replace(claim, pvc=pvc, record=record))
         if verdict.action in (Action.SUCCEED, Action.FAIL):
             return Seen(verdict, record)
-        return Seen(verdict, record, requeue_after=None if ready else self.settings.poll_interval)
+        # a server pod the scheduler cannot place (cdi.render.placement) waits, and says so
+        stuck = pod_problem(pod, UNSCHEDULABLE) if pod and verdict.action == Action.WAIT else None
+        return Seen(
+            verdict,
+            record,
+            requeue_after=None if ready else self.settings.poll_interval,
+            pod_problem=stuck,
+        )
 
     async def _create(self, claim: Target, record: ClaimRecord, verdict: Verdict) -> Seen:
         pvc, ns, name = claim.pvc, claim.namespace, claim.name
         server_ca, client_ca = await self.deps.kube.call(self.cas.load)
         now = dt.datetime.fromtimestamp(self.deps.clock(), dt.UTC)
+        life = server_lifetime(claim.cdi_config, self.settings.cert_lifetime)
         creds = issue_server_credentials(
-            server_ca, client_ca, upload_pod_name(name), ns, now, self.settings.cert_lifetime
+            server_ca, client_ca, upload_pod_name(name), ns, now, life.duration, life.renew_before
         )
         config = UploadPodConfig(
             image=self.settings.image,

@@ -107,13 +107,16 @@ class CloneSteps:
             return plan.CloneSizes(storage_api)
         return plan.CloneSizes(storage_api, source_overhead=await self._overhead(src))
 
-    async def _overhead(self, claim: Mapping[str, Any]) -> float:
-        """The filesystem overhead CDIConfig sets for the claim's class."""
+    async def _cdi_config(self) -> CDIConfig:
         raw = await self.kube.get_or_none(CDI_CONFIGS, CDICONFIG_NAME)
         try:
-            config = CDIConfig.from_dict(raw) if raw else CDIConfig()
+            return CDIConfig.from_dict(raw) if raw else CDIConfig()
         except SchemaError:
-            config = CDIConfig()
+            return CDIConfig()
+
+    async def _overhead(self, claim: Mapping[str, Any]) -> float:
+        """The filesystem overhead CDIConfig sets for the claim's class."""
+        config = await self._cdi_config()
         return float(config.filesystem_overhead((claim.get("spec") or {}).get("storageClassName")))
 
 

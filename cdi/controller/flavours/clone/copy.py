@@ -37,6 +37,7 @@ from typing import Any
 from cdi.api.constants import GROUP
 from cdi.controller.flavours import JSON, Claim, FlavourDeps
 from cdi.controller.flavours.upload import Action, Seen, Target, UploadSettings, UploadWorker
+from cdi.controller.policy import pod_problem
 from cdi.controller.progress import Progress, parse_metrics
 from cdi.controller.record import OUTCOME_SUCCEEDED, ClaimRecord
 from cdi.controller.refusals import QUOTA_RETRY, refused_pod
@@ -46,7 +47,7 @@ from cdi.kube.client import PODS, PVCS, SECRETS, SERVICES
 from cdi.kube.errors import Forbidden
 from cdi.kube.workqueue import Result
 from cdi.pki.certs import KeyPair, issue_client
-from cdi.pki.upload import CLIENT_CA_SECRET, SERVER_CA_SECRET, ensure_ca
+from cdi.pki.upload import CLIENT_CA_SECRET, SERVER_CA_SECRET, client_lifetime, ensure_ca
 from cdi.render.clone_pod import (
     ANN_COPY_TARGET,
     CLONE_SOURCE,
@@ -54,6 +55,7 @@ from cdi.render.clone_pod import (
     CloneSourcePod,
     client_name,
     client_secret_name,
+    reader_node,
     render_clone_client_secret,
     render_clone_source_pod,
     source_pod_name,
@@ -64,6 +66,7 @@ from cdi.render.worker_pod import Metrics, WorkerPod
 ANN_SOURCE_POD_UID = f"{GROUP}/clone.sourcePodUID"
 REASON_UNRECORDED_SOURCE_POD = "UnrecordedCloneSourcePod"
 REASON_BAD_CLIENT_NAME = "ErrCloneClientName"
+SOURCE_UNSCHEDULABLE = "Clone source pod cannot be scheduled"
 CLONE_COMPLETE = ClaimRecord(
     outcome=OUTCOME_SUCCEEDED, reason="Completed", message="Clone Complete"
 )
@@ -164,6 +167,9 @@ class HostAssistedCopy:
         ours = verdict.pod or {}
         progress = await self._scrape(claim, ours) if phase == "Running" else None
         view = dataclasses.replace(view, record=record, pod_phase=shown, progress=progress)
+        if shown == "Pending":  # e.g. placed where the scheduler finds no node: it waits
+            stuck = pod_problem(dict(ours), SOURCE_UNSCHEDULABLE)
+            view = dataclasses.replace(view, pod_problem=stuck or view.pod_problem)
         return view, Result(requeue_after=1.0)
 
     async def _scrape(self, claim: Claim, pod: Mapping[str, Any]) -> Progress | None:
@@ -180,9 +186,8 @@ class HostAssistedCopy:
         server_ca, client_ca = await self.kube.call(self._load_cas)
         now = dt.datetime.fromtimestamp(self.deps.clock(), dt.UTC)
         try:
-            pair = issue_client(
-                client_ca, client_name(source, claim.pvc), now, self.settings.cert_lifetime
-            )
+            life = client_lifetime(claim.cdi_config, self.settings.cert_lifetime)
+            pair = issue_client(client_ca, client_name(source, claim.pvc), now, life)
         except ValueError:  # a CN is at most 64 characters
             msg = f"the clone's client name {client_name(source, claim.pvc)} is too long"
             return ClaimProblem(REASON_BAD_CLIENT_NAME, msg)
@@ -203,8 +208,13 @@ class HostAssistedCopy:
         )
         cluster_ip = str(((service or {}).get("spec") or {}).get("clusterIP") or "")
         host = cluster_ip if cluster_ip not in ("", "None") else ""
+        readers = (await self.kube.list(PODS, ns)).get("items") or []
         config = CloneSourcePod(
-            settings, client_secret_name(claim.pvc), upload_host=host, cdi_config=claim.cdi_config
+            settings,
+            client_secret_name(claim.pvc),
+            upload_host=host,
+            cdi_config=claim.cdi_config,
+            source_node=reader_node(readers, source),
         )
         pod = render_clone_source_pod(claim.dv, source, claim.pvc, config)
         uid = await create_pod(self.kube, pod, ns)

@@ -7,9 +7,9 @@
   (``_copy_source_denial``);
 - ``_with_source``: a PVC source populated (``populated``) and not written by a running pod
   (``writers_of``), sized (``_overhead``), its content type and size checked, then the strategy
-  (``_plan``: the profile's, or ``copy`` with CDI's fallback reason; a VolumeSnapshotClass for
-  ``snapshot``) and its first step: csi-clone here, a smart clone in ``snapshot``, a move in
-  ``move``.
+  (``_plan``: the CDI resource's ``cloneStrategyOverride``, else the profile's, or ``copy``
+  with CDI's fallback reason; a VolumeSnapshotClass for ``snapshot``) and its first step:
+  csi-clone here, a smart clone in ``snapshot``, a move in ``move``.
 """
 
 from __future__ import annotations
@@ -133,7 +133,8 @@ class SourceSteps(SnapshotSteps):
         classes = await self._classes({class_name, _class_of(src)})
         profile = await self.kube.get_or_none(STORAGE_PROFILES, class_name) if class_name else None
         status = (profile or {}).get("status") or {}
-        wanted = status.get("cloneStrategy")
+        # the CDI resource's cloneStrategyOverride beats every profile (CDI's planner)
+        wanted = (await self._cdi_config()).clone_strategy_override or status.get("cloneStrategy")
         choice = None
         if (wanted or SNAPSHOT) == SNAPSHOT:
             provisioners = {str((classes.get(n) or {}).get("provisioner") or "") for n in
