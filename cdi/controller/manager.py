@@ -20,7 +20,10 @@ reconciler's queue. Watches only enqueue keys. What is not a declaration stays h
   their informers are ``SnapshotWatch``'s (``cdi.controller.snapshotwatch``), started by it and
   outside the cache-sync wait; declarations name them like any other kind;
 - a CDIConfig change also sets the process's log level from ``logVerbosity``
-  (``cdi.lifecycle``), while leading.
+  (``cdi.lifecycle``), while leading;
+- ``/metrics`` answers only a bearer token the API server reviews and allows
+  (``cdi.controller.metrics_auth``); its reviews go through an unfenced client of their own,
+  since a standby is scraped too.
 
 Events of every reconciler go through one ``EventQueue`` (``cdi.kube.events``), written by a
 background task, so no reconcile waits for an event's round trip.
@@ -67,6 +70,7 @@ from cdi.controller.flavours import FlavourDeps
 from cdi.controller.flavours.import_ import ImportFlavour
 from cdi.controller.flavours.upload import UploadWorker
 from cdi.controller.metrics import ControllerMetrics, Sources, serve_metrics
+from cdi.controller.metrics_auth import MetricsGuard
 from cdi.controller.populators.clone import ClonePopulator
 from cdi.controller.populators.handover import PrimePopulator
 from cdi.controller.populators.import_ import ImportPopulator
@@ -153,6 +157,9 @@ class Manager:
             # the Lease's requests: not fenced, and two threads of their own so a renewal never
             # waits behind a burst of reconciles; everything else writes only while leading
             self.elector = LeaderElector(AsyncKube(kube, max_threads=2), config.leader)
+        # a standby answers scrapes too: the metrics' reviews are not fenced, own threads
+        self.metrics_guard = MetricsGuard(AsyncKube(kube, max_threads=2))
+        if self.elector is not None:
             kube = kube.fenced(self.elector.fence)
         self.kube = AsyncKube(kube)
         self.informers = Informers(kube, config.resync)
@@ -322,13 +329,14 @@ class Manager:
         metrics are simply empty), lead, then reconcile until stopped."""
         if self.config.metrics_port is not None:
             self._metrics_runner = await serve_metrics(
-                self.metrics, self.config.metrics_host, self.config.metrics_port
+                self.metrics, self.metrics_guard, self.config.metrics_host, self.config.metrics_port
             )
         try:
             await self._lead_and_run()
         finally:
             if self._metrics_runner is not None:
                 await self._metrics_runner.cleanup()
+            self.metrics_guard.kube.close()
 
     async def _lead_and_run(self) -> None:
         if self.elector is not None:

@@ -35,6 +35,9 @@ this collector exposes (``tests/component/test_alert_rules.py``).
   controller also exports: ``controller_runtime_reconcile_time_seconds{controller}`` (histogram)
   and ``controller_runtime_reconcile_total{controller,result}`` (success, requeue_after, error).
 
+Only a scrape with a bearer token the API server accepts and allows ``get /metrics`` is
+answered (``cdi.controller.metrics_auth``, CDI's #4121).
+
 Every metric lives in this object's own ``CollectorRegistry`` (no process-global registry), so
 tests build one and read it without a server.
 """
@@ -55,6 +58,7 @@ from prometheus_client.registry import Collector
 from cdi.api.codec import SchemaError
 from cdi.api.config import StorageProfile
 from cdi.api.constants import AccessMode
+from cdi.controller.metrics_auth import MetricsGuard
 from cdi.kube.workqueue import Reconcile, Result
 from cdi.render.storageprofile import profile_complete
 
@@ -310,8 +314,14 @@ class ControllerMetrics:
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
 
-    def app(self) -> web.Application:
-        async def handle(_: web.Request) -> web.Response:
+    def app(self, guard: MetricsGuard) -> web.Application:
+        """``/metrics`` for whoever ``guard`` admits (a bearer token with ``get /metrics``)."""
+
+        async def handle(request: web.Request) -> web.Response:
+            verdict = await guard.check(request.headers.get("Authorization"))
+            if not verdict.allowed:
+                headers = {"WWW-Authenticate": "Bearer"} if verdict.status == 401 else None
+                return web.Response(status=verdict.status, text=verdict.reason, headers=headers)
             return web.Response(body=self.exposition(), headers={"Content-Type": CONTENT_TYPE})
 
         app = web.Application()
@@ -319,9 +329,11 @@ class ControllerMetrics:
         return app
 
 
-async def serve_metrics(metrics: ControllerMetrics, host: str, port: int) -> web.AppRunner:
+async def serve_metrics(
+    metrics: ControllerMetrics, guard: MetricsGuard, host: str, port: int
+) -> web.AppRunner:
     """Start serving ``/metrics``; the caller cleans the runner up at shutdown."""
-    runner = web.AppRunner(metrics.app(), access_log=None)
+    runner = web.AppRunner(metrics.app(guard), access_log=None)
     await runner.setup()
     await web.TCPSite(runner, host, port).start()
     return runner

@@ -22,6 +22,7 @@ PLURALS = {
     "ServiceAccount": ("/api/v1", "serviceaccounts", True),
     "Service": ("/api/v1", "services", True),
     "ConfigMap": ("/api/v1", "configmaps", True),
+    "Secret": ("/api/v1", "secrets", True),
     "ValidatingAdmissionPolicy": (
         "/apis/admissionregistration.k8s.io/v1",
         "validatingadmissionpolicies",

@@ -1,0 +1,171 @@
+"""The controller's ``/metrics`` answers only a bearer token the real API server accepts
+(TokenReview) and allows ``get /metrics`` (SubjectAccessReview), as CDI's #4121; tokens are real
+ServiceAccount tokens (TokenRequest, and the ``cdi-metrics-reader-token`` Secret the token
+controller fills, which the ServiceMonitor sends).
+
+- the guard itself (``cdi.controller.metrics_auth.MetricsGuard``) against the API server: 401
+  without or with a bad token, 403 for a ServiceAccount without the right, 200 once bound to
+  ``cdi-metrics-reader``; answers remembered (one TokenReview for many checks) until their
+  time is up on the guard's clock, so a revoked binding is seen after ``allow_ttl``;
+- the installed product: both replicas (the standby too) answer 401/401/403/200 the same way,
+  and ten scrapes with one token cost the API server at most one TokenReview per replica
+  (counted in the API server's own ``apiserver_request_total``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import ssl
+import urllib.request
+from collections.abc import Iterator
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from cdi.controller.metrics_auth import MetricsGuard
+from cdi.kube.client import AsyncKube
+from cdi.kube.client import Kube as ProductKube
+from testkit.cluster import Cluster
+from testkit.kubeclient import Kube
+from testkit.kubeconfig import ADMIN
+from testkit.product import Product
+from testkit.waiting import wait_until
+from tests.integration.datavolumes.metrics_env import get, reader_token, service_account_token
+from tests.integration.datavolumes.test_alerts import controller_pods
+
+pytestmark = pytest.mark.integration
+
+RBAC = "/apis/rbac.authorization.k8s.io/v1"
+
+
+def service_account(kube: Kube, namespace: str, name: str) -> None:
+    kube.create(f"/api/v1/namespaces/{namespace}/serviceaccounts",
+                {"apiVersion": "v1", "kind": "ServiceAccount",
+                 "metadata": {"name": name}})  # fmt: skip
+
+
+@pytest.fixture
+def reader_binding(kube: Kube, namespace: str) -> Iterator[tuple[str, str]]:
+    """(ServiceAccount, ClusterRoleBinding name): a ServiceAccount bound to cdi-metrics-reader;
+    the binding is removed at the end (the test may remove it first)."""
+    name = f"metrics-reader-test-{secrets.token_hex(3)}"
+    service_account(kube, namespace, "scraper")
+    kube.create(f"{RBAC}/clusterrolebindings", {
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+        "metadata": {"name": name},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                    "name": "cdi-metrics-reader"},
+        "subjects": [{"kind": "ServiceAccount", "name": "scraper", "namespace": namespace}],
+    })  # fmt: skip
+    yield "scraper", name
+    kube.delete_ignore_missing(f"{RBAC}/clusterrolebindings/{name}")
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_the_guard_asks_the_api_server_and_remembers_its_answers_briefly(
+    cluster: Cluster,
+    kube: Kube,
+    namespace: str,
+    product: Product,  # the ClusterRole cdi-metrics-reader is installed
+    reader_binding: tuple[str, str],
+) -> None:
+    sa, binding = reader_binding
+    service_account(kube, namespace, "nobody")
+    allowed = service_account_token(kube, namespace, sa)
+    refused = service_account_token(kube, namespace, "nobody")
+    clock = Clock()
+    api = AsyncKube(ProductKube(cluster.api_client(ADMIN)), max_threads=2)
+    guard = MetricsGuard(api, allow_ttl=60, deny_ttl=10, clock=clock)
+
+    async def statuses(*headers: str | None) -> list[int]:
+        return [(await guard.check(h)).status for h in headers]
+
+    try:
+        first = asyncio.run(
+            statuses(
+                None,
+                "Basic dXNlcjpwYXNz",
+                "Bearer not-a-token",
+                f"Bearer {refused}",
+                f"Bearer {allowed}",
+            )
+        )
+        assert first == [401, 401, 401, 403, 200]
+        sent = guard.reviews_sent
+        assert sent == 3  # no header and Basic never reach the API server
+
+        # remembered: many checks, no new review, even after the binding is gone
+        kube.delete(f"{RBAC}/clusterrolebindings/{binding}")
+        assert asyncio.run(statuses(*[f"Bearer {allowed}"] * 10)) == [200] * 10
+        assert asyncio.run(statuses(f"Bearer {refused}")) == [403]
+        assert guard.reviews_sent == sent
+
+        # a refusal is forgotten after deny_ttl, an allowance after allow_ttl
+        clock.now += 11
+        assert asyncio.run(statuses(f"Bearer {refused}", f"Bearer {allowed}")) == [403, 200]
+        assert guard.reviews_sent == sent + 1
+        clock.now += 50
+
+        def revoked() -> bool:  # the authorizer's cache of the deleted binding may lag
+            clock.now += 61
+            return asyncio.run(statuses(f"Bearer {allowed}")) == [403]
+
+        wait_until(revoked, "the revoked binding seen after allow_ttl", 30, interval=0.5)
+    finally:
+        api.close()
+
+
+def apiserver_token_reviews(cluster: Cluster) -> float:
+    """POSTs of tokenreviews the API server has served (its own /metrics)."""
+    ctx = ssl.create_default_context(cafile=str(cluster.ca_path))
+    request = urllib.request.Request(
+        f"{cluster.server}/metrics", headers={"Authorization": f"Bearer {cluster.token(ADMIN)}"}
+    )
+    with urllib.request.urlopen(request, context=ctx, timeout=10) as resp:
+        text = resp.read().decode()
+    return sum(
+        s.value
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+        if s.name == "apiserver_request_total"
+        and s.labels.get("resource") == "tokenreviews"
+        and s.labels.get("verb") == "POST"
+    )
+
+
+def test_the_installed_controller_answers_only_a_metrics_reader(
+    cluster: Cluster, kube: Kube, product: Product, namespace: str
+) -> None:
+    service_account(kube, namespace, "nobody")
+    refused = service_account_token(kube, namespace, "nobody")
+    token = reader_token(kube)  # what the ServiceMonitor sends
+    ips = wait_until(
+        lambda: (lambda p: p if len(p) == 2 else None)(controller_pods(kube)),
+        "two controller pods with addresses",
+        60,
+    )
+    for ip in ips:
+        url = f"http://{ip}:8080/metrics"
+        assert get(url, None)[0] == 401, ip
+        assert get(url, "not-a-token")[0] == 401, ip
+        status, body = get(url, refused)
+        assert status == 403, (ip, body)
+        assert "may not get" in body
+        status, body = get(url, token)
+        assert status == 200, (ip, body)
+        assert "kubevirt_cdi_cr_ready" in body
+
+    before = apiserver_token_reviews(cluster)
+    for _ in range(10):
+        for ip in ips:
+            assert get(f"http://{ip}:8080/metrics", token)[0] == 200
+    # answers remembered 60 s: at most one more review per replica (one may have expired)
+    assert apiserver_token_reviews(cluster) - before <= len(ips)
