@@ -58,7 +58,7 @@ from prometheus_client.registry import Collector
 from cdi.api.codec import SchemaError
 from cdi.api.config import StorageProfile
 from cdi.api.constants import AccessMode
-from cdi.controller.metrics_auth import MetricsGuard
+from cdi.controller.metrics_auth import Verdict
 from cdi.kube.workqueue import Reconcile, Result
 from cdi.render.storageprofile import profile_complete
 
@@ -277,6 +277,12 @@ class ClusterCollector(Collector):
         yield from families.values()
 
 
+class Guard(Protocol):
+    """Who may read ``/metrics`` (``cdi.controller.metrics_auth.MetricsGuard``)."""
+
+    async def check(self, authorization: str | None) -> Verdict: ...
+
+
 class ControllerMetrics:
     def __init__(self, sources: Sources, clock: Callable[[], float] = time.monotonic) -> None:
         self.registry = CollectorRegistry()
@@ -314,7 +320,7 @@ class ControllerMetrics:
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
 
-    def app(self, guard: MetricsGuard) -> web.Application:
+    def app(self, guard: Guard) -> web.Application:
         """``/metrics`` for whoever ``guard`` admits (a bearer token with ``get /metrics``)."""
 
         async def handle(request: web.Request) -> web.Response:
@@ -330,7 +336,7 @@ class ControllerMetrics:
 
 
 async def serve_metrics(
-    metrics: ControllerMetrics, guard: MetricsGuard, host: str, port: int
+    metrics: ControllerMetrics, guard: Guard, host: str, port: int
 ) -> web.AppRunner:
     """Start serving ``/metrics``; the caller cleans the runner up at shutdown."""
     runner = web.AppRunner(metrics.app(guard), access_log=None)
