@@ -44,6 +44,7 @@ tests build one and read it without a server.
 
 from __future__ import annotations
 
+import ssl
 import time
 from collections import Counter as Tally
 from collections.abc import Callable, Iterator, Mapping
@@ -336,10 +337,15 @@ class ControllerMetrics:
 
 
 async def serve_metrics(
-    metrics: ControllerMetrics, guard: Guard, host: str, port: int
+    metrics: ControllerMetrics,
+    guard: Guard,
+    host: str,
+    port: int,
+    ssl_context: ssl.SSLContext | None = None,
 ) -> web.AppRunner:
-    """Start serving ``/metrics``; the caller cleans the runner up at shutdown."""
+    """Start serving ``/metrics`` (over TLS with ``ssl_context``); the caller cleans the runner
+    up at shutdown."""
     runner = web.AppRunner(metrics.app(guard), access_log=None)
     await runner.setup()
-    await web.TCPSite(runner, host, port).start()
+    await web.TCPSite(runner, host, port, ssl_context=ssl_context).start()
     return runner

@@ -16,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from testkit.kubeclient import Kube
 from testkit.product import Product
 from testkit.waiting import wait_until
-from tests.integration.datavolumes.metrics_env import reader_token, scrape
+from tests.integration.datavolumes.metrics_env import metrics_ca, reader_token, scrape
 from tests.component.test_alert_rules import SCRAPE, _selector, expected, run_promtool
 
 pytestmark = pytest.mark.integration
@@ -48,12 +48,12 @@ def test_alerts_on_the_installed_products_metrics(
     sc = {"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass", "metadata": {"name": ODD},
           "provisioner": "example.invalid/nothing-known"}  # fmt: skip
     kube.create("/apis/storage.k8s.io/v1/storageclasses", sc)
-    token = reader_token(kube)  # the ServiceMonitor's bearer token
+    token, ca = reader_token(kube), metrics_ca(kube)  # what the ServiceMonitor uses
     try:
 
         def scraped() -> dict[str, str] | None:
             ips = controller_pods(kube)
-            texts = {ip: scrape(ip, token) for ip in ips}
+            texts = {ip: scrape(ip, token, ca) for ip in ips}
             if len(ips) != 2 or any(t is None for t in texts.values()):
                 return None
             if not any(f'storageclass="{ODD}"' in (t or "") for t in texts.values()):

@@ -214,6 +214,7 @@ CONTROLLER_MAY = [
     ("delete", "services", "", "some-ns", "cdi-upload-dv", None),
     ("get", "secrets", "", "cdi", "cdi-uploadserver-ca", None),
     ("update", "secrets", "", "cdi", "cdi-uploadserver-client-ca", None),
+    ("update", "secrets", "", "cdi", "cdi-controller-metrics-server-cert", None),
     ("list", "storageclasses", "storage.k8s.io", None, None, None),
     # a cross-namespace clone: its temporary claim, the PV it moves, the requester's rights
     ("delete", "persistentvolumeclaims", "", "some-ns", "tmp-pvc-x", None),

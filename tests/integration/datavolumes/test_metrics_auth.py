@@ -7,9 +7,12 @@ controller fills, which the ServiceMonitor sends).
   without or with a bad token, 403 for a ServiceAccount without the right, 200 once bound to
   ``cdi-metrics-reader``; answers remembered (one TokenReview for many checks) until their
   time is up on the guard's clock, so a revoked binding is seen after ``allow_ttl``;
-- the installed product: both replicas (the standby too) answer 401/401/403/200 the same way,
-  and ten scrapes with one token cost the API server at most one TokenReview per replica
-  (counted in the API server's own ``apiserver_request_total``).
+- the installed product: both replicas (the standby too) serve HTTPS only, verified with the
+  CA in ``cdi-controller-metrics-server-cert`` for the Service's name as the ServiceMonitor
+  does, and answer 401/401/403/200 the same way; ten scrapes with one token cost the API
+  server at most one TokenReview per replica (its own ``apiserver_request_total``);
+- the metrics server follows CDIConfig's ``tlsSecurityProfile`` without a restart: under
+  Modern a TLS 1.2 client is refused and TLS 1.3 served, back to the default TLS 1.2 again.
 """
 
 from __future__ import annotations
@@ -31,8 +34,21 @@ from testkit.kubeclient import Kube
 from testkit.kubeconfig import ADMIN
 from testkit.product import Product
 from testkit.waiting import wait_until
-from tests.integration.datavolumes.metrics_env import get, reader_token, service_account_token
+from tests.integration.datavolumes.metrics_env import (
+    get,
+    metrics_ca,
+    metrics_url,
+    reader_token,
+    service_account_token,
+)
 from tests.integration.datavolumes.test_alerts import controller_pods
+from tests.integration.datavolumes.test_tls_profile import (
+    TLS12,
+    TLS13,
+    every_time,
+    set_profile,
+    version_refused,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -141,31 +157,57 @@ def apiserver_token_reviews(cluster: Cluster) -> float:
     )
 
 
-def test_the_installed_controller_answers_only_a_metrics_reader(
+def test_the_installed_controller_answers_only_a_metrics_reader_over_tls(
     cluster: Cluster, kube: Kube, product: Product, namespace: str
 ) -> None:
     service_account(kube, namespace, "nobody")
     refused = service_account_token(kube, namespace, "nobody")
-    token = reader_token(kube)  # what the ServiceMonitor sends
+    token, ca = reader_token(kube), metrics_ca(kube)  # what the ServiceMonitor uses
     ips = wait_until(
         lambda: (lambda p: p if len(p) == 2 else None)(controller_pods(kube)),
         "two controller pods with addresses",
         60,
     )
-    for ip in ips:
-        url = f"http://{ip}:8080/metrics"
-        assert get(url, None)[0] == 401, ip
-        assert get(url, "not-a-token")[0] == 401, ip
-        status, body = get(url, refused)
+    for ip in ips:  # the leader and the standby alike
+        url = metrics_url(ip)
+        assert get(url, None, ca)[0] == 401, ip
+        assert get(url, "not-a-token", ca)[0] == 401, ip
+        status, body = get(url, refused, ca)
         assert status == 403, (ip, body)
         assert "may not get" in body
-        status, body = get(url, token)
-        assert status == 200, (ip, body)
+        status, body = wait_until(lambda url=url: (lambda r: r if r[0] == 200 else None)(
+            get(url, token, ca)), f"{ip} answers the reader", 30, interval=0.5)  # fmt: skip
         assert "kubevirt_cdi_cr_ready" in body
+        assert get(url.replace("https://", "http://"), token)[0] == 0  # no plain HTTP there
+        assert get(url, token, b"")[0] == 0  # a client that does not trust the CA stops
 
     before = apiserver_token_reviews(cluster)
     for _ in range(10):
         for ip in ips:
-            assert get(f"http://{ip}:8080/metrics", token)[0] == 200
+            assert get(metrics_url(ip), token, ca)[0] == 200
     # answers remembered 60 s: at most one more review per replica (one may have expired)
     assert apiserver_token_reviews(cluster) - before <= len(ips)
+
+
+def test_the_metrics_server_follows_cdiconfigs_tls_profile(
+    kube: Kube, product: Product
+) -> None:
+    ips = controller_pods(kube)
+    assert ips
+    set_profile(kube, {"type": "Modern", "modern": {}})
+    try:
+        for ip in ips:
+            wait_until(
+                lambda ip=ip: every_time(lambda: version_refused(ip, TLS12, 8080)),
+                f"the metrics server on {ip} refuses a TLS 1.2 client under Modern",
+                60,
+            )
+            assert not version_refused(ip, TLS13, 8080)
+    finally:
+        set_profile(kube, None)
+    for ip in ips:
+        wait_until(
+            lambda ip=ip: every_time(lambda: not version_refused(ip, TLS12, 8080)),
+            f"the metrics server on {ip} serves TLS 1.2 again",
+            60,
+        )
