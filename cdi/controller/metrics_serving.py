@@ -73,7 +73,7 @@ class MetricsServer:
         if self.serving.tls is None:
             await self._listen(None)
         else:
-            self._task = asyncio.create_task(self._run(self.serving.tls), name="metrics-server")
+            self._task = asyncio.create_task(self._guarded(self.serving.tls), name="metrics")
 
     async def stop(self) -> None:
         if self._task is not None:
@@ -88,6 +88,13 @@ class MetricsServer:
         self.runner = await serve_metrics(self.metrics, self.guard, s.host, s.port, ctx)
         self.started.set()
         log.info("serving /metrics on %s:%d (%s)", s.host, s.port, "TLS" if ctx else "HTTP")
+
+    async def _guarded(self, tls: ServingCertConfig) -> None:
+        """``_run``; anything it did not foresee is logged, never raised into the shutdown."""
+        try:
+            await self._run(tls)
+        except Exception:
+            log.exception("the metrics server stopped")
 
     async def _run(self, tls: ServingCertConfig) -> None:
         store = CertStore(self.kube, tls)
