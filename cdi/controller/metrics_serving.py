@@ -28,9 +28,9 @@ import ssl
 from dataclasses import dataclass
 from functools import partial
 
-from cdi.api.tlsprofile import apply as apply_profile
 from aiohttp import web
 
+from cdi.api.tlsprofile import apply as apply_profile
 from cdi.controller.metrics import ControllerMetrics, Guard, serve_metrics
 from cdi.kube.client import Kube
 from cdi.kube.errors import KubeError
@@ -64,7 +64,6 @@ class MetricsServer:
     ) -> None:
         self.kube, self.metrics, self.guard, self.serving = kube, metrics, guard, serving
         self.runner: web.AppRunner | None = None
-        self.started = asyncio.Event()  # listening
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -86,7 +85,6 @@ class MetricsServer:
     async def _listen(self, ctx: ssl.SSLContext | None) -> None:
         s = self.serving
         self.runner = await serve_metrics(self.metrics, self.guard, s.host, s.port, ctx)
-        self.started.set()
         log.info("serving /metrics on %s:%d (%s)", s.host, s.port, "TLS" if ctx else "HTTP")
 
     async def _guarded(self, tls: ServingCertConfig) -> None:
