@@ -50,7 +50,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-
 from cdi.controller import cdiconfig, dataimportcron, datasource, populators, storageprofile
 from cdi.controller import uploadpvc as uploadpvcs
 from cdi.controller.caches import Informers

@@ -203,5 +203,7 @@ async def test_metrics_are_served_over_http_to_whom_the_guard_admits() -> None:
         ("", None),
     ],
 )
-def test_only_a_bearer_token_is_taken_from_the_header(header: str | None, token: str | None) -> None:
+def test_only_a_bearer_token_is_taken_from_the_header(
+    header: str | None, token: str | None
+) -> None:
     assert bearer_token(header) == token

@@ -31,9 +31,7 @@ OPTIONAL = DEPLOY / "optional" / "networkpolicies.yaml"
 TENANT = DEPLOY / "examples" / "tenant-networkpolicies.yaml"
 TENANTS = ("vms", "other")
 NAMESPACES = ("cdi", *TENANTS, "attacker", "monitoring", "kube-system")
-PROBES = [(p, "TCP") for p in (22, 53, 80, 443, 3128, 6443, 8080, 8081, 8443, 9000)] + [
-    (53, "UDP")
-]
+PROBES = [(p, "TCP") for p in (22, 53, 80, 443, 3128, 6443, 8080, 8081, 8443, 9000)] + [(53, "UDP")]
 CONTROL_PLANE = ("cdi-controller", "cdi-webhook", "cdi-apiserver", "cdi-uploadproxy",
                  "cdi-import-proxy")  # fmt: skip
 WORKERS = {"importer": "importer", "poller": "poller", "upload": "upload-server",
@@ -77,10 +75,15 @@ def others() -> list[Endpoint]:
     return [
         Endpoint("attacker/curl", "10.244.1.10", "attacker", {"app": "curl"}),
         Endpoint("vms/vm", "10.244.1.11", "vms", {"kubevirt.io": "virt-launcher"}),
-        Endpoint("monitoring/prometheus", "10.244.1.12", "monitoring",
-                 {"app.kubernetes.io/name": "prometheus"}),  # fmt: skip
-        Endpoint("kube-system/dns", "10.244.1.13", "kube-system", {"k8s-app": "kube-dns"},
-                 {"dns": 53}),  # fmt: skip
+        Endpoint(
+            "monitoring/prometheus",
+            "10.244.1.12",
+            "monitoring",
+            {"app.kubernetes.io/name": "prometheus"},
+        ),
+        Endpoint(
+            "kube-system/dns", "10.244.1.13", "kube-system", {"k8s-app": "kube-dns"}, {"dns": 53}
+        ),
         Endpoint("apiserver", "192.0.2.1"),  # the files' placeholder range
         Endpoint("image-server", "203.0.113.5"),  # a source on the internet
         Endpoint("import-proxy-upstream", "198.51.100.7"),  # CDIConfig importProxy
@@ -96,7 +99,7 @@ def tenant_default_deny(ns: str) -> dict[str, Any]:
 def shipped_policies() -> list[dict[str, Any]]:
     policies = docs(OPTIONAL)
     for ns in TENANTS:
-        policies += docs(TENANT, TENANT=ns) + [tenant_default_deny(ns)]
+        policies += [*docs(TENANT, TENANT=ns), tenant_default_deny(ns)]
     return policies
 
 
@@ -114,7 +117,7 @@ def expected(src: str, dst: str, port: int, protocol: str) -> bool:
                    "monitoring/prometheus", "kube-system/dns"} | {
         f"{ns}/{w}" for ns in TENANTS for w in ("importer", "poller")}  # fmt: skip
     importers = {f"{ns}/{w}" for ns in TENANTS for w in ("importer", "poller")}
-    unpoliced = {"apiserver", "image-server", "import-proxy-upstream", "attacker/curl",
+    unpoliced = {"apiserver", "image-server", "import-proxy-upstream", "user", "attacker/curl",
                  "monitoring/prometheus", "kube-system/dns"}  # fmt: skip
     scraped = {f"{ns}/{w}" for ns in TENANTS for w in ("importer", "poller", "clone-source")}
     upload_servers = {f"{ns}/upload-server" for ns in TENANTS}
@@ -124,13 +127,17 @@ def expected(src: str, dst: str, port: int, protocol: str) -> bool:
         dst == "cdi/cdi-uploadproxy" and tcp and port == 8443 and src in open_egress,
         # the control plane reaches the API server, which calls the webhook and the token API
         src in {f"cdi/{c}" for c in CONTROL_PLANE} and dst == "apiserver" and api_ports,
-        src == "apiserver" and dst in ("cdi/cdi-webhook", "cdi/cdi-apiserver") and port == 8443
+        src == "apiserver"
+        and dst in ("cdi/cdi-webhook", "cdi/cdi-apiserver")
+        and port == 8443
         and tcp,
         # the controller scrapes workers' progress; Prometheus scrapes the controller
         src == "cdi/cdi-controller" and dst in scraped and tcp and port == 8443,
         src == "monitoring/prometheus" and dst == "cdi/cdi-controller" and tcp and port == 8080,
         # uploads: proxy and clone sources (any namespace) to upload servers
-        src in {"cdi/cdi-uploadproxy", *clone_sources} and dst in upload_servers and tcp
+        src in {"cdi/cdi-uploadproxy", *clone_sources}
+        and dst in upload_servers
+        and tcp
         and port == 8443,
         # the import proxy relay: importers in, DNS and the importProxy out
         src in importers and dst == "cdi/cdi-import-proxy" and tcp and port == 3128,
@@ -155,7 +162,9 @@ def test_the_shipped_policies_let_through_exactly_what_the_product_needs() -> No
         for port, protocol in PROBES:
             got = net.allowed(src, dst, port, protocol)
             if got != expected(src.name, dst.name, port, protocol):
-                wrong.append(f"{src.name} -> {dst.name}:{port}/{protocol} {'open' if got else 'shut'}")
+                wrong.append(
+                    f"{src.name} -> {dst.name}:{port}/{protocol} {'open' if got else 'shut'}"
+                )
     assert not wrong, "\n".join(wrong)
 
 
@@ -183,6 +192,7 @@ def test_every_shipped_policy_selects_a_pod_the_product_runs() -> None:
     """No selector names a label the product's pods do not carry (a typo opens nothing and
     shuts nothing, silently)."""
     pods = product_pods()
+    everyone = pods + others()  # peers: the cluster DNS too
     for policy in shipped_policies():
         if policy["metadata"]["name"] == "default-deny":
             continue
@@ -194,8 +204,8 @@ def test_every_shipped_policy_selects_a_pod_the_product_runs() -> None:
         assert selected, policy["metadata"]["name"]
         for rule in policy["spec"].get("ingress", []) + policy["spec"].get("egress", []):
             for peer in rule.get("from", []) + rule.get("to", []):
-                if "podSelector" in peer and peer["podSelector"]:
-                    assert any(matches(peer["podSelector"], p.labels) for p in pods), peer
+                if peer.get("podSelector"):
+                    assert any(matches(peer["podSelector"], p.labels) for p in everyone), peer
 
 
 def test_the_webhook_fence_is_contained_in_the_full_set() -> None:

@@ -1,5 +1,6 @@
 """Scraping the installed controller's ``/metrics`` as Prometheus does since CDI's #4121: over
-HTTPS verified with the controller's metrics CA for the Service's name, with a bearer token (``cdi.controller.metrics_auth``). The token is the one the ServiceMonitor in
+HTTPS verified with the controller's metrics CA for the Service's name, with a bearer token
+(``cdi.controller.metrics_auth``). The token is the one the ServiceMonitor in
 ``deploy/optional/monitoring.yaml`` sends: Secret ``cdi-metrics-reader-token`` of the
 ServiceAccount ``cdi-metrics-reader`` (``deploy/17-rbac-metrics.yaml``), filled in by the
 cluster's token controller; or a short-lived one from a TokenRequest."""

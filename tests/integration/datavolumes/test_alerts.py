@@ -16,8 +16,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from testkit.kubeclient import Kube
 from testkit.product import Product
 from testkit.waiting import wait_until
-from tests.integration.datavolumes.metrics_env import metrics_ca, reader_token, scrape
 from tests.component.test_alert_rules import SCRAPE, _selector, expected, run_promtool
+from tests.integration.datavolumes.metrics_env import metrics_ca, reader_token, scrape
 
 pytestmark = pytest.mark.integration
 ODD = "alerts-odd-class"

@@ -17,8 +17,8 @@ from testkit.cluster import Cluster, free_port
 from testkit.kubeclient import Kube
 from testkit.kubeconfig import ADMIN
 from testkit.waiting import wait_until
-from tests.integration.datavolumes.metrics_env import get
 from tests.integration.datavolumes.cdi_env import ControllerProcess, dv_path
+from tests.integration.datavolumes.metrics_env import get
 from tests.integration.datavolumes.test_deploy import applied_rbac, can  # noqa: F401
 
 pytestmark = pytest.mark.integration

@@ -201,9 +201,7 @@ def test_the_installed_controller_answers_only_a_metrics_reader_over_tls(
     assert apiserver_token_reviews(cluster) - before < 10
 
 
-def test_the_metrics_server_follows_cdiconfigs_tls_profile(
-    kube: Kube, product: Product
-) -> None:
+def test_the_metrics_server_follows_cdiconfigs_tls_profile(kube: Kube, product: Product) -> None:
     ips = controller_pods(kube)
     assert ips
     set_profile(kube, {"type": "Modern", "modern": {}})
