@@ -7,8 +7,10 @@ With TLS (``--metrics-tls``, as ``deploy/`` runs it; CDI serves its metrics over
   ``cdi-controller-metrics-server-cert`` by a ``cdi.pki.store.CertStore`` (the one the webhook,
   the token API and the upload proxy use: compare-and-swap on the Secret, so two replicas never
   fork the CA; rotated by ``cdi.pki.certs`` rules, checked every ``check_interval``), issued for
-  the Service ``cdi-controller-metrics``. Prometheus verifies it with the Secret's ``ca.crt``
-  and that name (the ServiceMonitor's ``tlsConfig``, ``deploy/optional/monitoring.yaml``);
+  the Service ``cdi-controller-metrics``. Its CA certificate alone is published in ConfigMap
+  ``cdi-controller-metrics-signer-bundle`` (``ProxyCertStore``'s way, the upload proxy's), and
+  Prometheus verifies it with that and the name (the ServiceMonitor's ``tlsConfig``,
+  ``deploy/optional/monitoring.yaml``), never reading the Secret with the CA's key;
 - CDIConfig's ``tlsSecurityProfile`` is followed (``cdi.pki.profile``, every 5 s) and applied to
   the live context, as the webhook and the token API do (asyncio TLS: every SSL object is made
   on the loop thread);
@@ -38,11 +40,14 @@ from cdi.pki.certs import Bundle
 from cdi.pki.contexts import load_pair, serving_context
 from cdi.pki.profile import FollowedProfile, following
 from cdi.pki.store import CertStore, ServingCertConfig
+from cdi.upload.kubestore import ProxyCertStore
 
 log = logging.getLogger(__name__)
 
 METRICS_SERVICE = "cdi-controller-metrics"
 METRICS_CERT_SECRET = "cdi-controller-metrics-server-cert"
+# the CA certificate alone (key ca-bundle.crt), for the ServiceMonitor's tlsConfig
+METRICS_CA_BUNDLE = "cdi-controller-metrics-signer-bundle"
 
 
 def metrics_cert_config(namespace: str) -> ServingCertConfig:
@@ -95,7 +100,7 @@ class MetricsServer:
             log.exception("the metrics server stopped")
 
     async def _run(self, tls: ServingCertConfig) -> None:
-        store = CertStore(self.kube, tls)
+        store = ProxyCertStore(self.kube, tls, METRICS_CA_BUNDLE)  # publishes the CA alone
         bundle = await self._first_bundle(store)
         profile = FollowedProfile(self.kube)
         ctx = serving_context(bundle.serving, profile=await profile.first())

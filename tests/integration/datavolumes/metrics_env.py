@@ -19,7 +19,7 @@ from testkit.kubeclient import Kube
 from testkit.waiting import wait_until
 
 READER_SECRET = "/api/v1/namespaces/cdi/secrets/cdi-metrics-reader-token"
-CERT_SECRET = "/api/v1/namespaces/cdi/secrets/cdi-controller-metrics-server-cert"
+CA_CONFIG_MAP = "/api/v1/namespaces/cdi/configmaps/cdi-controller-metrics-signer-bundle"
 SERVER_NAME = "cdi-controller-metrics.cdi.svc"  # the ServiceMonitor's tlsConfig.serverName
 
 
@@ -46,11 +46,11 @@ def service_account_token(kube: Kube, namespace: str, name: str) -> str:
 
 def metrics_ca(kube: Kube) -> bytes:
     """The CA of the controller's metrics certificate, as the ServiceMonitor's tlsConfig reads
-    it (``ca.crt`` of the Secret the controller keeps)."""
+    it (``ca-bundle.crt`` of the ConfigMap the controller publishes)."""
 
     def ca() -> bytes | None:
-        data = (kube.get_or_none(CERT_SECRET) or {}).get("data") or {}
-        return base64.b64decode(data["ca.crt"]) if data.get("ca.crt") else None
+        data = (kube.get_or_none(CA_CONFIG_MAP) or {}).get("data") or {}
+        return str(data["ca-bundle.crt"]).encode() if data.get("ca-bundle.crt") else None
 
     return wait_until(ca, "the controller's metrics certificate", 60, interval=0.5)
 

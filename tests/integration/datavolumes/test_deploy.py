@@ -215,6 +215,7 @@ CONTROLLER_MAY = [
     ("get", "secrets", "", "cdi", "cdi-uploadserver-ca", None),
     ("update", "secrets", "", "cdi", "cdi-uploadserver-client-ca", None),
     ("update", "secrets", "", "cdi", "cdi-controller-metrics-server-cert", None),
+    ("update", "configmaps", "", "cdi", "cdi-controller-metrics-signer-bundle", None),
     ("list", "storageclasses", "storage.k8s.io", None, None, None),
     # a cross-namespace clone: its temporary claim, the PV it moves, the requester's rights
     ("delete", "persistentvolumeclaims", "", "some-ns", "tmp-pvc-x", None),

@@ -8,7 +8,8 @@ controller fills, which the ServiceMonitor sends).
   ``cdi-metrics-reader``; answers remembered (one TokenReview for many checks) until their
   time is up on the guard's clock, so a revoked binding is seen after ``allow_ttl``;
 - the installed product: both replicas (the standby too) serve HTTPS only, verified with the
-  CA in ``cdi-controller-metrics-server-cert`` for the Service's name as the ServiceMonitor
+  CA in ConfigMap ``cdi-controller-metrics-signer-bundle`` for the Service's name as the
+  ServiceMonitor
   does, and answer 401/401/403/200 the same way; ten scrapes with one token cost the API
   server at most one TokenReview per replica (its own ``apiserver_request_total``);
 - the metrics server follows CDIConfig's ``tlsSecurityProfile`` without a restart: under
