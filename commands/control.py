@@ -68,6 +68,12 @@ def add_controller_parser(sub: argparse._SubParsersAction) -> None:  # type: ign
     )
     p.add_argument("--metrics-host", default="0.0.0.0")
     p.add_argument("--metrics-port", type=int, default=0, help="serve /metrics here; 0: off")
+    p.add_argument(
+        "--metrics-tls",
+        action="store_true",
+        help="serve /metrics over TLS: a certificate kept in Secret "
+        "cdi-controller-metrics-server-cert in --namespace, CDIConfig's TLS profile",
+    )
     _requester_key_flags(p, "to check the recorded requester (clone authorization)")
     p.set_defaults(func=cmd_controller)
 
@@ -245,6 +251,7 @@ def cmd_controller(a: argparse.Namespace) -> int:
         namespace=a.namespace,
         metrics_host=a.metrics_host,
         metrics_port=a.metrics_port or None,
+        metrics_tls=a.metrics_tls,
         requester_key=_requester_key(a, kube),
         log_level=logging.getLogger().level,  # the flag's, set above
     )

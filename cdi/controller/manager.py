@@ -21,7 +21,10 @@ reconciler's queue. Watches only enqueue keys. What is not a declaration stays h
   their informers are ``SnapshotWatch``'s (``cdi.controller.snapshotwatch``), started by it and
   outside the cache-sync wait; declarations name them like any other kind;
 - a CDIConfig change also sets the process's log level from ``logVerbosity``
-  (``cdi.lifecycle``), while leading.
+  (``cdi.lifecycle``), while leading;
+- ``/metrics`` answers only a bearer token the API server reviews and allows
+  (``cdi.controller.metrics_auth``); its reviews go through an unfenced client of their own,
+  since a standby is scraped too.
 
 Events of every reconciler go through one ``EventQueue`` (``cdi.kube.events``), written by a
 background task, so no reconcile waits for an event's round trip.
@@ -48,8 +51,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from aiohttp import web
-
 from cdi.controller import (
     cdiconfig,
     cdiresource,
@@ -75,7 +76,9 @@ from cdi.controller.datavolume import (
 from cdi.controller.flavours import FlavourDeps
 from cdi.controller.flavours.import_ import ImportFlavour
 from cdi.controller.flavours.upload import UploadWorker
-from cdi.controller.metrics import ControllerMetrics, Sources, serve_metrics
+from cdi.controller.metrics import ControllerMetrics, Sources
+from cdi.controller.metrics_auth import MetricsGuard
+from cdi.controller.metrics_serving import MetricsServer, MetricsServing, metrics_cert_config
 from cdi.controller.populators.clone import ClonePopulator
 from cdi.controller.populators.handover import PrimePopulator
 from cdi.controller.populators.import_ import ImportPopulator
@@ -119,6 +122,7 @@ class ManagerConfig:
     namespace: str = "cdi"  # where the upload proxy is deployed
     metrics_host: str = "0.0.0.0"
     metrics_port: int | None = 8080  # None: no metrics server
+    metrics_tls: bool = False  # /metrics over TLS (cdi.controller.metrics_serving)
     config_recheck: float = 60.0
     # HMAC key of the signed requester record (cdi.api.requester.trusted_requester), from
     # --requester-key-secret / --requester-key-file; None: no record is trusted.
@@ -163,6 +167,10 @@ class Manager:
             # the Lease's requests: not fenced, and two threads of their own so a renewal never
             # waits behind a burst of reconciles; everything else writes only while leading
             self.elector = LeaderElector(AsyncKube(kube, max_threads=2), config.leader)
+        # a standby answers scrapes too: the metrics' reviews are not fenced, own threads
+        self.metrics_guard = MetricsGuard(AsyncKube(kube, max_threads=2))
+        self._unfenced = kube  # the metrics certificate is kept by a standby too
+        if self.elector is not None:
             kube = kube.fenced(self.elector.fence)
         self.kube = AsyncKube(kube)
         self.informers = Informers(kube, config.resync)
@@ -194,7 +202,7 @@ class Manager:
             for c in self._controllers(identity)
         }
         self.verbosity = LogVerbosity(flag_level=config.log_level)
-        self._metrics_runner: web.AppRunner | None = None
+        self._metrics_server: MetricsServer | None = None
         self._ready = False  # leading with synced caches (kubevirt_cdi_cr_ready)
         self._stop = asyncio.Event()
         self.lost_leadership = False
@@ -334,15 +342,19 @@ class Manager:
     async def run(self) -> None:
         """Serve metrics from the start (a standby too, as controller-runtime does: its cache
         metrics are simply empty), lead, then reconcile until stopped."""
-        if self.config.metrics_port is not None:
-            self._metrics_runner = await serve_metrics(
-                self.metrics, self.config.metrics_host, self.config.metrics_port
-            )
+        c = self.config
+        if c.metrics_port is not None:
+            tls = metrics_cert_config(c.namespace) if c.metrics_tls else None
+            serving = MetricsServing(c.metrics_host, c.metrics_port, tls)
+            server = MetricsServer(self._unfenced, self.metrics, self.metrics_guard, serving)
+            await server.start()
+            self._metrics_server = server
         try:
             await self._lead_and_run()
         finally:
-            if self._metrics_runner is not None:
-                await self._metrics_runner.cleanup()
+            if self._metrics_server is not None:
+                await self._metrics_server.stop()
+            self.metrics_guard.kube.close()
 
     async def _lead_and_run(self) -> None:
         if self.elector is not None:

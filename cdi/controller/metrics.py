@@ -35,12 +35,16 @@ this collector exposes (``tests/component/test_alert_rules.py``).
   controller also exports: ``controller_runtime_reconcile_time_seconds{controller}`` (histogram)
   and ``controller_runtime_reconcile_total{controller,result}`` (success, requeue_after, error).
 
+Only a scrape with a bearer token the API server accepts and allows ``get /metrics`` is
+answered (``cdi.controller.metrics_auth``, CDI's #4121).
+
 Every metric lives in this object's own ``CollectorRegistry`` (no process-global registry), so
 tests build one and read it without a server.
 """
 
 from __future__ import annotations
 
+import ssl
 import time
 from collections import Counter as Tally
 from collections.abc import Callable, Iterator, Mapping
@@ -55,6 +59,7 @@ from prometheus_client.registry import Collector
 from cdi.api.codec import SchemaError
 from cdi.api.config import StorageProfile
 from cdi.api.constants import AccessMode
+from cdi.controller.metrics_auth import Verdict
 from cdi.kube.workqueue import Reconcile, Result
 from cdi.render.storageprofile import profile_complete
 
@@ -273,6 +278,12 @@ class ClusterCollector(Collector):
         yield from families.values()
 
 
+class Guard(Protocol):
+    """Who may read ``/metrics`` (``cdi.controller.metrics_auth.MetricsGuard``)."""
+
+    async def check(self, authorization: str | None) -> Verdict: ...
+
+
 class ControllerMetrics:
     def __init__(self, sources: Sources, clock: Callable[[], float] = time.monotonic) -> None:
         self.registry = CollectorRegistry()
@@ -310,8 +321,14 @@ class ControllerMetrics:
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
 
-    def app(self) -> web.Application:
-        async def handle(_: web.Request) -> web.Response:
+    def app(self, guard: Guard) -> web.Application:
+        """``/metrics`` for whoever ``guard`` admits (a bearer token with ``get /metrics``)."""
+
+        async def handle(request: web.Request) -> web.Response:
+            verdict = await guard.check(request.headers.get("Authorization"))
+            if not verdict.allowed:
+                headers = {"WWW-Authenticate": "Bearer"} if verdict.status == 401 else None
+                return web.Response(status=verdict.status, text=verdict.reason, headers=headers)
             return web.Response(body=self.exposition(), headers={"Content-Type": CONTENT_TYPE})
 
         app = web.Application()
@@ -319,9 +336,16 @@ class ControllerMetrics:
         return app
 
 
-async def serve_metrics(metrics: ControllerMetrics, host: str, port: int) -> web.AppRunner:
-    """Start serving ``/metrics``; the caller cleans the runner up at shutdown."""
-    runner = web.AppRunner(metrics.app(), access_log=None)
+async def serve_metrics(
+    metrics: ControllerMetrics,
+    guard: Guard,
+    host: str,
+    port: int,
+    ssl_context: ssl.SSLContext | None = None,
+) -> web.AppRunner:
+    """Start serving ``/metrics`` (over TLS with ``ssl_context``); the caller cleans the runner
+    up at shutdown."""
+    runner = web.AppRunner(metrics.app(guard), access_log=None)
     await runner.setup()
-    await web.TCPSite(runner, host, port).start()
+    await web.TCPSite(runner, host, port, ssl_context=ssl_context).start()
     return runner

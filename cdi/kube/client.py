@@ -136,6 +136,7 @@ MUTATING_WEBHOOKS = Resource(
 SUBJECT_ACCESS_REVIEWS = Resource(
     "authorization.k8s.io", "v1", "subjectaccessreviews", "SubjectAccessReview", False
 )
+TOKEN_REVIEWS = Resource("authentication.k8s.io", "v1", "tokenreviews", "TokenReview", False)
 
 
 def load_api_client(kubeconfig: Path | None = None) -> client.ApiClient:

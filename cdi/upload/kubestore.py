@@ -226,7 +226,9 @@ def requestheader_settings(kube: Kube) -> tuple[bytes, RequestHeaderConfig]:
 class ProxyCertStore(CertStore):
     """The upload proxy's serving certificate, its CA bundle published in the ConfigMap CDI
     names (``cdi-uploadproxy-signer-bundle``, key ``ca-bundle.crt``), which the controller
-    copies into CDIConfig ``status.uploadProxyCA`` for ``cdi upload`` to trust."""
+    copies into CDIConfig ``status.uploadProxyCA`` for ``cdi upload`` to trust. The
+    controller's metrics certificate is kept the same way (``cdi.controller.metrics_serving``:
+    ``cdi-controller-metrics-signer-bundle``, for Prometheus)."""
 
     def __init__(self, kube: Kube, config: ServingCertConfig, config_map: str) -> None:
         super().__init__(kube, config)

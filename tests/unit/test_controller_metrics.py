@@ -7,9 +7,11 @@ import asyncio
 from typing import Any
 
 import aiohttp
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from cdi.controller.metrics import ControllerMetrics, Sources, serve_metrics
+from cdi.controller.metrics_auth import Verdict, bearer_token
 from cdi.kube.workqueue import Result
 
 
@@ -151,16 +153,57 @@ async def test_reconciles_are_timed_and_counted_by_result() -> None:
     assert got[("controller_runtime_reconcile_time_seconds_sum", time_key)] == 0.875
 
 
-async def test_metrics_are_served_over_http() -> None:
+class OneToken:
+    """Admits ``Bearer good``, refuses ``Bearer known`` (403), nothing else (401): the guard's
+    verdicts as the API server's reviews give them (tests/integration/datavolumes/
+    test_metrics_auth.py asks the real one)."""
+
+    async def check(self, authorization: str | None) -> Verdict:
+        if authorization == "Bearer good":
+            return Verdict(200, "")
+        if authorization == "Bearer known":
+            return Verdict(403, "Forbidden: known may not get /metrics")
+        return Verdict(401, "Unauthorized")
+
+
+async def test_metrics_are_served_over_http_to_whom_the_guard_admits() -> None:
     m = metrics_for(DictStore(dv("a", "Succeeded", "100.0%")), DictStore(), DictStore())
-    runner = await serve_metrics(m, "127.0.0.1", 0)
+    runner = await serve_metrics(m, OneToken(), "127.0.0.1", 0)
     try:
         host, port = runner.addresses[0][:2]
+        url = f"http://{host}:{port}/metrics"
         async with aiohttp.ClientSession() as session:
-            async with session.get(f"http://{host}:{port}/metrics") as resp:
+            async with session.get(url, headers={"Authorization": "Bearer good"}) as resp:
                 assert resp.status == 200
                 assert resp.headers["Content-Type"].startswith("text/plain")
                 body = await resp.text()
+            async with session.get(url) as resp:
+                assert resp.status == 401
+                assert resp.headers["WWW-Authenticate"] == "Bearer"
+                assert "cdi_datavolumes" not in await resp.text()
+            async with session.get(url, headers={"Authorization": "Bearer known"}) as resp:
+                assert resp.status == 403
+                assert "cdi_datavolumes" not in await resp.text()
         assert 'cdi_datavolumes{phase="Succeeded"} 1.0' in body
     finally:
         await asyncio.wait_for(runner.cleanup(), 5)
+
+
+@pytest.mark.parametrize(
+    ("header", "token"),
+    [
+        ("Bearer abc.def", "abc.def"),
+        ("bearer abc", "abc"),
+        ("Bearer   abc  ", "abc"),
+        ("Bearer", None),
+        ("Bearer ", None),
+        ("Basic dXNlcjpwYXNz", None),
+        ("Bearer a b", None),
+        (None, None),
+        ("", None),
+    ],
+)
+def test_only_a_bearer_token_is_taken_from_the_header(
+    header: str | None, token: str | None
+) -> None:
+    assert bearer_token(header) == token

@@ -65,6 +65,11 @@ COMPONENTS = {
         "cdi/kube/events.py",
         "cdi/kube/shared_key.py",
         "cdi/pki/upload.py",
+        # the metrics serving certificate (cdi/controller/metrics_serving.py) and TLS profile
+        "cdi/pki/store.py::CertStore._read",  # ensure() publishes through the subclass
+        "cdi/pki/store.py::CertStore._write",
+        "cdi/upload/kubestore.py::ProxyCertStore",  # its CA alone, in a ConfigMap
+        "cdi/pki/profile.py",
     ),
     "cdi-webhook": (
         "cdi/admission.py",

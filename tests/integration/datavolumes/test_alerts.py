@@ -1,5 +1,6 @@
 """CDI's alerts on the installed product: both controller replicas' ``/metrics`` (scraped at
-their pods, as the ServiceMonitor in ``deploy/optional/monitoring.yaml`` does) go through
+their pods with the metrics reader's token, as the ServiceMonitor in
+``deploy/optional/monitoring.yaml`` does) go through
 ``promtool test rules`` with the PrometheusRule's own rules. With the product healthy no
 ``CDINotReady`` fires (one replica leads: the max is 1, though the standby says 0), and a
 StorageClass whose provisioner no table knows makes ``CDIStorageProfilesIncomplete`` fire for
@@ -7,7 +8,6 @@ it, by the labels the controller put on its profile."""
 
 from __future__ import annotations
 
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -17,17 +17,10 @@ from testkit.kubeclient import Kube
 from testkit.product import Product
 from testkit.waiting import wait_until
 from tests.component.test_alert_rules import SCRAPE, _selector, expected, run_promtool
+from tests.integration.datavolumes.metrics_env import metrics_ca, reader_token, scrape
 
 pytestmark = pytest.mark.integration
 ODD = "alerts-odd-class"
-
-
-def scrape(ip: str) -> str | None:
-    try:
-        with urllib.request.urlopen(f"http://{ip}:8080/metrics", timeout=5) as resp:
-            return resp.read().decode() if resp.status == 200 else None
-    except OSError:
-        return None
 
 
 def controller_pods(kube: Kube) -> list[str]:
@@ -55,11 +48,12 @@ def test_alerts_on_the_installed_products_metrics(
     sc = {"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass", "metadata": {"name": ODD},
           "provisioner": "example.invalid/nothing-known"}  # fmt: skip
     kube.create("/apis/storage.k8s.io/v1/storageclasses", sc)
+    token, ca = reader_token(kube), metrics_ca(kube)  # what the ServiceMonitor uses
     try:
 
         def scraped() -> dict[str, str] | None:
             ips = controller_pods(kube)
-            texts = {ip: scrape(ip) for ip in ips}
+            texts = {ip: scrape(ip, token, ca) for ip in ips}
             if len(ips) != 2 or any(t is None for t in texts.values()):
                 return None
             if not any(f'storageclass="{ODD}"' in (t or "") for t in texts.values()):

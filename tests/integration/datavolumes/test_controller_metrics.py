@@ -4,7 +4,6 @@ reconcilers need (SubjectAccessReview against deploy/'s roles)."""
 from __future__ import annotations
 
 import asyncio
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -16,8 +15,10 @@ from cdi.kube.client import Kube as ProductKube
 from cdi.kube.informer import Informer, wait_all_synced
 from testkit.cluster import Cluster, free_port
 from testkit.kubeclient import Kube
+from testkit.kubeconfig import ADMIN
 from testkit.waiting import wait_until
 from tests.integration.datavolumes.cdi_env import ControllerProcess, dv_path
+from tests.integration.datavolumes.metrics_env import get, metrics_ca
 from tests.integration.datavolumes.test_deploy import applied_rbac, can  # noqa: F401
 
 pytestmark = pytest.mark.integration
@@ -86,12 +87,19 @@ def test_a_standby_controller_process_serves_metrics_and_stops_cleanly(
     cluster: Cluster, controller: ControllerProcess, tmp_path: Path
 ) -> None:
     """``cdi controller --metrics-port``: the session controller leads, so this one waits for
-    the Lease; it still answers /metrics (with empty cache-derived families)."""
+    the Lease; it still answers /metrics (with empty cache-derived families), over TLS as
+    deployed (``--metrics-tls``: the certificate it keeps in the Secret, written while it stands
+    by), to a token the API server accepts and allows (the admin's) and not without one: its
+    reviews and its certificate are not fenced by the Lease it does not hold."""
     port = free_port()
     standby = ControllerProcess(cluster, tmp_path, args=(f"--metrics-port={port}",)).start()
     try:
-        url = f"http://127.0.0.1:{port}/metrics"
-        body = wait_until(lambda: _get(url), "the standby's /metrics", 30, interval=0.5)
+        url = f"https://127.0.0.1:{port}/metrics"
+        ca = metrics_ca(cluster.kube())
+        body = wait_until(
+            lambda: _get(url, cluster.token(ADMIN), ca), "the standby's /metrics", 30, 0.5
+        )
+        assert get(url, None, ca)[0] == 401
         assert "# TYPE controller_runtime_reconcile_time_seconds histogram" in body
         assert "# TYPE kubevirt_cdi_storageprofile_info gauge" in body
         assert "kubevirt_cdi_storageprofile_info{" not in body  # standby: no cache yet
@@ -100,12 +108,9 @@ def test_a_standby_controller_process_serves_metrics_and_stops_cleanly(
     assert code == 0, standby.log()[-3000:]
 
 
-def _get(url: str) -> str | None:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as resp:
-            return resp.read().decode() if resp.status == 200 else None
-    except OSError:
-        return None
+def _get(url: str, token: str, ca: bytes) -> str | None:
+    status, body = get(url, token, ca)
+    return body if status == 200 else None
 
 
 NEW_RULES_MAY = [

@@ -22,6 +22,7 @@ PLURALS = {
     "ServiceAccount": ("/api/v1", "serviceaccounts", True),
     "Service": ("/api/v1", "services", True),
     "ConfigMap": ("/api/v1", "configmaps", True),
+    "Secret": ("/api/v1", "secrets", True),
     "ValidatingAdmissionPolicy": (
         "/apis/admissionregistration.k8s.io/v1",
         "validatingadmissionpolicies",
@@ -125,7 +126,33 @@ def test_the_example_tenant_network_policies_pass_a_server_side_dry_run(kube: Ku
     text = (DEPLOY / "examples" / "tenant-networkpolicies.yaml").read_text()
     docs = [d for d in yaml.safe_load_all(text.replace("TENANT", "default")) if d]
     names = [apply(kube, doc, dry_run=True)["metadata"]["name"] for doc in docs]
-    assert names == ["cdi-upload-server", "cdi-worker-metrics"]
+    assert names == [
+        "cdi-upload-server",
+        "cdi-worker-metrics",
+        "cdi-importer-egress",
+        "cdi-clone-source-egress",
+        "cdi-upload-server-egress",
+    ]
+
+
+def test_the_optional_control_plane_network_policies_pass_a_server_side_dry_run(
+    kube: Kube,
+) -> None:
+    """deploy/optional/networkpolicies.yaml as shipped (its placeholders are valid ranges), in a
+    namespace that exists here (the dry run of the install does not create `cdi`)."""
+    text = (DEPLOY / "optional" / "networkpolicies.yaml").read_text()
+    docs = [d for d in yaml.safe_load_all(text.replace("namespace: cdi", "namespace: default"))]
+    names = [apply(kube, doc, dry_run=True)["metadata"]["name"] for doc in docs if doc]
+    assert names == [
+        "cdi-default-deny",
+        "cdi-apiserver-egress",
+        "cdi-from-apiserver",
+        "cdi-controller-scrapes-workers",
+        "cdi-metrics-ingress",
+        "cdi-uploadproxy",
+        "cdi-import-proxy-ingress",
+        "cdi-import-proxy-egress",
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -187,11 +214,14 @@ CONTROLLER_MAY = [
     ("delete", "services", "", "some-ns", "cdi-upload-dv", None),
     ("get", "secrets", "", "cdi", "cdi-uploadserver-ca", None),
     ("update", "secrets", "", "cdi", "cdi-uploadserver-client-ca", None),
+    ("update", "secrets", "", "cdi", "cdi-controller-metrics-server-cert", None),
+    ("update", "configmaps", "", "cdi", "cdi-controller-metrics-signer-bundle", None),
     ("list", "storageclasses", "storage.k8s.io", None, None, None),
     # a cross-namespace clone: its temporary claim, the PV it moves, the requester's rights
     ("delete", "persistentvolumeclaims", "", "some-ns", "tmp-pvc-x", None),
     ("patch", "persistentvolumes", "", None, "pv", None),
     ("create", "subjectaccessreviews", "authorization.k8s.io", None, None, None),
+    ("create", "tokenreviews", "authentication.k8s.io", None, None, None),  # /metrics scrapers
     ("patch", "datasources", "cdi.kubevirt.io", "some-ns", "ds", None),
     ("watch", "storageprofiles", "cdi.kubevirt.io", None, None, None),
     ("get", "cdiconfigs", "cdi.kubevirt.io", None, "config", None),
