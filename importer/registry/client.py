@@ -30,7 +30,7 @@ from importer.registry import auth
 from importer.registry.errors import DigestMismatch, ImagePullFailed
 from importer.registry.manifest import ACCEPT, MAX_MANIFEST_BYTES
 from importer.registry.reference import Reference
-from importer.sources.http import USER_AGENT, HttpOptions, ssl_context
+from importer.sources.http import USER_AGENT, HttpOptions, proxy_ssl_context, ssl_context
 from importer.sources.http_client import Client, ConnectionPool, Dialer, Exchange, basic_auth
 
 _TRANSIENT_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504})
@@ -160,6 +160,7 @@ class RegistryClient:
             headers=headers,
             authorization=authorization,
             tls=self._tls_context,
+            proxy_tls=lambda: proxy_ssl_context(self.http),
             proxy_for=self.http.proxy.for_url,
             dialer=Dialer(self.http.policy),
             connect_timeout=self.http.connect_timeout,

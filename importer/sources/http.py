@@ -83,6 +83,9 @@ class HttpOptions:
     password: str | None = None
     ca_files: tuple[str, ...] = ()
     insecure: bool = False
+    # importProxy.trustedCAProxy (``/proxycerts/``): trusted for an https:// proxy's TLS (and,
+    # as in CDI, also among ``ca_files`` for the destination's)
+    proxy_ca_files: tuple[str, ...] = ()
     proxy: ProxyConfig = field(default_factory=ProxyConfig)
     # Which addresses may be reached; the default refuses loopback and private ranges too.
     policy: NetPolicy = field(default_factory=NetPolicy)
@@ -109,6 +112,15 @@ def ssl_context(options: HttpOptions) -> ssl.SSLContext:
     if options.insecure:
         ctx.check_hostname = False
         ctx.verify_mode = ssl.CERT_NONE
+    return ctx
+
+
+def proxy_ssl_context(options: HttpOptions) -> ssl.SSLContext:
+    """An https:// proxy's trust: the system's CAs plus importProxy.trustedCAProxy, always
+    verified (``insecureSkipVerify`` is about the source, not the operator's proxy)."""
+    ctx = ssl.create_default_context()
+    for path in options.proxy_ca_files:
+        ctx.load_verify_locations(cafile=path)
     return ctx
 
 
@@ -170,6 +182,7 @@ class HttpSource:
                 else userinfo_authorization(options.url)
             ),
             tls=self._tls_context,
+            proxy_tls=lambda: proxy_ssl_context(options),
             proxy_for=options.proxy.for_url,
             origin_headers=dict(options.secret_headers),
             dialer=Dialer(options.policy, resolve),
