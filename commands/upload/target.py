@@ -19,6 +19,7 @@ from typing import Any, Final
 from cdi.api.constants import ANN_POD_PHASE, ANN_POD_READY, ANN_UPLOAD_REQUEST, CDICONFIG_NAME
 from cdi.kube.client import (
     CDI_CONFIGS,
+    DATA_SOURCES,
     DATAVOLUMES,
     EVENTS,
     PVCS,
@@ -38,8 +39,10 @@ from commands.upload.options import (
     no_datavolume,
     populator_prime_name,
     proxy_url_from_config,
+    render_datasource,
     render_datavolume,
     render_pvc,
+    updated_datasource,
     wffc_refusal,
     with_scheme,
 )
@@ -135,6 +138,19 @@ class UploadTarget:
         if o.storage_class:  # virtctl checks the class exists before creating
             self.kube.get(STORAGE_CLASSES, o.storage_class)
         return self.kube.create(PVCS if o.create_pvc else DATAVOLUMES, obj, ns)
+
+    def ensure_datasource(self) -> JSON:
+        """``--datasource``: DataSource NAME pointing at the uploaded volume, created, or (it
+        exists) repointed and relabelled in place, as virtctl does."""
+        o, ns = self.opts, self.namespace
+        existing = self.kube.get_or_none(DATA_SOURCES, o.name, ns)
+        if existing is None:
+            written = self.kube.create(DATA_SOURCES, render_datasource(o, ns), ns)
+            self.say(f"DataSource {ns}/{o.name} created")
+        else:
+            written = self.kube.replace(DATA_SOURCES, updated_datasource(existing, o, ns))
+            self.say(f"DataSource {ns}/{o.name} updated")
+        return written
 
     # -- wait until the upload pod takes bytes ---------------------------------------------
     def wait_ready(self) -> None:
