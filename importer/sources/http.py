@@ -169,6 +169,7 @@ class HttpSource:
         self._lock = threading.Lock()
         self._open_exchanges: set[Exchange] = set()
         self._tls: ssl.SSLContext | None = None
+        self._proxy_tls: ssl.SSLContext | None = None
         self._pool = ThreadPoolExecutor(options.connections + 1, thread_name_prefix="http")
         self._connections = ConnectionPool()
         self._shown = redact_url(options.url)  # the URL as messages may show it
@@ -182,7 +183,7 @@ class HttpSource:
                 else userinfo_authorization(options.url)
             ),
             tls=self._tls_context,
-            proxy_tls=lambda: proxy_ssl_context(options),
+            proxy_tls=self._proxy_tls_context,
             proxy_for=options.proxy.for_url,
             origin_headers=dict(options.secret_headers),
             dialer=Dialer(options.policy, resolve),
@@ -197,6 +198,12 @@ class HttpSource:
             if self._tls is None:
                 self._tls = ssl_context(self.options)
             return self._tls
+
+    def _proxy_tls_context(self) -> ssl.SSLContext:
+        with self._lock:
+            if self._proxy_tls is None:
+                self._proxy_tls = proxy_ssl_context(self.options)
+            return self._proxy_tls
 
     def _run(self, fn: Callable[..., T], *args: object) -> Awaitable[T]:
         return asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)

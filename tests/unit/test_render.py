@@ -511,6 +511,10 @@ def test_proxy_auth_secret_name_follows_its_ticket_and_is_absent_without_credent
 
 
 def test_trusted_ca_proxy_copy_is_cdis_configmap_owned_by_the_datavolume_and_mounted() -> None:
+    spec = {"importProxy": {"HTTPSProxy": "https://p:3129", "trustedCAProxy": "proxy-ca"}}
+    cdi = CDIConfig.from_dict({"spec": spec})
+    assert cdi.import_proxy is not None and cdi.import_proxy.trusted_ca_proxy == "proxy-ca"
+    assert cdi.import_proxy.to_dict() == spec["importProxy"]  # CDI's spelling, both ways
     dv = datavolume(storage())
     copy = render_proxy_ca_config_map(dv, "disk", {"ca.pem": "-----BEGIN CERTIFICATE-----"})
     assert copy["metadata"]["name"] == "import-proxy-cm-disk"  # CDI's name
