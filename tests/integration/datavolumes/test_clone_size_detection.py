@@ -23,7 +23,6 @@ from tests.integration.datavolumes.cdi_env import (
     COPY_CLASS,
     Images,
     ImageServer,
-    condition,
     dv_path,
     same_prefix_then_zeros,
 )
@@ -87,7 +86,10 @@ def test_permissive_clone_admits_a_target_smaller_than_the_sources_claim(
     )
 
     def refused() -> dict[str, Any] | None:
-        bound = condition(kube.get(dv_path(namespace, "strict")), "Bound")
+        conditions = (kube.get(dv_path(namespace, "strict")).get("status") or {}).get(
+            "conditions"
+        ) or []
+        bound = next((c for c in conditions if c["type"] == "Bound"), {})
         return bound if bound.get("reason") == "ErrIncompatiblePVC" else None
 
     wait_until(refused, "the strict clone refused as too small", 60)
