@@ -27,7 +27,7 @@ from cdi.kube.client import (
     Kube,
     Resource,
 )
-from cdi.kube.errors import KubeError, NotFound
+from cdi.kube.errors import Conflict, KubeError, NotFound
 from commands.upload.options import (
     ClaimNotValid,
     ProcessingFailed,
@@ -52,6 +52,7 @@ UPLOAD_TOKEN_REQUESTS: Final = Resource(
     "upload.cdi.kubevirt.io", "v1beta1", "uploadtokenrequests", "UploadTokenRequest"
 )
 TOKEN_NAME_PREFIX: Final = "token-for-virtctl-"
+DATASOURCE_ATTEMPTS: Final = 5  # a DataSource's controller also writes it (labels, status)
 # The PV controller's own retry of a stale update: not a provisioning failure (virtctl skips it;
 # an event carries no other marker of it).
 OPTIMISTIC_LOCK_MESSAGE: Final = (
@@ -143,14 +144,20 @@ class UploadTarget:
         """``--datasource``: DataSource NAME pointing at the uploaded volume, created, or (it
         exists) repointed and relabelled in place, as virtctl does."""
         o, ns = self.opts, self.namespace
-        existing = self.kube.get_or_none(DATA_SOURCES, o.name, ns)
-        if existing is None:
-            written = self.kube.create(DATA_SOURCES, render_datasource(o, ns), ns)
-            self.say(f"DataSource {ns}/{o.name} created")
-        else:
-            written = self.kube.replace(DATA_SOURCES, updated_datasource(existing, o, ns))
-            self.say(f"DataSource {ns}/{o.name} updated")
-        return written
+        for attempt in range(DATASOURCE_ATTEMPTS):
+            existing = self.kube.get_or_none(DATA_SOURCES, o.name, ns)
+            try:
+                if existing is None:
+                    written = self.kube.create(DATA_SOURCES, render_datasource(o, ns), ns)
+                    self.say(f"DataSource {ns}/{o.name} created")
+                else:
+                    written = self.kube.replace(DATA_SOURCES, updated_datasource(existing, o, ns))
+                    self.say(f"DataSource {ns}/{o.name} updated")
+                return written
+            except Conflict:  # the DataSource controller wrote it meanwhile: read it again
+                if attempt == DATASOURCE_ATTEMPTS - 1:
+                    raise
+        raise AssertionError("unreachable")
 
     # -- wait until the upload pod takes bytes ---------------------------------------------
     def wait_ready(self) -> None:
