@@ -178,3 +178,33 @@ def test_without_trusted_ca_proxy_the_import_fails_at_once_naming_it(
     assert tls_proxy.tunnels == [] and https_images.requests == asked_before
     configmaps = kube.get(f"/api/v1/namespaces/{namespace}/configmaps")["items"]
     assert not [c for c in configmaps if c["metadata"]["name"].startswith("import-proxy-cm-")]
+
+
+def test_a_trusted_ca_proxy_that_names_no_configmap_waits_and_says_so(
+    kube: Kube,
+    namespace: str,
+    controller: Product,
+    https_images: HttpsImages,
+    tls_proxy: TlsForwardProxy,
+    proxy_config: None,
+) -> None:
+    """The operator named a ConfigMap that is not there (yet): no importer runs without the
+    trust asked for; the DataVolume says why, and imports once the ConfigMap exists."""
+    _configure(kube, {"HTTPSProxy": tls_proxy.url, "trustedCAProxy": PROXY_CA_MAP})
+    source = _target_ca(kube, namespace, https_images)
+    kube.create(dv_path(namespace), datavolume("waits-for-ca", source, size="64Mi"))
+
+    def reason() -> str | None:
+        status = kube.get(dv_path(namespace, "waits-for-ca")).get("status") or {}
+        bound = next((c for c in status.get("conditions") or [] if c["type"] == "Bound"), {})
+        return bound.get("reason") if bound.get("reason") == "ImportProxyCAMissing" else None
+
+    wait_until(reason, "the missing trustedCAProxy ConfigMap named", 60)
+    pods = kube.get(f"/api/v1/namespaces/{namespace}/pods")["items"]
+    assert not [p for p in pods if p["metadata"]["name"].startswith("importer-")]
+    kube.create(
+        f"/api/v1/namespaces/{CDI_NAMESPACE}/configmaps",
+        {"metadata": {"name": PROXY_CA_MAP}, "data": {"ca.pem": tls_proxy.tls.ca_pem.read_text()}},
+    )
+    dv = wait_phase(kube, namespace, "waits-for-ca", ("Succeeded", "Failed"), 180)
+    assert dv["status"]["phase"] == "Succeeded", dv["status"]
