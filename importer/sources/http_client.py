@@ -9,7 +9,8 @@ from the socket with the GIL released: the same bytes cost one kernel copy. The 
 runs one request at a time per connection, so a thread per connection is cheap.
 
 What is handled here, once: proxies (absolute-form requests for ``http://``, a CONNECT tunnel
-for ``https://``; an ``https://`` proxy gets TLS of its own, ``importer.sources.proxy_tls``), TLS with the caller's context, redirects (at most ``MAX_REDIRECTS``) with the
+for ``https://``; an ``https://`` proxy gets TLS of its own, ``importer.sources.proxy_tls``),
+TLS with the caller's context, redirects (at most ``MAX_REDIRECTS``) with the
 ``Authorization`` header sent only to the origin the user named, timeouts for connect and for
 each read. Retries, ranges and resumption are the source's business (``importer.sources.http``).
 

@@ -110,7 +110,8 @@ class ProxyTlsConnection(http.client.HTTPConnection):
             self._tunnel()  # type: ignore[attr-defined]
             if self.target_tls is None:
                 raise ValueError("an https destination needs its TLS context")
-            inner = TlsStream.connect(outer, self.target_tls, self._tunnel_host)  # type: ignore[attr-defined]
+            destination = str(self._tunnel_host)  # type: ignore[attr-defined]
+            inner = TlsStream.connect(outer, self.target_tls, destination)
         except BaseException:
             outer.close()
             raise

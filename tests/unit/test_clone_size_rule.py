@@ -111,7 +111,7 @@ def test_an_unsized_clone_asks_for_the_image_plus_the_targets_overhead() -> None
     assert plan.permissive(device) and not plan.permissive(roomier)
 
 
-def test_cdis_cached_measurement_counts_only_for_the_current_capacity_and_within_the_volume() -> None:
+def test_cdis_cached_measurement_counts_for_the_current_capacity_within_the_volume() -> None:
     source = fs(inflated(256 * MiB))
     source["status"] = {"capacity": {"storage": "300Mi"}}
     cached = {"cdi.Kubervirt.io/virtualSize": str(100 * MiB),

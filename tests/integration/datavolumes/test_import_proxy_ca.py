@@ -117,9 +117,10 @@ def proxy_config(kube: Kube) -> Iterator[None]:
 
 def _target_ca(kube: Kube, namespace: str, https_images: HttpsImages) -> dict[str, object]:
     """The image server's CA as the tenant's certConfigMap; the DataVolume's source."""
+    ca = https_images.tls.ca_pem.read_text()
     kube.create(
         f"/api/v1/namespaces/{namespace}/configmaps",
-        {"metadata": {"name": "images-ca"}, "data": {"ca.crt": https_images.tls.ca_pem.read_text()}},
+        {"metadata": {"name": "images-ca"}, "data": {"ca.crt": ca}},
     )
     return {"http": {"url": https_images.url("disk.qcow2"), "certConfigMap": "images-ca"}}
 

@@ -44,6 +44,10 @@ def _importer_pods(kube: Kube, namespace: str) -> list[dict[str, Any]]:
     return [p for p in pods if p["metadata"]["name"].startswith("importer-")]
 
 
+def _phase(kube: Kube, path: str) -> str | None:
+    return (kube.get(path).get("status") or {}).get("phase")
+
+
 def _user_claim(kube: Kube, namespace: str, name: str) -> None:
     """The user's claim, ``populatedFor`` the DataVolume of its name, bound and holding data."""
     kube.create(
@@ -57,8 +61,8 @@ def _user_claim(kube: Kube, namespace: str, name: str) -> None:
             },
         },
     )
-    bound = lambda: kube.get(f"{_claims(namespace)}/{name}").get("status", {}).get("phase")  # noqa: E731
-    wait_until(lambda: bound() == "Bound", f"claim {name} bound", 60)
+    claim = f"{_claims(namespace)}/{name}"
+    wait_until(lambda: _phase(kube, claim) == "Bound", f"claim {name} bound", 60)
     (volume_dir(kube, namespace, name) / "disk.img").write_bytes(MARKER)
 
 
@@ -137,8 +141,8 @@ def _static_pv(
         },
     )
     made.append(name)
-    phase = lambda: kube.get(f"/api/v1/persistentvolumes/{name}").get("status", {}).get("phase")  # noqa: E731
-    wait_until(lambda: phase() == "Available", f"PV {name} Available", 30)
+    pv = f"/api/v1/persistentvolumes/{name}"
+    wait_until(lambda: _phase(kube, pv) == "Available", f"PV {name} Available", 30)
     return name
 
 
