@@ -57,9 +57,9 @@ from cdi.api.codec import SchemaError
 from cdi.api.config import CDIConfig, StorageProfile, claim_adoption_allowed
 from cdi.api.constants import (
     ANN_ALLOW_CLAIM_ADOPTION,
+    ANN_CHECK_STATIC_VOLUME,
     ANN_CREATED_FOR_DATAVOLUME,
     ANN_IMMEDIATE_BINDING,
-    ANN_CHECK_STATIC_VOLUME,
     ANN_PERSISTENT_VOLUME_LIST,
     ANN_POPULATED_FOR,
     CDICONFIG_NAME,

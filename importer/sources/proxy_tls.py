@@ -40,7 +40,9 @@ class TunnelSocket:
     def sendall(self, data: bytes | memoryview) -> None:
         self.stream.sendall(data)
 
-    def makefile(self, mode: str = "rb", buffering: int = io.DEFAULT_BUFFER_SIZE) -> io.BufferedReader:
+    def makefile(
+        self, mode: str = "rb", buffering: int = io.DEFAULT_BUFFER_SIZE
+    ) -> io.BufferedReader:
         if mode != "rb":
             raise ValueError("a tunnel socket reads only")
         return io.BufferedReader(_TunnelReader(self.stream), buffer_size=buffering or 8192)

@@ -19,6 +19,7 @@ import pytest
 from cdi.render.pvc import required_space
 from testkit.kubeclient import Kube, ns_path
 from testkit.waiting import wait_until
+from tests.integration.datavolumes import test_clone_sizes
 from tests.integration.datavolumes.cdi_env import (
     COPY_CLASS,
     Images,
@@ -27,12 +28,10 @@ from tests.integration.datavolumes.cdi_env import (
     same_prefix_then_zeros,
 )
 from tests.integration.datavolumes.test_clone_csi import data_of, import_source, succeeded
-from tests.integration.datavolumes.test_clone_sizes import (  # noqa: F401
-    OVERHEAD,
-    class_overhead,
-)
+from tests.integration.datavolumes.test_clone_sizes import OVERHEAD
 
 pytestmark = pytest.mark.integration
+class_overhead = test_clone_sizes.class_overhead  # CDIConfig: 20 % for the copy classes
 MiB = 1024 * 1024
 IMAGE = 64 * MiB  # the source's disk.img: what its 64Mi storage-API claim holds
 PERMISSIVE = "cdi.kubevirt.io/permissiveClone"

@@ -19,8 +19,8 @@ from testkit.kubeclient import Kube
 from testkit.product import Product
 from testkit.waiting import wait_until
 from tests.integration.datavolumes.cdi_env import (
-    ImageServer,
     Images,
+    ImageServer,
     condition,
     datavolume,
     dv_path,
