@@ -24,6 +24,7 @@ import http.client
 import io
 import socket
 import ssl
+import threading
 
 from cdi.api.errors import SourceUnavailable
 from cdi.api.redact import redact_url
@@ -32,10 +33,17 @@ from wire.tlsstream import TlsStream
 
 class TunnelSocket:
     """The socket face of a TLS stream inside another TLS connection: what ``http.client``
-    calls on ``conn.sock`` (send, a buffered reader, timeouts, shutdown, close)."""
+    calls on ``conn.sock`` (send, a buffered reader, timeouts, shutdown, close).
+
+    Like a socket's, ``close`` ends the stream only once the readers ``makefile`` handed out
+    are closed too: ``http.client`` closes the connection as soon as a response says the server
+    will close it, and the response still reads its body through its reader."""
 
     def __init__(self, stream: TlsStream) -> None:
         self.stream = stream
+        self._lock = threading.Lock()
+        self._readers = 0
+        self._closed = False
 
     def sendall(self, data: bytes | memoryview) -> None:
         self.stream.sendall(data)
@@ -45,7 +53,9 @@ class TunnelSocket:
     ) -> io.BufferedReader:
         if mode != "rb":
             raise ValueError("a tunnel socket reads only")
-        return io.BufferedReader(_TunnelReader(self.stream), buffer_size=buffering or 8192)
+        with self._lock:
+            self._readers += 1
+        return io.BufferedReader(_TunnelReader(self), buffer_size=buffering or 8192)
 
     def settimeout(self, seconds: float | None) -> None:
         self.stream.settimeout(seconds)
@@ -54,21 +64,37 @@ class TunnelSocket:
         self.stream.raw.setsockopt(*args)
 
     def shutdown(self, how: int) -> None:
-        self.stream.raw.shutdown(how)
+        self.stream.raw.shutdown(how)  # a read blocked on another thread returns
 
     def close(self) -> None:
-        self.stream.close()
+        with self._lock:
+            self._closed = True
+            last = self._readers <= 0
+        if last:
+            self.stream.close()
+
+    def reader_closed(self) -> None:
+        with self._lock:
+            self._readers -= 1
+            last = self._closed and self._readers <= 0
+        if last:
+            self.stream.close()
 
 
 class _TunnelReader(io.RawIOBase):
-    def __init__(self, stream: TlsStream) -> None:
-        self.stream = stream
+    def __init__(self, sock: TunnelSocket) -> None:
+        self.sock = sock
 
     def readable(self) -> bool:
         return True
 
     def readinto(self, buffer: memoryview) -> int:  # type: ignore[override]
-        return self.stream.recv_into(memoryview(buffer).cast("B"))
+        return self.sock.stream.recv_into(memoryview(buffer).cast("B"))
+
+    def close(self) -> None:
+        if not self.closed:
+            super().close()
+            self.sock.reader_closed()
 
 
 class ProxyTlsConnection(http.client.HTTPConnection):

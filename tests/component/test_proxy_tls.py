@@ -39,17 +39,24 @@ def target_tls(tmp_path: Path) -> Tls:
 async def origins(
     images: ImageFactory, target_tls: Tls
 ) -> AsyncIterator[dict[str, tuple[str, list[str]]]]:
-    """scheme -> (origin, request paths seen) of an http and an https image server."""
+    """kind -> (origin, request paths seen) of an http and an https image server, and of an
+    https one that closes each connection after its answer (``Connection: close``: the
+    response is read after ``http.client`` closed the connection, through its reader)."""
     found: dict[str, tuple[str, list[str]]] = {}
     runners: list[web.AppRunner] = []
     ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     ctx.load_cert_chain(target_tls.cert, target_tls.key)
-    for scheme, tls in (("http", None), ("https", ctx)):
+    for kind, tls in (("http", None), ("https", ctx), ("https-close", ctx)):
         seen: list[str] = []
 
-        async def handler(request: web.Request, seen: list[str] = seen) -> web.StreamResponse:
+        async def handler(
+            request: web.Request, seen: list[str] = seen, close: bool = kind == "https-close"
+        ) -> web.StreamResponse:
             seen.append(f"{request.method} {request.path}")
-            return web.FileResponse(images.root / request.path.lstrip("/"))
+            response = web.FileResponse(images.root / request.path.lstrip("/"))
+            if close:
+                response.force_close()
+            return response
 
         app = web.Application()
         app.router.add_route("*", "/{tail:.*}", handler)
@@ -58,16 +65,17 @@ async def origins(
         site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=tls)
         await site.start()
         port = runner.addresses[0][1]
-        found[scheme] = (f"{scheme}://127.0.0.1:{port}", seen)
+        scheme = "http" if tls is None else "https"
+        found[kind] = (f"{scheme}://127.0.0.1:{port}", seen)
         runners.append(runner)
     yield found
     for runner in runners:
         await runner.cleanup()
 
 
-@pytest.mark.parametrize("scheme", ["https", "http"])
+@pytest.mark.parametrize("kind", ["https", "https-close", "http"])
 async def test_an_import_through_an_https_proxy_trusted_by_its_private_ca(
-    scheme: str,
+    kind: str,
     proxy: TlsForwardProxy,
     origins: dict[str, tuple[str, list[str]]],
     target_tls: Tls,
@@ -75,7 +83,7 @@ async def test_an_import_through_an_https_proxy_trusted_by_its_private_ca(
     tmp_path: Path,
 ) -> None:
     image = images.make("qcow2")
-    origin, seen = origins[scheme]
+    origin, seen = origins[kind]
     result = await import_url(
         f"{origin}/{image.path.name}",
         tmp_path / "disk.img",
@@ -87,7 +95,7 @@ async def test_an_import_through_an_https_proxy_trusted_by_its_private_ca(
     assert same_content(tmp_path / "disk.img", image.reference)
     assert f"GET /{image.path.name}" in seen
     port = origin.rsplit(":", 1)[1]
-    if scheme == "https":
+    if kind.startswith("https"):
         assert proxy.tunnels and set(proxy.tunnels) == {f"127.0.0.1:{port}"}
         assert proxy.forwarded == []
     else:
