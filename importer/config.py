@@ -347,6 +347,7 @@ def _http_from_env(env: Mapping[str, str]) -> HttpOptions:
         or auth.get("secretKey"),
         ca_files=mounted_files(env.get(ImporterEnv.CERT_DIR))
         + mounted_files(env.get(ImporterEnv.PROXY_CERT_DIR)),
+        proxy_ca_files=mounted_files(env.get(ImporterEnv.PROXY_CERT_DIR)),
         insecure=env.get(ImporterEnv.INSECURE_TLS, "false").lower() == "true",
         proxy=proxy,
         policy=net_policy(env),

@@ -105,7 +105,8 @@ class ImportProxy(ApiObject):
     http_proxy: str | None = api_field(json="HTTPProxy")
     https_proxy: str | None = api_field(json="HTTPSProxy")
     no_proxy: str | None = None
-    trusted_ca_proxy: str | None = None  # ConfigMap name in the CDI namespace
+    # ConfigMap name in the CDI namespace (CDI spells it trustedCAProxy)
+    trusted_ca_proxy: str | None = api_field(json="trustedCAProxy")
 
 
 @dataclass(frozen=True)

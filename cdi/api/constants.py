@@ -183,6 +183,8 @@ ANN_RETAIN_AFTER_COMPLETION: Final = _A + "storage.pod.retainAfterCompletion"
 ANN_PRE_POPULATED: Final = _A + "storage.prePopulated"
 ANN_POPULATED_FOR: Final = _A + "storage.populatedFor"
 ANN_CHECK_STATIC_VOLUME: Final = _A + "storage.checkStaticVolume"
+# On the claim of a checkStaticVolume DataVolume: the pre-bound volumes it may bind (JSON list)
+ANN_PERSISTENT_VOLUME_LIST: Final = _A + "storage.persistentVolumeList"
 ANN_ALLOW_CLAIM_ADOPTION: Final = _A + "allowClaimAdoption"
 ANN_DELETE_AFTER_COMPLETION: Final = _A + "storage.deleteAfterCompletion"
 ANN_PERMISSIVE_CLONE: Final = _A + "permissiveClone"

@@ -22,7 +22,12 @@ one step toward the goal and writes the status once:
    flavour's first record on it (the import flavour's first pod name), so the worker pod can
    follow in the same pass without another write first; a PVC that
    exists and is not ours is adopted only when the DataVolume allows it
-   (``allowClaimAdoption``; an adopted PVC gets no owner reference, so it outlives the DV);
+   (``allowClaimAdoption``; an adopted PVC gets no owner reference, so it outlives the DV).
+   Volumes that already hold the data (``cdi.controller.static_volume``): a ``prePopulated``
+   DataVolume creates no claim and waits for the user's; a claim ``populatedFor`` it (or a
+   ``prePopulated`` DataVolume's claim) is adopted, owned and done without a worker; with
+   ``checkStaticVolume`` the claim is made for the Available volumes pre-bound to it and
+   succeeds, their data kept, once bound to one of them;
 2. PVC not bound on a WaitForFirstConsumer class: wait (WaitForFirstConsumer) unless the DV
    asks for immediate binding, in which case the worker pod is the first consumer;
 3. a claim that names a ``VolumeImportSource`` or ``VolumeUploadSource`` (created with it on
@@ -52,10 +57,11 @@ from cdi.api.codec import SchemaError
 from cdi.api.config import CDIConfig, StorageProfile, claim_adoption_allowed
 from cdi.api.constants import (
     ANN_ALLOW_CLAIM_ADOPTION,
+    ANN_CHECK_STATIC_VOLUME,
     ANN_CREATED_FOR_DATAVOLUME,
     ANN_IMMEDIATE_BINDING,
+    ANN_PERSISTENT_VOLUME_LIST,
     ANN_POPULATED_FOR,
-    ANN_PRE_POPULATED,
     CDICONFIG_NAME,
     GATE_CLAIM_ADOPTION,
     KIND_DATAVOLUME,
@@ -90,6 +96,15 @@ from cdi.controller.proxy_relay import RelaySettings
 from cdi.controller.record import OUTCOME_SUCCEEDED, ClaimRecord
 from cdi.controller.refusals import POD_REFUSALS, QUOTA_RETRY, refused_claim
 from cdi.controller.snapshotwatch import datavolume_keys
+from cdi.controller.static_volume import (
+    StaticState,
+    listed_annotation,
+    listed_volumes,
+    populated_for,
+    pre_populated,
+    static_state,
+    static_volumes,
+)
 from cdi.controller.status import ClaimProblem, View, compute_status
 from cdi.kube.client import (
     CDI_CONFIGS,
@@ -97,6 +112,7 @@ from cdi.kube.client import (
     JSON,
     PODS,
     PVCS,
+    PVS,
     STORAGE_CLASSES,
     STORAGE_PROFILES,
     VOLUME_SNAPSHOT_CLASSES,
@@ -112,6 +128,7 @@ from cdi.kube.own_writes import OwnWrites
 from cdi.kube.watches import For, Maps, Owns, Watches, one
 from cdi.kube.workqueue import Result
 from cdi.render import RenderError
+from cdi.render.owner import datavolume_reference
 from cdi.render.prime import PVC_KIND, populator_kind
 from cdi.render.pvc import render_pvc
 
@@ -328,10 +345,18 @@ class DataVolumeReconciler:
         def still_waiting(_obj: JSON) -> list[str]:
             return waiting(datavolumes.items())
 
+        def claim_key(claim: JSON) -> str | None:
+            """The owner's key; else the DataVolume of the claim's name, if there is one (a
+            ``prePopulated`` DataVolume waits for the user's claim, which names no one)."""
+            key = owner_key(claim)
+            if key is None and datavolumes.get(object_key(claim)) is not None:
+                return object_key(claim)
+            return key
+
         return Watches(
             (
                 For(DATAVOLUMES, first=is_new, where=lambda dv: not self.own_dvs.echoes(dv)),
-                Maps(PVCS, one(owner_key), where=self.heard_claim),
+                Maps(PVCS, one(claim_key), where=self.heard_claim),
                 Owns(PODS, (KIND_DATAVOLUME, PVC_KIND)),
                 *(Maps(r, still_waiting) for r in (STORAGE_CLASSES, STORAGE_PROFILES, CDI_CONFIGS)),
                 Maps(VOLUME_SNAPSHOTS, lambda snap: datavolume_keys(snap, datavolumes.items())),
@@ -357,15 +382,18 @@ def waiting(datavolumes: Iterable[JSON]) -> list[str]:
 def owner_key(obj: Mapping[str, Any]) -> str | None:
     """The DataVolume key a PVC belongs to, or None: its controller owner (the DataVolume, or
     for a prime the claim, which has the DataVolume's name), or, for an adopted claim (no owner
-    reference), its own name when it says whom it was created for. Pods map by their controller
-    owner alone (``Owns``)."""
+    reference), its own name when it says whom it was created for, or the DataVolume a user's
+    claim says it is ``populatedFor``. Pods map by their controller owner alone (``Owns``)."""
     meta = obj.get("metadata") or {}
     ns = meta.get("namespace")
     for ref in meta.get("ownerReferences") or []:
         if ref.get("controller") and ref.get("kind") in (KIND_DATAVOLUME, PVC_KIND):
             return f"{ns}/{ref.get('name')}"
-    if (meta.get("annotations") or {}).get(ANN_CREATED_FOR_DATAVOLUME):
+    annotations = meta.get("annotations") or {}
+    if annotations.get(ANN_CREATED_FOR_DATAVOLUME):
         return f"{ns}/{meta.get('name')}"
+    if annotations.get(ANN_POPULATED_FOR):  # a user's pre-populated claim (static_volume)
+        return f"{ns}/{annotations[ANN_POPULATED_FOR]}"
     return None
 
 
@@ -409,6 +437,8 @@ class Step:
     async def _advance(self) -> Result:
         dv, r = self.dv, self.r
         pvc, created = await self._read_claim(), False
+        if pvc is None and pre_populated(dv):
+            return Result()  # the user makes the claim; it maps here when it appears
         if pvc is None:
             try:
                 pvc, result = await self._create_pvc()
@@ -425,6 +455,9 @@ class Step:
             if adopted is None:
                 return Result(requeue_after=30.0)
             pvc = adopted
+        listed = listed_volumes(pvc)
+        if listed is not None:  # a static volume: bound to one of these, nothing to fill
+            return await self._settle_static(pvc, listed)
         record = ClaimRecord.from_pvc(pvc)
         phase = (pvc.get("status") or {}).get("phase") or "Pending"
         self._see(pvc_phase=phase, record=record)
@@ -506,12 +539,16 @@ class Step:
         if shaped is None:
             return None, result
         desired = shaped
-        desired = await populated_claim(
-            self.r.kube, self.dv, desired, self.r.caches.storage_classes
-        )
-        first = self.flavour.first_record(self.dv.name)
-        if first and populator_kind(desired) is None:
-            desired["metadata"].setdefault("annotations", {}).update(first)
+        static = await self._static_volumes(desired)
+        if static:  # pre-bound volumes hold the data: no populator, no worker's record
+            desired["metadata"].setdefault("annotations", {}).update(listed_annotation(static))
+        else:
+            desired = await populated_claim(
+                self.r.kube, self.dv, desired, self.r.caches.storage_classes
+            )
+            first = self.flavour.first_record(self.dv.name)
+            if first and populator_kind(desired) is None:
+                desired["metadata"].setdefault("annotations", {}).update(first)
         # a 409 (someone, or we before a restart, made it already) goes to the caller
         try:
             created = await self.r.kube.create(PVCS, desired, self.dv.namespace)
@@ -521,8 +558,75 @@ class Step:
         self.r.own_claims.wrote(created)
         return created, Result(requeue_after=1.0)
 
+    async def _static_volumes(self, desired: Mapping[str, Any]) -> list[str]:
+        """With ``checkStaticVolume``: the Available volumes pre-bound to the claim that
+        satisfy it (``cdi.controller.static_volume``); none without the annotation."""
+        if ANN_CHECK_STATIC_VOLUME not in self.dv.annotations:
+            return []
+        pvs = await self.r.kube.list(PVS)
+        return static_volumes(pvs.get("items") or [], desired)
+
+    async def _settle_static(self, pvc: dict[str, Any], listed: list[str]) -> Result:
+        """A claim made for static volumes: wait for the bind; bound to one of them, mark it
+        populated and succeed (its data kept); bound to another, delete it to start again."""
+        dv, r = self.dv, self.r
+        phase = (pvc.get("status") or {}).get("phase") or "Pending"
+        state = static_state(pvc, listed)
+        if state is StaticState.WRONG_VOLUME:
+            meta = pvc.get("metadata") or {}
+            volume = (pvc.get("spec") or {}).get("volumeName")
+            message = f"PVC {dv.name} bound to unexpected volume {volume}; recreating it"
+            self._see(pvc_phase=phase, problem=ClaimProblem(ConditionReason.PENDING, message))
+            await r.kube.delete_if_present(PVCS, dv.name, dv.namespace, uid=meta.get("uid"))
+            return Result(requeue_after=1.0)
+        if state is StaticState.WAITING:
+            self._see(pvc_phase=phase)
+            return Result()
+        done = ClaimRecord(
+            outcome=OUTCOME_SUCCEEDED, reason=REASON_COMPLETED, message="static volume"
+        )
+        annotations = {
+            **done.annotations(),
+            ANN_POPULATED_FOR: dv.name,
+            ANN_PERSISTENT_VOLUME_LIST: None,
+        }
+        written = await r.kube.patch(
+            PVCS, dv.name, {"metadata": {"annotations": annotations}}, dv.namespace
+        )
+        r.own_claims.wrote(written)
+        self._see(pvc_phase=phase, record=ClaimRecord.from_pvc(written))
+        return Result()
+
+    async def _adopt_populated(self, pvc: dict[str, Any]) -> dict[str, Any] | None:
+        """A claim that holds the DataVolume's data (``populatedFor``, or a ``prePopulated``
+        DataVolume's claim): owned by the DataVolume from now on, as CDI adopts it, and its
+        record done, so no worker ever runs on it. A claim another object controls stays
+        theirs."""
+        dv, r = self.dv, self.r
+        meta = pvc.get("metadata") or {}
+        refs = list(meta.get("ownerReferences") or [])
+        if any(ref.get("controller") for ref in refs):
+            msg = f'Resource "{dv.name}" already exists and is not managed by DataVolume'
+            self._see(problem=ClaimProblem(ConditionReason.ERR_RESOURCE_EXISTS, msg))
+            return None
+        done = ClaimRecord(
+            outcome=OUTCOME_SUCCEEDED, reason=REASON_COMPLETED, message="PVC pre-populated"
+        )
+        patch = {
+            "metadata": {
+                "resourceVersion": meta.get("resourceVersion"),
+                "ownerReferences": [*refs, datavolume_reference(dv)],
+                "annotations": done.annotations(),
+            }
+        }
+        adopted = await r.kube.patch(PVCS, dv.name, patch, dv.namespace)
+        r.own_claims.wrote(adopted)
+        return adopted
+
     async def _adopt(self, pvc: dict[str, Any]) -> dict[str, Any] | None:
         dv, r = self.dv, self.r
+        if pre_populated(dv) or populated_for(pvc, dv):
+            return await self._adopt_populated(pvc)
         # the webhook's rule; the gate read live from CDIConfig (the informer's copy)
         if not claim_adoption_allowed(
             dv.annotations.get(ANN_ALLOW_CLAIM_ADOPTION),
@@ -535,12 +639,6 @@ class Step:
         if desired is None:
             return None
         annotations: dict[str, Any] = dict(desired["metadata"]["annotations"])
-        current = (pvc.get("metadata") or {}).get("annotations") or {}
-        if ANN_PRE_POPULATED in dv.annotations or current.get(ANN_POPULATED_FOR) == dv.name:
-            done = ClaimRecord(
-                outcome=OUTCOME_SUCCEEDED, reason=REASON_COMPLETED, message="PVC pre-populated"
-            )
-            annotations.update(done.annotations())
         # No owner reference: an adopted claim outlives its DataVolume.
         adopted = await r.kube.patch(
             PVCS, dv.name, {"metadata": {"annotations": annotations}}, dv.namespace

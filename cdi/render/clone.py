@@ -32,7 +32,22 @@ fsOverhead") and lets the copy fail later; we compare what moves with the room i
 - block -> filesystem (both APIs): the device's size must fit in the target claim after the
   target class's overhead (CDI checks only the raw requests, and the copy then runs out of
   room).
-The message is CDI's, with the two numbers compared.
+The message is CDI's, with the two numbers compared. ``permissiveClone`` skips it (CDI's
+``cdi.kubevirt.io/permissiveClone: "true"``, on the DataVolume or set by the sizing below).
+
+Sizing a host-assisted clone of a filesystem source holding a ``kubevirt`` image when the
+DataVolume gives no size (issue 27; CDI ``detectCloneSize``): CDI runs a size-detection pod
+(``qemu-img info`` of the source's ``disk.img``) and caches its answer on the source claim
+(``cdi.Kubervirt.io/virtualSize`` with ``cdi.Kubervirt.io/sourceCapacity``, CDI's spelling),
+then asks for that size, inflated by the *target* class's overhead for a filesystem target
+(``InflateSizeWithOverhead``), and marks the clone permissive when the source's claim is the
+bigger one (different overheads, or a block target). Here no pod runs: ``content_size`` is
+the size the importer and the upload server grow ``disk.img`` to, the source's usable space
+(what the size rule above measures, and never less than the image), or CDI's cached answer
+when the claim carries one for its current capacity (a claim CDI measured), capped at that
+usable space. Other strategies (CSI clone, snapshot: the copy must be at least the source's
+size) and other sources (block, archive) keep the source's request, as CDI takes the source's
+capacity.
 """
 
 from __future__ import annotations
@@ -43,7 +58,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from cdi.api.constants import ANN_SELECTED_NODE, GROUP, MIB
+from cdi.api.constants import (
+    ANN_CONTENT_TYPE,
+    ANN_PERMISSIVE_CLONE,
+    ANN_SELECTED_NODE,
+    GROUP,
+    MIB,
+    ContentType,
+)
 from cdi.api.quantity import Quantity, QuantityError
 from cdi.render.pvc import required_space
 
@@ -153,6 +175,59 @@ def fill_size(target: JSON, source: Mapping[str, Any], overhead: float = 0.0) ->
     out = copy.deepcopy(target)
     resources = out["spec"].setdefault("resources", {})
     resources.setdefault("requests", {})["storage"] = raw
+    return out
+
+
+ANN_VIRTUAL_SIZE = "cdi.Kubervirt.io/virtualSize"  # CDI's annotation keys, typo included
+ANN_SOURCE_CAPACITY = "cdi.Kubervirt.io/sourceCapacity"
+
+
+def _annotations(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    return (obj.get("metadata") or {}).get("annotations") or {}
+
+
+def permissive(*objs: Mapping[str, Any]) -> bool:
+    """``cdi.kubevirt.io/permissiveClone: "true"`` on any of ``objs`` (the DataVolume, the
+    target claim): the size rule is skipped, as CDI skips it."""
+    return any(_annotations(o).get(ANN_PERMISSIVE_CLONE) == "true" for o in objs)
+
+
+def detects_size(source: Mapping[str, Any]) -> bool:
+    """CDI measures the image (host-assisted clones only) of a filesystem source holding a
+    ``kubevirt`` image; a block or archive source is measured by its claim."""
+    archive = _annotations(source).get(ANN_CONTENT_TYPE) == ContentType.ARCHIVE
+    return volume_mode(source) == "Filesystem" and not archive
+
+
+def content_size(source: Mapping[str, Any], source_overhead: float) -> int | None:
+    """What the source's ``disk.img`` is at most: its usable space (the importer and the upload
+    server grow it to that), or CDI's cached measurement for the claim's current capacity,
+    never more than the usable space. None without a request."""
+    src = requested(source)
+    if src is None:
+        return None
+    bound = usable_space(source_overhead, src)
+    ann = _annotations(source)
+    capacity = ((source.get("status") or {}).get("capacity") or {}).get("storage")
+    measured = quantity_bytes(ann.get(ANN_VIRTUAL_SIZE))
+    same_capacity = capacity is not None and ann.get(ANN_SOURCE_CAPACITY) == str(capacity)
+    if measured is not None and measured > 0 and same_capacity:
+        return min(measured, bound)
+    return bound
+
+
+def sized_from_content(
+    target: JSON, source: Mapping[str, Any], content: int, target_overhead: float
+) -> JSON:
+    """The target claim asking for ``content`` bytes (a filesystem target: plus its class's
+    overhead, CDI's ``InflateSizeWithOverhead``), permissive when the source's claim asks for
+    more (CDI: overhead differences would fail the size rule otherwise)."""
+    out = copy.deepcopy(target)
+    fs = volume_mode(target) == "Filesystem"
+    size = required_space(target_overhead, content) if fs else content
+    out["spec"].setdefault("resources", {}).setdefault("requests", {})["storage"] = str(size)
+    if (requested(source) or 0) > size:
+        out["metadata"].setdefault("annotations", {})[ANN_PERMISSIVE_CLONE] = "true"
     return out
 
 

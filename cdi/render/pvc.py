@@ -45,6 +45,7 @@ from cdi.api.constants import (
     ANN_ENDPOINT,
     ANN_IMMEDIATE_BINDING,
     ANN_INSECURE_SKIP_VERIFY,
+    ANN_PERMISSIVE_CLONE,
     ANN_POD_RESTARTS,
     ANN_PRE_POPULATED,
     ANN_PREALLOCATION_REQUESTED,
@@ -84,6 +85,7 @@ USER_SETTABLE: frozenset[str] = frozenset(
         ANN_CHECK_STATIC_VOLUME,
         ANN_ALLOW_CLAIM_ADOPTION,
         ANN_PRE_POPULATED,
+        ANN_PERMISSIVE_CLONE,
         f"{GROUP}/storage.pod.vddk.extraargs",
         f"{GROUP}/storage.pod.vddk.initimageurl",
         f"{GROUP}/storage.pod.nodeSelector",  # cdi.render.placement: where its pods may run

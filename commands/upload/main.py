@@ -70,6 +70,13 @@ def add_upload_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[
     p.add_argument("--retry", type=int, default=5, help="attempts to send the bytes")
     p.add_argument("--no-create", action="store_true", help="use an existing DV/PVC only")
     p.add_argument("--force-bind", action="store_true", help="bind even on WaitForFirstConsumer")
+    p.add_argument(
+        "--datasource", action="store_true", help="create or update DataSource NAME for it"
+    )
+    p.add_argument("--default-instancetype", default="", help="the VM's default instance type")
+    p.add_argument("--default-instancetype-kind", default="", help="its kind")
+    p.add_argument("--default-preference", default="", help="the VM's default preference")
+    p.add_argument("--default-preference-kind", default="", help="its kind")
     p.add_argument("--pvc-name", default="", help=argparse.SUPPRESS)  # deprecated
     p.add_argument("--pvc-size", default="", help=argparse.SUPPRESS)  # deprecated: --size
     p.add_argument("--block-volume", action="store_true", help=argparse.SUPPRESS)  # deprecated
@@ -138,6 +145,8 @@ def finish(target: UploadTarget) -> str:
     if phase != "Succeeded":
         raise ProcessingFailed(f"{o.kind} {target.namespace}/{o.name} ended in phase {phase}")
     say(f"Uploading {o.path} completed successfully")
+    if o.datasource:
+        target.ensure_datasource()
     return phase
 
 

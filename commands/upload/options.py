@@ -38,6 +38,11 @@ UPLOAD_PATHS: Final = tuple(
     for kind in ("-form-async", "-async", "-form", "")
 )
 READ_ONLY_MANY: Final = "ReadOnlyMany"
+# virtctl's labels (KubeVirt's instancetype API): what a VM booted from the volume defaults to
+LABEL_DEFAULT_INSTANCETYPE: Final = "instancetype.kubevirt.io/default-instancetype"
+LABEL_DEFAULT_INSTANCETYPE_KIND: Final = "instancetype.kubevirt.io/default-instancetype-kind"
+LABEL_DEFAULT_PREFERENCE: Final = "instancetype.kubevirt.io/default-preference"
+LABEL_DEFAULT_PREFERENCE_KIND: Final = "instancetype.kubevirt.io/default-preference-kind"
 
 
 # -- typed failures: the reason a script branches on, the message virtctl prints ------------
@@ -104,6 +109,11 @@ class UploadOptions:
     retry: int = 5
     no_create: bool = False
     force_bind: bool = False
+    datasource: bool = False  # create or update DataSource NAME pointing at the volume
+    default_instancetype: str = ""
+    default_instancetype_kind: str = ""
+    default_preference: str = ""
+    default_preference_kind: str = ""
 
     @property
     def kind(self) -> str:
@@ -157,12 +167,32 @@ def _target(a: argparse.Namespace) -> tuple[bool, str]:
     return kind == "pvc", str(args[1])
 
 
+def _defaults(a: argparse.Namespace) -> None:
+    """virtctl's checks of the default instance type and preference flags."""
+    given = (
+        a.default_instancetype,
+        a.default_instancetype_kind,
+        a.default_preference,
+        a.default_preference_kind,
+    )
+    if a.no_create and any(given):
+        raise UsageError(
+            "--default-instancetype, --default-instancetype-kind, --default-preference and "
+            "--default-preference-kind cannot be used with --no-create"
+        )
+    if a.default_instancetype_kind and not a.default_instancetype:
+        raise UsageError("--default-instancetype must be provided with --default-instancetype-kind")
+    if a.default_preference_kind and not a.default_preference:
+        raise UsageError("--default-preference must be provided with --default-preference-kind")
+
+
 def options_from_args(a: argparse.Namespace) -> UploadOptions:
     """virtctl's ``parseArgs``, in virtctl's order, so the first complaint is the same one."""
     size = _size(a)
     volume_mode = _volume_mode(a)
     path, archive = _path(a, volume_mode)
     create_pvc, name = _target(a)
+    _defaults(a)
     if a.wait_secs < 0:
         raise UsageError(f"--wait-secs must not be negative: {a.wait_secs}")
     if a.retry < 1:
@@ -182,6 +212,11 @@ def options_from_args(a: argparse.Namespace) -> UploadOptions:
         retry=int(a.retry),
         no_create=a.no_create,
         force_bind=a.force_bind,
+        datasource=a.datasource,
+        default_instancetype=a.default_instancetype or "",
+        default_instancetype_kind=a.default_instancetype_kind or "",
+        default_preference=a.default_preference or "",
+        default_preference_kind=a.default_preference_kind or "",
     )
 
 
@@ -222,13 +257,30 @@ def _annotations(o: UploadOptions) -> dict[str, str]:
     return {ANN_IMMEDIATE_BINDING: ""} if o.force_bind else {}
 
 
+def instancetype_labels(o: UploadOptions) -> dict[str, str]:
+    """virtctl's labels for the VM that boots the volume: its default instance type and
+    preference (and their kinds), on the volume and on the DataSource."""
+    pairs = (
+        (LABEL_DEFAULT_INSTANCETYPE, o.default_instancetype),
+        (LABEL_DEFAULT_INSTANCETYPE_KIND, o.default_instancetype_kind),
+        (LABEL_DEFAULT_PREFERENCE, o.default_preference),
+        (LABEL_DEFAULT_PREFERENCE_KIND, o.default_preference_kind),
+    )
+    return {key: value for key, value in pairs if value}
+
+
 def render_datavolume(o: UploadOptions, namespace: str) -> JSON:
     """virtctl's upload DataVolume: ``source.upload``, the ``storage`` API (so the
     StorageProfile fills what the user left out), the content type, force-bind."""
     return {
         "apiVersion": API_VERSION,
         "kind": KIND_DATAVOLUME,
-        "metadata": {"name": o.name, "namespace": namespace, "annotations": _annotations(o)},
+        "metadata": {
+            "name": o.name,
+            "namespace": namespace,
+            "annotations": _annotations(o),
+            **({"labels": labels} if (labels := instancetype_labels(o)) else {}),
+        },
         "spec": {
             "source": {"upload": {}},
             "contentType": o.content_type,
@@ -250,10 +302,37 @@ def render_pvc(o: UploadOptions, namespace: str) -> JSON:
             "name": o.name,
             "namespace": namespace,
             "annotations": annotations,
-            "labels": {LABEL_APPLY_STORAGE_PROFILE: "true"},
+            "labels": {LABEL_APPLY_STORAGE_PROFILE: "true", **instancetype_labels(o)},
         },
         "spec": spec,
     }
+
+
+def render_datasource(o: UploadOptions, namespace: str) -> JSON:
+    """virtctl's ``--datasource``: DataSource NAME pointing at the uploaded volume, with the
+    default instance type and preference labels."""
+    meta: JSON = {"name": o.name, "namespace": namespace}
+    if labels := instancetype_labels(o):
+        meta["labels"] = labels
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "DataSource",
+        "metadata": meta,
+        "spec": {"source": {"pvc": {"name": o.name, "namespace": namespace}}},
+    }
+
+
+def updated_datasource(existing: JSON, o: UploadOptions, namespace: str) -> JSON:
+    """An existing DataSource NAME repointed at the uploaded volume: its source replaced, the
+    labels given merged into its own (virtctl updates it in place)."""
+    out = dict(existing)
+    meta = dict(out.get("metadata") or {})
+    labels = {**(meta.get("labels") or {}), **instancetype_labels(o)}
+    if labels:
+        meta["labels"] = labels
+    out["metadata"] = meta
+    out["spec"] = {**(out.get("spec") or {}), **render_datasource(o, namespace)["spec"]}
+    return out
 
 
 # -- what an existing target must look like ---------------------------------------------------

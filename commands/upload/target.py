@@ -19,6 +19,7 @@ from typing import Any, Final
 from cdi.api.constants import ANN_POD_PHASE, ANN_POD_READY, ANN_UPLOAD_REQUEST, CDICONFIG_NAME
 from cdi.kube.client import (
     CDI_CONFIGS,
+    DATA_SOURCES,
     DATAVOLUMES,
     EVENTS,
     PVCS,
@@ -26,7 +27,7 @@ from cdi.kube.client import (
     Kube,
     Resource,
 )
-from cdi.kube.errors import KubeError, NotFound
+from cdi.kube.errors import Conflict, KubeError, NotFound
 from commands.upload.options import (
     ClaimNotValid,
     ProcessingFailed,
@@ -38,8 +39,10 @@ from commands.upload.options import (
     no_datavolume,
     populator_prime_name,
     proxy_url_from_config,
+    render_datasource,
     render_datavolume,
     render_pvc,
+    updated_datasource,
     wffc_refusal,
     with_scheme,
 )
@@ -49,6 +52,7 @@ UPLOAD_TOKEN_REQUESTS: Final = Resource(
     "upload.cdi.kubevirt.io", "v1beta1", "uploadtokenrequests", "UploadTokenRequest"
 )
 TOKEN_NAME_PREFIX: Final = "token-for-virtctl-"
+DATASOURCE_ATTEMPTS: Final = 5  # a DataSource's controller also writes it (labels, status)
 # The PV controller's own retry of a stale update: not a provisioning failure (virtctl skips it;
 # an event carries no other marker of it).
 OPTIMISTIC_LOCK_MESSAGE: Final = (
@@ -135,6 +139,25 @@ class UploadTarget:
         if o.storage_class:  # virtctl checks the class exists before creating
             self.kube.get(STORAGE_CLASSES, o.storage_class)
         return self.kube.create(PVCS if o.create_pvc else DATAVOLUMES, obj, ns)
+
+    def ensure_datasource(self) -> JSON:
+        """``--datasource``: DataSource NAME pointing at the uploaded volume, created, or (it
+        exists) repointed and relabelled in place, as virtctl does."""
+        o, ns = self.opts, self.namespace
+        for attempt in range(DATASOURCE_ATTEMPTS):
+            existing = self.kube.get_or_none(DATA_SOURCES, o.name, ns)
+            try:
+                if existing is None:
+                    written = self.kube.create(DATA_SOURCES, render_datasource(o, ns), ns)
+                    self.say(f"DataSource {ns}/{o.name} created")
+                else:
+                    written = self.kube.replace(DATA_SOURCES, updated_datasource(existing, o, ns))
+                    self.say(f"DataSource {ns}/{o.name} updated")
+                return written
+            except Conflict:  # the DataSource controller wrote it meanwhile: read it again
+                if attempt == DATASOURCE_ATTEMPTS - 1:
+                    raise
+        raise AssertionError("unreachable")
 
     # -- wait until the upload pod takes bytes ---------------------------------------------
     def wait_ready(self) -> None:

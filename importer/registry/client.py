@@ -30,7 +30,7 @@ from importer.registry import auth
 from importer.registry.errors import DigestMismatch, ImagePullFailed
 from importer.registry.manifest import ACCEPT, MAX_MANIFEST_BYTES
 from importer.registry.reference import Reference
-from importer.sources.http import USER_AGENT, HttpOptions, ssl_context
+from importer.sources.http import USER_AGENT, HttpOptions, proxy_ssl_context, ssl_context
 from importer.sources.http_client import Client, ConnectionPool, Dialer, Exchange, basic_auth
 
 _TRANSIENT_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504})
@@ -58,6 +58,7 @@ class RegistryClient:
     authorization: str | None = None  # the answer to the registry's challenge, once known
     _pool: ConnectionPool = field(default_factory=ConnectionPool)
     _tls: ssl.SSLContext | None = None
+    _proxy_tls: ssl.SSLContext | None = None
 
     @property
     def base(self) -> str:
@@ -160,6 +161,7 @@ class RegistryClient:
             headers=headers,
             authorization=authorization,
             tls=self._tls_context,
+            proxy_tls=self._proxy_tls_context,
             proxy_for=self.http.proxy.for_url,
             dialer=Dialer(self.http.policy),
             connect_timeout=self.http.connect_timeout,
@@ -188,6 +190,11 @@ class RegistryClient:
         if self._tls is None:
             self._tls = ssl_context(self.http)
         return self._tls
+
+    def _proxy_tls_context(self) -> ssl.SSLContext:
+        if self._proxy_tls is None:
+            self._proxy_tls = proxy_ssl_context(self.http)
+        return self._proxy_tls
 
 
 def _fetched(exchange: Exchange, limit: int) -> Fetched:

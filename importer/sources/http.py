@@ -84,6 +84,9 @@ class HttpOptions:
     password: str | None = None
     ca_files: tuple[str, ...] = ()
     insecure: bool = False
+    # importProxy.trustedCAProxy (``/proxycerts/``): trusted for an https:// proxy's TLS (and,
+    # as in CDI, also among ``ca_files`` for the destination's)
+    proxy_ca_files: tuple[str, ...] = ()
     proxy: ProxyConfig = field(default_factory=ProxyConfig)
     # Which addresses may be reached; the default refuses loopback and private ranges too.
     policy: NetPolicy = field(default_factory=NetPolicy)
@@ -110,6 +113,15 @@ def ssl_context(options: HttpOptions) -> ssl.SSLContext:
     if options.insecure:
         ctx.check_hostname = False
         ctx.verify_mode = ssl.CERT_NONE
+    return ctx
+
+
+def proxy_ssl_context(options: HttpOptions) -> ssl.SSLContext:
+    """An https:// proxy's trust: the system's CAs plus importProxy.trustedCAProxy, always
+    verified (``insecureSkipVerify`` is about the source, not the operator's proxy)."""
+    ctx = ssl.create_default_context()
+    for path in options.proxy_ca_files:
+        ctx.load_verify_locations(cafile=path)
     return ctx
 
 
@@ -166,6 +178,7 @@ class HttpSource:
         self._lock = threading.Lock()
         self._open_exchanges: set[Exchange] = set()
         self._tls: ssl.SSLContext | None = None
+        self._proxy_tls: ssl.SSLContext | None = None
         self._pool = ThreadPoolExecutor(options.connections + 1, thread_name_prefix="http")
         self._connections = ConnectionPool()
         self._shown = redact_url(options.url)  # the URL as messages may show it
@@ -179,6 +192,7 @@ class HttpSource:
                 else userinfo_authorization(options.url)
             ),
             tls=self._tls_context,
+            proxy_tls=self._proxy_tls_context,
             proxy_for=options.proxy.for_url,
             origin_headers=dict(options.secret_headers),
             dialer=Dialer(options.policy, resolve),
@@ -193,6 +207,12 @@ class HttpSource:
             if self._tls is None:
                 self._tls = ssl_context(self.options)
             return self._tls
+
+    def _proxy_tls_context(self) -> ssl.SSLContext:
+        with self._lock:
+            if self._proxy_tls is None:
+                self._proxy_tls = proxy_ssl_context(self.options)
+            return self._proxy_tls
 
     def _run(self, fn: Callable[..., T], *args: object) -> Awaitable[T]:
         return asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)

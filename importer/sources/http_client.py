@@ -9,7 +9,8 @@ from the socket with the GIL released: the same bytes cost one kernel copy. The 
 runs one request at a time per connection, so a thread per connection is cheap.
 
 What is handled here, once: proxies (absolute-form requests for ``http://``, a CONNECT tunnel
-for ``https://``), TLS with the caller's context, redirects (at most ``MAX_REDIRECTS``) with the
+for ``https://``; an ``https://`` proxy gets TLS of its own, ``importer.sources.proxy_tls``),
+TLS with the caller's context, redirects (at most ``MAX_REDIRECTS``) with the
 ``Authorization`` header sent only to the origin the user named, timeouts for connect and for
 each read. Retries, ranges and resumption are the source's business (``importer.sources.http``).
 
@@ -42,6 +43,7 @@ from cdi.api.errors import InvalidConfig, SourceForbidden, SourceUnavailable
 from cdi.api.netpolicy import Address, NetPolicy, parse_address
 from cdi.api.redact import redact_url
 from datapath.streams import CHUNK_SIZE
+from importer.sources.proxy_tls import ProxyTlsConnection
 
 MAX_REDIRECTS = 10
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
@@ -132,12 +134,15 @@ class Dialer:
         raise last
 
 
-def _proxy(proxy: str) -> tuple[str, int, str | None]:
-    """(host, port, Proxy-Authorization value) of an http:// proxy URL."""
+def _proxy(proxy: str) -> tuple[str, str, int, str | None]:
+    """(scheme, host, port, Proxy-Authorization value) of an http:// or https:// proxy URL."""
     parts = urlsplit(proxy if "://" in proxy else f"http://{proxy}")
-    if parts.scheme != "http":
-        raise InvalidConfig(f"proxy {redact_url(proxy)}: only http:// proxies are supported")
-    return parts.hostname or "", parts.port or 80, userinfo_authorization(parts.geturl())
+    if parts.scheme not in ("http", "https"):
+        raise InvalidConfig(
+            f"proxy {redact_url(proxy)}: only http:// and https:// proxies are supported"
+        )
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    return parts.scheme, parts.hostname or "", port, userinfo_authorization(parts.geturl())
 
 
 RouteKey = tuple[str, str, int, str | None]  # scheme, host, port, proxy
@@ -190,6 +195,8 @@ class Client:
     read_timeout: float = 600.0
     pool: ConnectionPool | None = None  # reuse keep-alive connections when given
     signer: RequestSigner | None = None  # per-request credentials: origin only, like the rest
+    # an https:// proxy's TLS: the system's CAs and importProxy.trustedCAProxy, always verified
+    proxy_tls: Callable[[], ssl.SSLContext] = ssl.create_default_context
 
     def open(self, method: str, extra: Mapping[str, str] | None = None) -> Exchange:
         """Send ``method`` for ``self.url``, following redirects; the final response's
@@ -278,7 +285,7 @@ class Client:
         parts = urlsplit(url)
         target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         if proxy is not None and scheme == "http":
-            auth = _proxy(proxy)[2]
+            auth = _proxy(proxy)[3]
             if auth is not None:
                 headers["Proxy-Authorization"] = auth
             target = without_userinfo(url)  # absolute form: the proxy forwards it
@@ -302,10 +309,23 @@ class Client:
             # certificate check against ``host``) happens after it, unchanged.
             conn._create_connection = dial  # type: ignore[attr-defined]
             return conn
-        proxy_host, proxy_port, auth = _proxy(proxy)
+        proxy_scheme, proxy_host, proxy_port, auth = _proxy(proxy)
+        tunnel_headers = {"Proxy-Authorization": auth} if auth else {}
+        if proxy_scheme == "https":  # TLS to the proxy (importer.sources.proxy_tls)
+            secure = ProxyTlsConnection(
+                proxy,
+                proxy_host,
+                proxy_port,
+                self.proxy_tls(),
+                self.tls() if scheme == "https" else None,
+                self.connect_timeout,
+            )
+            if scheme == "https":  # and the destination's TLS inside a CONNECT tunnel
+                secure.set_tunnel(host, port, headers=tunnel_headers)
+            return secure
         if scheme == "https":  # TLS end to end through a CONNECT tunnel
             tunnel = self._https(proxy_host, proxy_port)
-            tunnel.set_tunnel(host, port, headers={"Proxy-Authorization": auth} if auth else {})
+            tunnel.set_tunnel(host, port, headers=tunnel_headers)
             return tunnel
         return http.client.HTTPConnection(proxy_host, proxy_port, timeout=self.connect_timeout)
 

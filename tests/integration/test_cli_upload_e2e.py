@@ -219,3 +219,51 @@ def test_upload_pvc_fills_a_plain_pvc_and_a_second_upload_is_refused(
     second = run_in_terminal(args)
     assert second.exit_code == 1
     assert "PVC again already successfully imported/cloned/updated" in second.text
+
+
+def test_upload_with_datasource_and_defaults_labels_the_volume_and_repoints_the_datasource(
+    cluster: Cluster, kube: Kube, namespace: str, images: Images, product: Product
+) -> None:
+    """virtctl's ``--datasource``, ``--default-instancetype`` and ``--default-preference``: the
+    DataVolume (and so its claim) and the DataSource carry the labels; a DataSource of the name
+    that pointed elsewhere now points at the uploaded volume, its own labels kept."""
+    datasources = f"{DV_API}/namespaces/{namespace}/datasources"
+    kube.create(
+        datasources,
+        {"apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataSource",
+         "metadata": {"name": "golden", "labels": {"team": "vms"}},
+         "spec": {"source": {"pvc": {"name": "older", "namespace": namespace}}}},
+    )  # fmt: skip
+    svc = kube.get("/api/v1/namespaces/cdi/services/cdi-uploadproxy")
+    term = run_in_terminal(
+        [
+            "dv",
+            "golden",
+            f"--image-path={images.path('disk.qcow2')}",
+            "--size=32Mi",
+            "--insecure",
+            "--datasource",
+            "--default-instancetype=u1.small",
+            "--default-instancetype-kind=VirtualMachineClusterInstancetype",
+            "--default-preference=fedora",
+            f"--uploadproxy-url={svc['spec']['clusterIP']}:443",
+            f"--kubeconfig={cluster.kubeconfig}",
+            f"--namespace={namespace}",
+        ]
+    )
+    assert term.exit_code == 0, term.text[-3000:] + diagnose(cluster, kube, namespace, "golden")
+    assert f"DataSource {namespace}/golden updated" in term.text
+    labels = {
+        "instancetype.kubevirt.io/default-instancetype": "u1.small",
+        "instancetype.kubevirt.io/default-instancetype-kind": "VirtualMachineClusterInstancetype",
+        "instancetype.kubevirt.io/default-preference": "fedora",
+    }
+    dv = kube.get(f"{DV_API}/namespaces/{namespace}/datavolumes/golden")
+    pvc = kube.get(f"/api/v1/namespaces/{namespace}/persistentvolumeclaims/golden")
+    for obj in (dv, pvc):
+        assert labels.items() <= obj["metadata"]["labels"].items(), obj["metadata"]
+    ds = kube.get(f"{datasources}/golden")
+    assert ds["spec"]["source"] == {"pvc": {"name": "golden", "namespace": namespace}}
+    assert {"team": "vms", **labels}.items() <= ds["metadata"]["labels"].items()
+    local = Path(pv_of(kube, namespace, "golden")["spec"]["local"]["path"])
+    same_prefix_then_zeros(local / "disk.img", images.reference)

@@ -35,8 +35,10 @@ from commands.upload.options import (
     populator_prime_name,
     proxy_base,
     proxy_url_from_config,
+    render_datasource,
     render_datavolume,
     render_pvc,
+    updated_datasource,
     wffc_refusal,
     with_scheme,
 )
@@ -193,6 +195,57 @@ def test_the_pvc_is_an_annotated_upload_target() -> None:
         "accessModes": ["ReadWriteOnce"],
         "volumeMode": "Filesystem",
     }
+
+
+def test_default_instancetype_and_preference_label_the_volume_and_the_datasource() -> None:
+    o = options(
+        "dv", "disk", "--image-path=a.img", "--size=1Gi", "--datasource",
+        "--default-instancetype=u1.small", "--default-preference=fedora",
+        "--default-preference-kind=VirtualMachinePreference",
+    )  # fmt: skip
+    labels = {
+        "instancetype.kubevirt.io/default-instancetype": "u1.small",
+        "instancetype.kubevirt.io/default-preference": "fedora",
+        "instancetype.kubevirt.io/default-preference-kind": "VirtualMachinePreference",
+    }
+    assert o.datasource
+    assert render_datavolume(o, "vms")["metadata"]["labels"] == labels
+    pvc = render_pvc(o, "vms")["metadata"]["labels"]
+    assert pvc == {"cdi.kubevirt.io/applyStorageProfile": "true", **labels}
+    ds = render_datasource(o, "vms")
+    assert ds["kind"] == "DataSource" and ds["metadata"] == {
+        "name": "disk", "namespace": "vms", "labels": labels}  # fmt: skip
+    assert ds["spec"] == {"source": {"pvc": {"name": "disk", "namespace": "vms"}}}
+    plain = options("dv", "disk", "--image-path=a.img", "--size=1Gi")
+    assert "labels" not in render_datavolume(plain, "vms")["metadata"]
+
+
+def test_an_existing_datasource_is_repointed_and_keeps_its_labels() -> None:
+    o = options("dv", "disk", "--image-path=a.img", "--size=1Gi", "--default-preference=p")
+    existing = {
+        "metadata": {"name": "disk", "resourceVersion": "7", "labels": {"team": "a"}},
+        "spec": {"source": {"snapshot": {"name": "old", "namespace": "vms"}}},
+    }
+    out = updated_datasource(existing, o, "vms")
+    assert out["metadata"]["resourceVersion"] == "7"
+    assert out["metadata"]["labels"] == {
+        "team": "a", "instancetype.kubevirt.io/default-preference": "p"}  # fmt: skip
+    assert out["spec"]["source"] == {"pvc": {"name": "disk", "namespace": "vms"}}
+    assert existing["metadata"]["labels"] == {"team": "a"}  # not changed in place
+
+
+def test_the_default_flags_are_checked_as_virtctl_checks_them() -> None:
+    base = ("pvc", "disk", "--image-path=a.img")
+    assert refused(*base, "--no-create", "--default-preference=p") == (
+        "--default-instancetype, --default-instancetype-kind, --default-preference and "
+        "--default-preference-kind cannot be used with --no-create"
+    )
+    assert refused(*base, "--default-instancetype-kind=k") == (
+        "--default-instancetype must be provided with --default-instancetype-kind"
+    )
+    assert refused(*base, "--default-preference-kind=k") == (
+        "--default-preference must be provided with --default-preference-kind"
+    )
 
 
 def test_creating_needs_a_size() -> None:

@@ -92,3 +92,49 @@ def test_within_one_mode_the_requests_compare_as_cdi_does(sizes: plan.CloneSizes
 def test_a_claim_without_a_size_is_not_judged() -> None:
     assert plan.size_problem(claim(None), block(MiB), STORAGE) is None
     assert plan.size_problem(block(MiB), claim(None), STORAGE) is None
+
+
+# -- sizing an unsized host-assisted clone from the image (issue 27, CDI detectCloneSize) -----
+
+
+def test_an_unsized_clone_asks_for_the_image_plus_the_targets_overhead() -> None:
+    source = fs(inflated(256 * MiB))  # its disk.img was grown to 256 MiB
+    content = plan.content_size(source, OVERHEAD)
+    assert content == 256 * MiB
+    roomier = plan.sized_from_content(claim(None), source, content, 0.2)
+    assert plan.requested(roomier) == required_space(0.2, 256 * MiB)
+    assert "cdi.kubevirt.io/permissiveClone" not in roomier["metadata"]["annotations"]
+    # a block target asks for the image alone: less than the source's claim, so permissive
+    device = plan.sized_from_content(claim(None, cls="blk", mode="Block"), source, content, 0.0)
+    assert plan.requested(device) == 256 * MiB
+    assert device["metadata"]["annotations"]["cdi.kubevirt.io/permissiveClone"] == "true"
+    assert plan.permissive(device) and not plan.permissive(roomier)
+
+
+def test_cdis_cached_measurement_counts_for_the_current_capacity_within_the_volume() -> None:
+    source = fs(inflated(256 * MiB))
+    source["status"] = {"capacity": {"storage": "300Mi"}}
+    cached = {"cdi.Kubervirt.io/virtualSize": str(100 * MiB),
+              "cdi.Kubervirt.io/sourceCapacity": "300Mi"}  # fmt: skip
+    source["metadata"]["annotations"].update(cached)
+    assert plan.content_size(source, OVERHEAD) == 100 * MiB
+    source["metadata"]["annotations"]["cdi.Kubervirt.io/sourceCapacity"] = "200Mi"  # resized
+    assert plan.content_size(source, OVERHEAD) == 256 * MiB
+    source["metadata"]["annotations"].update(cached)
+    source["metadata"]["annotations"]["cdi.Kubervirt.io/virtualSize"] = str(10 * 1024 * MiB)
+    assert plan.content_size(source, OVERHEAD) == 256 * MiB  # never more than the volume holds
+
+
+def test_only_a_filesystem_source_holding_an_image_is_sized_from_it() -> None:
+    assert plan.detects_size(fs(64 * MiB))
+    assert not plan.detects_size(block(64 * MiB))
+    archive = fs(64 * MiB)
+    archive["metadata"]["annotations"]["cdi.kubevirt.io/storage.contentType"] = "archive"
+    assert not plan.detects_size(archive)
+
+
+def test_permissive_clone_is_the_users_true_on_the_datavolume_or_the_claim() -> None:
+    dv = {"metadata": {"annotations": {"cdi.kubevirt.io/permissiveClone": "true"}}}
+    assert plan.permissive(dv, claim())
+    assert not plan.permissive({"metadata": {"annotations": {
+        "cdi.kubevirt.io/permissiveClone": "false"}}}, claim())  # fmt: skip

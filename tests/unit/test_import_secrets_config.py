@@ -16,7 +16,7 @@ from cdi.api.errors import InvalidConfig
 from cdi.api.netpolicy import NetPolicy
 from cdi.api.redact import MARK, redact_text, redact_url
 from commands.main import cli_policy, config_from_args
-from importer.config import from_env, split_header
+from importer.config import HttpOptions, from_env, split_header
 from importer.sources.http_client import userinfo_authorization, without_userinfo
 
 
@@ -198,3 +198,24 @@ def test_userinfo_is_split_from_the_wire_url() -> None:
     assert without_userinfo("http://a:b@h:1/p?q=1#f") == "http://h:1/p?q=1"
     assert userinfo_authorization("http://a%40x:b@h/") == "Basic YUB4OmI="
     assert userinfo_authorization("http://h/") is None
+
+
+def test_the_proxy_ca_dir_trusts_the_proxy_and_the_destination(tmp_path: Path) -> None:
+    """``IMPORTER_PROXY_CERT_DIR`` (importProxy.trustedCAProxy): its bundles verify an https://
+    proxy and, as in CDI, the destination too; the certConfigMap's only the destination."""
+    certs, proxycerts = tmp_path / "certs", tmp_path / "proxycerts"
+    for folder, name in ((certs, "ca.crt"), (proxycerts, "ca.pem")):
+        folder.mkdir()
+        (folder / name).write_text("pem")
+    (proxycerts / "..data").mkdir()  # a mounted ConfigMap's bookkeeping is no bundle
+    env = _env(
+        tmp_path,
+        IMPORTER_CERT_DIR=str(certs),
+        IMPORTER_PROXY_CERT_DIR=str(proxycerts),
+        https_proxy="https://proxy.corp:3129",
+    )
+    http = from_env(env).source
+    assert isinstance(http, HttpOptions)
+    assert http.proxy_ca_files == (str(proxycerts / "ca.pem"),)
+    assert http.ca_files == (str(certs / "ca.crt"), str(proxycerts / "ca.pem"))
+    assert http.proxy.for_url("https://example.com/disk.img") == "https://proxy.corp:3129"

@@ -15,6 +15,7 @@ from cdi.render import RenderError
 from cdi.render.importer_pod import ImporterPodConfig, render_importer_pod
 from cdi.render.naming import fnv32a, get_name, importer_pod_name, scratch_pvc_name
 from cdi.render.proxy_auth import relayed, render_proxy_auth_secret, with_import_proxy
+from cdi.render.proxy_ca import render_proxy_ca_config_map
 from cdi.render.pvc import render_pvc, required_space
 from cdi.render.worker_pod import Metrics
 from importer import config as importer_config
@@ -507,6 +508,26 @@ def test_proxy_auth_secret_name_follows_its_ticket_and_is_absent_without_credent
     assert a and b and a["metadata"]["name"] != b["metadata"]["name"]
     assert render_proxy_auth_secret(dv, "disk", config("http://p:3128"), "t") is None
     assert render_proxy_auth_secret(dv, "disk", CDIConfig(), "t") is None
+
+
+def test_trusted_ca_proxy_copy_is_cdis_configmap_owned_by_the_datavolume_and_mounted() -> None:
+    spec = {"importProxy": {"HTTPSProxy": "https://p:3129", "trustedCAProxy": "proxy-ca"}}
+    cdi = CDIConfig.from_dict({"spec": spec})
+    assert cdi.import_proxy is not None and cdi.import_proxy.trusted_ca_proxy == "proxy-ca"
+    assert cdi.import_proxy.to_dict() == spec["importProxy"]  # CDI's spelling, both ways
+    dv = datavolume(storage())
+    copy = render_proxy_ca_config_map(dv, "disk", {"ca.pem": "-----BEGIN CERTIFICATE-----"})
+    assert copy["metadata"]["name"] == "import-proxy-cm-disk"  # CDI's name
+    assert copy["metadata"]["namespace"] == "vms"
+    assert copy["metadata"]["ownerReferences"][0]["uid"] == "dv-uid"
+    assert copy["data"] == {"ca.pem": "-----BEGIN CERTIFICATE-----"}
+    config = ImporterPodConfig(image="i", proxy_ca_config_map=copy["metadata"]["name"])
+    pod = pod_for(storage(), config=config)
+    assert env_of(pod)["IMPORTER_PROXY_CERT_DIR"] == "/proxycerts/"
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    assert volumes["cdi-proxy-cert-vol"]["configMap"] == {"name": "import-proxy-cm-disk"}
+    mounts = pod["spec"]["containers"][0]["volumeMounts"]
+    assert {"name": "cdi-proxy-cert-vol", "mountPath": "/proxycerts/", "readOnly": True} in mounts
 
 
 def test_attempt_labels_and_metrics_are_inputs_of_the_final_pod() -> None:

@@ -6,7 +6,8 @@ On a claim that is ready (bound, or bindable by the pod itself), one ``sync`` ta
    first recorded its name on the PVC (the first attempt's is on the claim from its creation,
    ``first_record``) and, when CDIConfig importProxy carries credentials,
    created the Secret that brings the pod a ticket for the relay that holds them
-   (``cdi.controller.proxy_relay``);
+   (``cdi.controller.proxy_relay``), and when it names a ``trustedCAProxy``, copied that CA
+   bundle beside the import (``cdi.controller.proxy_ca``);
 2. pod running: scrape progress, come back in ``progress_interval``;
 3. pod finished: the failure policy decides; the decision is recorded on the PVC first
    (``cdi.controller.record``) and acted on after (delete the pods after success, keep a failed
@@ -48,6 +49,7 @@ from cdi.controller.importslots import QUEUED_REASON, ImportSlots
 from cdi.controller.importslots import REQUEUE as SLOT_REQUEUE
 from cdi.controller.policy import Decision, FailurePolicy, Outcome, pod_outcome, pod_problem
 from cdi.controller.progress import Progress, parse_metrics
+from cdi.controller.proxy_ca import ProxyCA
 from cdi.controller.proxy_relay import ProxyRelay, RelaySettings
 from cdi.controller.record import (
     OUTCOME_FAILED,
@@ -128,6 +130,7 @@ class ImportFlavour(FlavourDefaults):
         self.deps = deps
         self.settings = settings
         self.relay = ProxyRelay(deps, settings.relay)
+        self.proxy_ca = ProxyCA(deps, settings.relay.namespace)  # trustedCAProxy's namespace
         # PVC UID -> the last resume checkpoint scraped from its recorded importer pod: the
         # only resume point a later attempt may keep (datapath.checkpoint). In memory, so a
         # new leader has none and the next attempt restarts from byte 0 (safe, slower).
@@ -233,6 +236,7 @@ class ImportFlavour(FlavourDefaults):
         pvc = await self._record(claim.pvc, intent)
         try:
             proxy_auth_secret, cdi_config = await self._proxy_auth_secret(claim)
+            proxy_ca = await self.proxy_ca.copy_for(claim, cdi_config)
             config = ImporterPodConfig(
                 image=settings.image,
                 command=(),
@@ -241,6 +245,7 @@ class ImportFlavour(FlavourDefaults):
                 metrics=settings.metrics,
                 cdi_config=cdi_config,
                 proxy_auth_secret=proxy_auth_secret,
+                proxy_ca_config_map=proxy_ca,
                 checkpoint_attested=self._attested.get(self._claim_uid(claim)),
             )
             pod = render_importer_pod(dv, pvc, config)

@@ -209,6 +209,10 @@ CONTROLLER_MAY = [
     ("list", "pods", "", None, None, None),
     ("create", "events", "", "some-ns", None, None),
     ("create", "secrets", "", "some-ns", None, None),  # importProxy credentials, create only
+    # importProxy.trustedCAProxy: read in its namespace, copied beside each import
+    ("get", "configmaps", "", "cdi", "proxy-ca", None),
+    ("create", "configmaps", "", "some-ns", None, None),
+    ("update", "configmaps", "", "some-ns", "import-proxy-cm-dv", None),
     ("delete", "secrets", "", "some-ns", "cdi-upload-dv-tls", None),  # upload server cert
     ("create", "services", "", "some-ns", None, None),  # upload server Service
     ("delete", "services", "", "some-ns", "cdi-upload-dv", None),
@@ -236,6 +240,7 @@ CONTROLLER_MAY = [
     ),
 ]
 CONTROLLER_MUST_NOT = [
+    ("get", "configmaps", "", "some-ns", "x", None),  # tenants' ConfigMaps: mounted, never read
     ("get", "secrets", "", "some-ns", "x", None),
     ("update", "secrets", "", "some-ns", "x", None),
     ("list", "secrets", "", None, None, None),

@@ -281,7 +281,9 @@ class SnapshotSteps(MoveSteps):
         src = as_source_claim(snap, mode or plan.volume_mode(desired))
         desired = plan.fill_size(desired, src)
         sizes = await self._sizes(dv, src, desired)
-        problem = content_problem(dv, src) or plan.size_problem(src, desired, sizes)
+        problem = content_problem(dv, src)
+        if problem is None and not plan.permissive(obj, desired):
+            problem = plan.size_problem(src, desired, sizes)
         if problem is not None:
             await self._event(obj, WARNING, REASON_INCOMPATIBLE_PVC, problem)
             return None, _problem(view, REASON_INCOMPATIBLE_PVC, problem), Result(30.0)

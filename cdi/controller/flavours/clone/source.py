@@ -78,10 +78,16 @@ class SourceSteps(SnapshotSteps):
         wait = Result(requeue_after=2.0)
         if not populated(src):
             return None, _step(view, Phase.CLONE_SCHEDULED), wait
+        unsized = plan.requested(desired) is None
         overhead = await self._overhead(desired) if plan.needs_overhead(src, desired) else 0.0
         desired = plan.fill_size(desired, src, overhead)
+        chosen, snapshot_class = await self._plan(obj, src, desired)
+        if unsized and chosen.strategy == COPY and plan.detects_size(src):
+            desired = await self._sized_from_content(src, desired)
         sizes = await self._sizes(dv, src, desired)
-        problem = content_problem(dv, src) or plan.size_problem(src, desired, sizes)
+        problem = content_problem(dv, src)
+        if problem is None and not plan.permissive(obj, desired):
+            problem = plan.size_problem(src, desired, sizes)
         if problem is not None:
             await self._event(obj, WARNING, REASON_INCOMPATIBLE_PVC, problem)
             return None, _problem(view, REASON_INCOMPATIBLE_PVC, problem), Result(30.0)
@@ -91,7 +97,6 @@ class SourceSteps(SnapshotSteps):
             msg = f"pod {', '.join(writers)} using PersistentVolumeClaim {source.name}"
             await self._event(obj, NORMAL, SOURCE_IN_USE, msg)
             return None, _step(view, Phase.CLONE_SCHEDULED), wait
-        chosen, snapshot_class = await self._plan(obj, src, desired)
         desired = plan.annotate(desired, chosen, source.namespace, source.name)
         desired = await self._placed(dv, desired, src)
         if chosen.fallback is not None:
@@ -111,6 +116,17 @@ class SourceSteps(SnapshotSteps):
         key = f"{dv.namespace}/{dv.name}"
         tmp = plan.temporary_claim(desired, dv.uid, source.namespace, source.name, key)
         return await self._move(dv, tmp, desired, view, Phase.CSI_CLONE_IN_PROGRESS)
+
+    async def _sized_from_content(self, src: Mapping[str, Any], desired: JSON) -> JSON:
+        """A host-assisted clone without a size, of a filesystem source holding an image: the
+        target asks for the image's size plus its own class's overhead (CDI's size detection,
+        ``cdi.render.clone``)."""
+        content = plan.content_size(src, await self._overhead(src))
+        if content is None:
+            return desired
+        fs = plan.volume_mode(desired) == "Filesystem"
+        target_overhead = await self._overhead(desired) if fs else 0.0
+        return plan.sized_from_content(desired, src, content, target_overhead)
 
     async def _resolve(self, dv: DataVolume) -> CloneSource | None:
         found: dict[tuple[str, str], JSON | None] = {}

@@ -1,0 +1,125 @@
+"""Imports through an ``https://`` proxy on loopback (``importer.sources.proxy_tls``): a real TLS
+forward proxy whose certificate a private CA signed (``testkit.tlsproxy``), trusted only through
+``proxy_ca_files`` (CDIConfig ``importProxy.trustedCAProxy`` in the pod). An https destination
+goes TLS in TLS through a CONNECT tunnel, an http one as absolute-form requests over the
+proxy's TLS; without the proxy's CA the import fails at once, permanently, naming the setting,
+and the proxy opens nothing."""
+
+from __future__ import annotations
+
+import ssl
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+
+from importer.sources.http import ProxyConfig
+from testkit.pki import CertificateAuthority
+from testkit.registry import Tls
+from testkit.tlsproxy import TlsForwardProxy
+from tests.component.conftest import ImageFactory, same_content
+from tests.component.helpers import import_url
+
+
+@pytest.fixture
+def proxy(tmp_path: Path) -> Iterator[TlsForwardProxy]:
+    tls = Tls.make(tmp_path / "proxy-tls", CertificateAuthority("private-proxy-ca"))
+    server = TlsForwardProxy(tls).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def target_tls(tmp_path: Path) -> Tls:
+    return Tls.make(tmp_path / "target-tls", CertificateAuthority("images-ca"))
+
+
+@pytest.fixture
+async def origins(
+    images: ImageFactory, target_tls: Tls
+) -> AsyncIterator[dict[str, tuple[str, list[str]]]]:
+    """kind -> (origin, request paths seen) of an http and an https image server, and of an
+    https one that closes each connection after its answer (``Connection: close``: the
+    response is read after ``http.client`` closed the connection, through its reader)."""
+    found: dict[str, tuple[str, list[str]]] = {}
+    runners: list[web.AppRunner] = []
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(target_tls.cert, target_tls.key)
+    for kind, tls in (("http", None), ("https", ctx), ("https-close", ctx)):
+        seen: list[str] = []
+
+        async def handler(
+            request: web.Request, seen: list[str] = seen, close: bool = kind == "https-close"
+        ) -> web.StreamResponse:
+            seen.append(f"{request.method} {request.path}")
+            response = web.FileResponse(images.root / request.path.lstrip("/"))
+            if close:
+                response.force_close()
+            return response
+
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", handler)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=tls)
+        await site.start()
+        port = runner.addresses[0][1]
+        scheme = "http" if tls is None else "https"
+        found[kind] = (f"{scheme}://127.0.0.1:{port}", seen)
+        runners.append(runner)
+    yield found
+    for runner in runners:
+        await runner.cleanup()
+
+
+@pytest.mark.parametrize("kind", ["https", "https-close", "http"])
+async def test_an_import_through_an_https_proxy_trusted_by_its_private_ca(
+    kind: str,
+    proxy: TlsForwardProxy,
+    origins: dict[str, tuple[str, list[str]]],
+    target_tls: Tls,
+    images: ImageFactory,
+    tmp_path: Path,
+) -> None:
+    image = images.make("qcow2")
+    origin, seen = origins[kind]
+    result = await import_url(
+        f"{origin}/{image.path.name}",
+        tmp_path / "disk.img",
+        ca_files=(str(target_tls.ca_pem),),
+        proxy=ProxyConfig(http=proxy.url, https=proxy.url),
+        proxy_ca_files=(str(proxy.tls.ca_pem),),
+    )
+    assert result.reason == "Completed", result
+    assert same_content(tmp_path / "disk.img", image.reference)
+    assert f"GET /{image.path.name}" in seen
+    port = origin.rsplit(":", 1)[1]
+    if kind.startswith("https"):
+        assert proxy.tunnels and set(proxy.tunnels) == {f"127.0.0.1:{port}"}
+        assert proxy.forwarded == []
+    else:
+        assert proxy.tunnels == [] and proxy.forwarded
+        assert all(f"http://127.0.0.1:{port}/" in line for line in proxy.forwarded)
+
+
+async def test_an_untrusted_proxy_fails_at_once_naming_trusted_ca_proxy(
+    proxy: TlsForwardProxy,
+    origins: dict[str, tuple[str, list[str]]],
+    target_tls: Tls,
+    images: ImageFactory,
+    tmp_path: Path,
+) -> None:
+    image = images.make("raw")
+    origin, seen = origins["https"]
+    result = await import_url(
+        f"{origin}/{image.path.name}",
+        tmp_path / "disk.img",
+        ca_files=(str(target_tls.ca_pem),),  # the destination's CA is not the proxy's
+        proxy=ProxyConfig(https=proxy.url),
+    )
+    assert result.reason == "SourceUnavailable" and not result.transient, result
+    assert "import proxy" in result.message and "trustedCAProxy" in result.message
+    assert proxy.url in result.message
+    assert proxy.tunnels == [] and seen == []
+    assert not (tmp_path / "disk.img").exists()
