@@ -119,11 +119,13 @@ NEW_RULES_MAY = [
     ("update", "storageprofiles", "cdi.kubevirt.io", None, "x", "status"),
     ("create", "cdiconfigs", "cdi.kubevirt.io", None, None, None),
     ("update", "cdiconfigs", "cdi.kubevirt.io", None, "config", "status"),
+    # a CDI resource's spec.config becomes CDIConfig's spec (issue 26), as CDI's operator does
+    ("update", "cdiconfigs", "cdi.kubevirt.io", None, "config", None),
     ("get", "services", "", "cdi", "cdi-uploadproxy", None),
     ("list", "ingresses", "networking.k8s.io", "cdi", None, None),
 ]
 NEW_RULES_MUST_NOT = [
-    ("update", "cdiconfigs", "cdi.kubevirt.io", None, "config", None),  # spec: the admin's
+    ("update", "cdiconfigs", "cdi.kubevirt.io", None, "other", None),  # only the singleton
     ("update", "storageprofiles", "cdi.kubevirt.io", None, "x", None),  # spec: the admin's
     # the upload flavour reads Services anywhere (its servers'), but changes none it did not make
     ("update", "services", "", "cdi", "cdi-uploadproxy", None),
