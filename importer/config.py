@@ -36,7 +36,7 @@ from cdi.api.constants import (
 from cdi.api.content import parse_content_type
 from cdi.api.errors import InvalidConfig
 from cdi.api.netpolicy import NetPolicy
-from cdi.api.quantity import Quantity, QuantityError
+from cdi.api.quantity import Quantity, QuantityError, parse_rate
 from datapath import CheckpointPlan, ProcessPlan, TargetSpec, parse_checksum
 from datapath.checkpoint import INTERVAL as CHECKPOINT_INTERVAL
 from datapath.plan import SPILL_MEMORY_LIMIT
@@ -187,17 +187,10 @@ def parse_size(text: str) -> int:
 def parse_bandwidth(text: str | None) -> int | None:
     """A bandwidth cap in bytes per second, as a Kubernetes quantity ("50Mi" is 50 MiB/s);
     unset or empty is no cap, anything else that is not a positive quantity a typed error."""
-    if text is None or not text.strip():
-        return None
     try:
-        rate = Quantity.parse(text.strip()).value()
+        return parse_rate(text)
     except QuantityError as exc:
-        raise InvalidConfig(
-            f"bandwidth limit {text!r} is not a quantity of bytes per second (e.g. 50Mi): {exc}"
-        ) from exc
-    if rate <= 0:
-        raise InvalidConfig(f"bandwidth limit {text!r} must be more than 0 bytes per second")
-    return rate
+        raise InvalidConfig(f"bandwidth limit {exc}") from exc
 
 
 def mounted_files(folder: str | None) -> tuple[str, ...]:

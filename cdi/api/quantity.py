@@ -164,3 +164,21 @@ def scratch_ceiling(capacity: int) -> int:
     metadata (an eighth, plus 64 MiB for small disks). Past it, an image is a bomb. Shared by
     the importer (its staging limit) and the renderers (the scratch emptyDir's sizeLimit)."""
     return capacity + capacity // 8 + (64 << 20)
+
+
+def parse_rate(text: str | None) -> int | None:
+    """A rate in bytes per second written as a quantity ("50Mi" is 50 MiB/s): None when unset
+    or empty; ``QuantityError`` naming the text when it is not a positive quantity. The
+    importer (``IMPORTER_BANDWIDTH_LIMIT``) and the controller (CDIConfig's cap, the
+    DataVolume's annotation) read a bandwidth cap with it and add where it came from."""
+    if text is None or not str(text).strip():
+        return None
+    try:
+        rate = Quantity.parse(str(text).strip()).value()
+    except QuantityError as exc:
+        raise QuantityError(
+            f"{text!r} is not a quantity of bytes per second (e.g. 50Mi): {exc}"
+        ) from exc
+    if rate <= 0:
+        raise QuantityError(f"{text!r} must be more than 0 bytes per second")
+    return rate

@@ -109,7 +109,7 @@ from cdi.api.constants import (
     ImporterEnv,
     VolumeMode,
 )
-from cdi.api.quantity import Quantity, QuantityError
+from cdi.api.quantity import QuantityError, parse_rate
 from cdi.api.types import DataVolume, resolve_volume_mode
 from cdi.render import RenderError
 from cdi.render.importer_env import SourceSettings, source_settings
@@ -319,15 +319,10 @@ def _env(
 
 
 def _rate(text: str | None, where: str) -> int | None:
-    if text is None or not str(text).strip():
-        return None
     try:
-        rate = Quantity.parse(str(text).strip()).value()
+        return parse_rate(text)
     except QuantityError as exc:
-        raise RenderError(f"{where} {text!r} is not a quantity of bytes per second: {exc}") from exc
-    if rate <= 0:
-        raise RenderError(f"{where} {text!r} must be more than 0 bytes per second")
-    return rate
+        raise RenderError(f"{where} {exc}") from exc
 
 
 def bandwidth_limit(dv: DataVolume, cdi: CDIConfig) -> int | None:
