@@ -27,7 +27,8 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.measure import importer_pod_argv, read_into_cache, timed_run
-from benchmarks.registry import _inputs, sha256_of
+from benchmarks.registry import sha256_of
+from benchmarks.s3 import setup
 from benchmarks.server import ServerProcess
 from testkit.s3server import S3Server
 
@@ -99,15 +100,14 @@ def main() -> int:
     parser.add_argument("--workdir", default="/var/tmp/cdi-bench/bandwidth")
     parser.add_argument("--rounds", type=int, default=1)
     args = parser.parse_args()
-    inputs = _inputs(args.inputs)
-    manifest = json.loads((inputs / "manifest.json").read_text())
-    expected, size = manifest["raw_sha256"], (inputs / "disk.raw").stat().st_size
-    work = Path(args.workdir)
-    shutil.rmtree(work, ignore_errors=True)
-    (work / "auth").mkdir(parents=True)
-    s3 = S3Server(work / "gw").start()
-    (work / "auth" / "accessKeyId").write_text(s3.access_key)
-    (work / "auth" / "secretKey").write_text(s3.secret_key)
+    bench = setup(args.inputs, Path(args.workdir))
+    inputs, expected, size, work, s3 = (
+        bench.inputs,
+        bench.expected,
+        bench.size,
+        bench.work,
+        bench.server,
+    )
     results: list[dict[str, object]] = []
     try:
         s3.put(BUCKET, "disk.qcow2", inputs / "disk.qcow2")

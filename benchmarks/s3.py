@@ -27,6 +27,7 @@ import os
 import shutil
 import statistics
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 if __package__ in (None, ""):
@@ -100,21 +101,46 @@ def run_once(route: str, key: str, server: S3Server, work: Path, size: int) -> d
     return row
 
 
+@dataclass(frozen=True)
+class Bench:
+    """What an S3 benchmark run starts from: the cached inputs (``disk.raw``'s sha256 and
+    size), a fresh work directory, a started S3 server and its key pair as mounted Secret
+    files under ``work/auth`` (``ours_argv``'s ``auth``)."""
+
+    inputs: Path
+    expected: str
+    size: int
+    work: Path
+    server: S3Server
+
+
+def setup(inputs_arg: str | None, work: Path) -> Bench:
+    """The shared start of ``benchmarks/s3.py`` and ``benchmarks/bandwidth.py``."""
+    inputs = _inputs(inputs_arg)
+    manifest = json.loads((inputs / "manifest.json").read_text())
+    expected, size = manifest["raw_sha256"], (inputs / "disk.raw").stat().st_size
+    shutil.rmtree(work, ignore_errors=True)
+    (work / "auth").mkdir(parents=True)
+    server = S3Server(work / "gw").start()
+    (work / "auth" / "accessKeyId").write_text(server.access_key)
+    (work / "auth" / "secretKey").write_text(server.secret_key)
+    return Bench(inputs, expected, size, work, server)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--inputs")
     parser.add_argument("--workdir", default="/var/tmp/cdi-bench/s3")
     parser.add_argument("--rounds", type=int, default=1)
     args = parser.parse_args()
-    inputs = _inputs(args.inputs)
-    manifest = json.loads((inputs / "manifest.json").read_text())
-    expected, size = manifest["raw_sha256"], (inputs / "disk.raw").stat().st_size
-    work = Path(args.workdir)
-    shutil.rmtree(work, ignore_errors=True)
-    (work / "auth").mkdir(parents=True)
-    server = S3Server(work / "gw").start()
-    (work / "auth" / "accessKeyId").write_text(server.access_key)
-    (work / "auth" / "secretKey").write_text(server.secret_key)
+    bench = setup(args.inputs, Path(args.workdir))
+    inputs, expected, size, work, server = (
+        bench.inputs,
+        bench.expected,
+        bench.size,
+        bench.work,
+        bench.server,
+    )
     rows = []
     try:
         for key in REFERENCES:
