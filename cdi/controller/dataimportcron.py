@@ -98,7 +98,6 @@ WATCHES = Watches(
 )
 
 
-
 def watches(crons: Store) -> Watches:
     """``WATCHES``, and a StorageProfile to the crons whose imports land in its class (the
     template's, or no class named: the default's), as CDI's ``mapStorageProfileToCron``: a
@@ -452,6 +451,11 @@ class DataImportCronReconciler:
         found = await self.kube.get_or_none(DATA_SOURCES, cron.managed, cron.namespace)
         if found is None:
             await self.kube.create(DATA_SOURCES, want)
+        elif ((found.get("metadata") or {}).get("labels") or {}).get(LABEL_CRON) != cron.name:
+            # CDI's ErrNotManagedByCron: a DataSource this cron did not make (or another
+            # cron's) is never taken over
+            log.info("%s/%s: DataSource %s is not managed by this cron; left as it is",
+                     cron.namespace, cron.name, cron.managed)  # fmt: skip
         elif (found.get("spec") or {}).get("source") != want["spec"]["source"] or not _carries(
             found, want
         ):

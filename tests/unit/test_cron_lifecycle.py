@@ -97,7 +97,8 @@ def test_collection_keeps_the_most_recently_used_up_to_imports_to_keep() -> None
         claim("legacy", None),  # no stamp sorts oldest, as in CDI
         claim("cur", "2026-01-04T00:00:00.000000Z"),
     ]
-    assert beyond_keep(claims, "cur", 3) == ["a", "c", "legacy"]
+    assert beyond_keep(claims, "cur", 3) == ["a", "legacy"]
+    assert beyond_keep(claims, "cur", 2) == ["a", "c", "legacy"]
     assert beyond_keep(claims, "cur", 1) == ["a", "b", "c", "legacy"]
     assert beyond_keep(claims, "cur", 5) == []
 
