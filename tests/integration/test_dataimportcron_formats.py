@@ -14,6 +14,7 @@ and ``retentionPolicy: None`` takes the snapshot and the DataSource along with t
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -54,13 +55,14 @@ CRONS = "/apis/cdi.kubevirt.io/v1beta1/namespaces/{ns}/dataimportcrons"
 SOURCES = "/apis/cdi.kubevirt.io/v1beta1/namespaces/{ns}/datasources"
 PROFILES = "/apis/cdi.kubevirt.io/v1beta1/storageprofiles"
 NEXT = "cdi.kubevirt.io/storage.import.nextCronTime"
-FORCE = {"metadata": {"annotations": {NEXT: "2000-01-01T00:00:00Z"}}}  # a poll now
+FORCED = "2000-01-01T00:00:00Z"
+FORCE = {"metadata": {"annotations": {NEXT: FORCED}}}  # a poll now
 LAST_USE = "cdi.kubevirt.io/storage.import.lastUseTime"
 CRON_LABEL = "cdi.kubevirt.io/dataImportCron"
 SNAP_FORMAT_CLASS = "cron-snap-fs"  # the CSI provisioner's; its profile says snapshot
 
 
-def pvc_cron(name: str, cls: str, keep: int, **spec: Any) -> dict[str, Any]:
+def pvc_cron(name: str, ns: str, cls: str, keep: int, **spec: Any) -> dict[str, Any]:
     return {
         "apiVersion": "cdi.kubevirt.io/v1beta1",
         "kind": "DataImportCron",
@@ -71,7 +73,7 @@ def pvc_cron(name: str, cls: str, keep: int, **spec: Any) -> dict[str, Any]:
             "importsToKeep": keep,
             "template": {
                 "spec": {
-                    "source": {"pvc": {"name": "published"}},
+                    "source": {"pvc": {"namespace": ns, "name": "published"}},
                     "storage": {
                         "accessModes": ["ReadWriteOnce"],
                         "storageClassName": cls,
@@ -120,19 +122,27 @@ def data_source_at(kube: Kube, ns: str, kind: str, name: str) -> dict[str, Any] 
 def wait_data_source(
     kube: Kube, ns: str, kind: str, name: str, product: Product, cron: str
 ) -> dict[str, Any]:
+    return waiting(
+        lambda: data_source_at(kube, ns, kind, name), f"DataSource at {name}", kube, ns, cron,
+        product, 180,
+    )  # fmt: skip
+
+
+def waiting(
+    fn: Any, what: str, kube: Kube, ns: str, cron: str, product: Product, timeout: float
+) -> Any:
+    """``wait_until``, with the cron, its DataSource, the DataVolumes and the controller's log
+    in the failure."""
     try:
-        return wait_until(
-            lambda: data_source_at(kube, ns, kind, name), f"DataSource at {name}", 180
-        )
+        return wait_until(fn, what, timeout)
     except TimeoutError as exc:
+        dvs = kube.get(dv_path(ns))["items"]
         state = {
             "cron": kube.get_or_none(f"{CRONS.format(ns=ns)}/{cron}"),
             "datasource": kube.get_or_none(f"{SOURCES.format(ns=ns)}/golden"),
-            "dvs": [
-                (d["metadata"]["name"], d.get("status")) for d in kube.get(dv_path(ns))["items"]
-            ],
+            "dvs": [(d["metadata"]["name"], d.get("status")) for d in dvs],
         }
-        raise AssertionError(f"{exc}\n{state}\n{product.log()[-3000:]}") from exc
+        raise AssertionError(f"{exc}\n{state}\n{product.log()[-6000:]}") from exc
 
 
 def outdated_samples(kube: Kube, ns: str, cron: str) -> list[float] | None:
@@ -167,14 +177,14 @@ def test_a_cron_clones_its_source_claim_again_only_when_the_claim_is_replaced(
     crons = CRONS.format(ns=ns)
 
     # a claim in another namespace: refused at admission
-    elsewhere = pvc_cron("elsewhere", "testkit-fs", 2)
+    elsewhere = pvc_cron("elsewhere", ns, "testkit-fs", 2)
     elsewhere["spec"]["template"]["spec"]["source"]["pvc"]["namespace"] = "kube-system"
     with pytest.raises(ApiError) as refused:
         kube.create(crons, elsewhere)
     assert "source PVC must be in the DataImportCron's namespace" in str(refused.value)
 
     # no source claim yet: said so, looked for again
-    kube.create(crons, pvc_cron("golden-cron", "testkit-fs", 2))
+    kube.create(crons, pvc_cron("golden-cron", ns, "testkit-fs", 2))
     wait_until(
         lambda: (
             (conditions(cron_of(kube, ns, "golden-cron")).get("UpToDate") or {}).get("reason")
@@ -205,16 +215,17 @@ def test_a_cron_clones_its_source_claim_again_only_when_the_claim_is_replaced(
         60,
     )
 
-    # the same claim, polled again: nothing new
+    # the same claim, polled again (the forced time consumed): nothing new
     executed = status["lastExecutionTimestamp"]
     kube.patch(f"{crons}/golden-cron", FORCE)
-    wait_until(
-        lambda: (
-            cron_of(kube, ns, "golden-cron")["status"].get("lastExecutionTimestamp") != executed
-        ),
-        "a second poll",
-        60,
-    )
+    waiting(
+        lambda: cron_of(kube, ns, "golden-cron")["metadata"]["annotations"][NEXT] != FORCED,
+        "a second poll", kube, ns, "golden-cron", deployed, 60,
+    )  # fmt: skip
+    again = cron_of(kube, ns, "golden-cron")
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    assert again["metadata"]["annotations"][NEXT] > now  # the schedule's next time
+    assert again["status"]["lastExecutionTimestamp"] >= executed
     assert [d["metadata"]["name"] for d in kube.get(dv_path(ns))["items"]] == sorted(
         ["published", first]
     )
@@ -272,7 +283,7 @@ def test_on_a_snapshot_format_class_each_import_becomes_a_snapshot_the_data_sour
     crons = CRONS.format(ns=ns)
     snapshots = f"{SNAPSHOTS}/namespaces/{ns}/volumesnapshots"
     first = import_of(publish(kube, ns, image_server))
-    cron = pvc_cron("snap-cron", snapshot_format_class, 1, retentionPolicy="None")
+    cron = pvc_cron("snap-cron", ns, snapshot_format_class, 1, retentionPolicy="None")
     kube.create(crons, cron)
     wait_data_source(kube, ns, "snapshot", first, deployed, "snap-cron")
 
