@@ -33,7 +33,9 @@ from cdi.controller.dataimportcron_desired import (
     ANN_NEXT_CRON_TIME,
     ANN_POLL_ERROR,
     ANN_POLLER_UID,
+    ANN_RWO_FOR_CRON,
     ANN_SNAPSHOT_CLASS_FOR_CRON,
+    ANN_STORAGE_CLASS,
     DATAIMPORTCRONS,
     FORMAT_SNAPSHOT,
     GC_NEVER,
@@ -102,7 +104,9 @@ def watches(crons: Store) -> Watches:
     """``WATCHES``, and a StorageProfile to the crons whose imports land in its class (the
     template's, or no class named: the default's), as CDI's ``mapStorageProfileToCron``: a
     changed ``dataImportCronSourceFormat`` or snapshot class applies without waiting for the
-    next poll. ``crons``: the cron cache (``metrics.cron_view``: the template's class)."""
+    next poll; a StorageClass to the crons naming none (the default may have moved: CDI's
+    ``addDefaultStorageClassUpdateWatch``). ``crons``: the cron cache (``metrics.cron_view``:
+    the template's class)."""
 
     def using(profile: JSON) -> list[str]:
         name = (profile.get("metadata") or {}).get("name")
@@ -114,7 +118,17 @@ def watches(crons: Store) -> Watches:
                 keys.append(f"{meta.get('namespace')}/{meta.get('name')}")
         return keys
 
-    return Watches((*WATCHES.watches, Maps(STORAGE_PROFILES, using)))
+    def classless(_sc: JSON) -> list[str]:
+        """A StorageClass (its default annotations may have moved): the crons naming none."""
+        return [
+            f"{(c.get('metadata') or {}).get('namespace')}/{(c.get('metadata') or {}).get('name')}"
+            for c in crons.items()
+            if not (c.get("spec") or {}).get("storageClassName")
+        ]
+
+    return Watches(
+        (*WATCHES.watches, Maps(STORAGE_PROFILES, using), Maps(STORAGE_CLASSES, classless))
+    )
 
 
 def _now() -> dt.datetime:
@@ -148,6 +162,10 @@ class DataImportCronReconciler:
             obj, polling = await self._poll_claim(cron, obj, now), False
         else:
             obj, polling = await self._poll(cron, obj, now, await self._cdi_config())
+        cron = Cron.from_obj(obj)
+        obj, moving = await self._follow_class(cron, obj)
+        if moving:  # the import on the class no longer wanted is being deleted
+            return Result(requeue_after=WATCH_INTERVAL)
         cron = Cron.from_obj(obj)
         status, busy = await self._import(cron, obj, now)
         executed = desired.parse_time(cron.annotations.get(ANN_LAST_CRON_TIME))
@@ -266,6 +284,42 @@ class DataImportCronReconciler:
             config = CDIConfig()
         return config.with_cluster_cidrs(self.settings.cluster_cidrs)
 
+    # -- the storage class ------------------------------------------------------------------
+
+    async def _follow_class(self, cron: Cron, obj: JSON) -> tuple[JSON, bool]:
+        """CDI's ``handleStorageClassChange``: the class imports land in is recorded on the
+        cron (``storage.import.storageClass``); when it changes (a template naming no class,
+        and the default class moved), the current digest's snapshot, DataVolume and claim on
+        the old class are deleted, and once they are gone the new class is recorded and the
+        digest imported again there. (cron object, still deleting)."""
+        wanted = await self._storage_class(cron, None)
+        recorded = cron.annotations.get(ANN_STORAGE_CLASS)
+        if not wanted or recorded == wanted:
+            return obj, False
+        digest = cron.annotations.get(ANN_DESIRED_DIGEST)
+        if recorded is not None and digest:
+            name, ns = desired.import_name(cron.managed, digest), cron.namespace
+            log.info("%s/%s: storage class %s -> %s: deleting %s", ns, cron.name, recorded,
+                     wanted, name)  # fmt: skip
+            await self.kube.delete_if_present(VOLUME_SNAPSHOTS, name, ns)
+            await self.kube.delete_if_present(DATAVOLUMES, name, ns)
+            await self.kube.delete_if_present(PVCS, name, ns)
+            for there in (
+                await self._get_snapshot(name, ns),
+                await self.kube.get_or_none(DATAVOLUMES, name, ns),
+                await self.kube.get_or_none(PVCS, name, ns),
+            ):
+                if there is not None:
+                    return obj, True
+        return await self._annotate(cron, {ANN_STORAGE_CLASS: wanted}), False
+
+    async def _read_write_once(self, cron: Cron) -> bool:
+        """The profile of the class imports land in says ``useReadWriteOnceForDataImportCron``."""
+        cls = cron.annotations.get(ANN_STORAGE_CLASS) or await self._storage_class(cron, None)
+        profile = await self.kube.get_or_none(STORAGE_PROFILES, cls) if cls else None
+        annotations = ((profile or {}).get("metadata") or {}).get("annotations") or {}
+        return annotations.get(ANN_RWO_FOR_CRON) == "true"
+
     # -- importing ------------------------------------------------------------------------
 
     async def _import(self, cron: Cron, obj: JSON, now: dt.datetime) -> tuple[JSON, bool]:
@@ -292,7 +346,8 @@ class DataImportCronReconciler:
         snap = await self._get_snapshot(name, ns)
         if dv is None and claim is None and snap is None:
             try:
-                want = desired.desired_import(cron, digest, release, use_time(now))
+                rwo = await self._read_write_once(cron)
+                want = desired.desired_import(cron, digest, release, use_time(now), rwo)
             except WorkerError as exc:  # a release record that does not check out: no import
                 refused = (False, exc.reason, exc.message)
                 conds = desired.cron_conditions(previous, stamp, desired.NO_IMPORT, refused)

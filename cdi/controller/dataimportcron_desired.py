@@ -53,6 +53,7 @@ ANN_LAST_USE_TIME = _A + "storage.import.lastUseTime"
 ANN_LAST_CRON_TIME = _A + "storage.import.lastCronTime"
 ANN_STORAGE_CLASS = _A + "storage.import.storageClass"
 ANN_SNAPSHOT_CLASS_FOR_CRON = _A + "snapshotClassForDataImportCron"  # on a StorageProfile
+ANN_RWO_FOR_CRON = _A + "useReadWriteOnceForDataImportCron"  # on a StorageProfile
 ANN_SOURCE_VOLUME_MODE = _A + "storage.import.sourceVolumeMode"
 ANN_ADVISED_RESTORE_SIZE = _A + "storage.import.advisedRestoreSize"
 ANN_POLLER_UID = _A + "storage.import.pollerPodUID"  # not CDI: the poller pod we created
@@ -283,14 +284,23 @@ def _label_value(text: str) -> str:
 
 
 def desired_import(
-    cron: Cron, digest: str, release: Mapping[str, str] | None = None, now: str = ""
+    cron: Cron,
+    digest: str,
+    release: Mapping[str, str] | None = None,
+    now: str = "",
+    read_write_once: bool = False,
 ) -> JSON:
     """The DataVolume importing ``digest``: the template, pinned, named and labelled, bound at
-    once and stamped with its last use (CDI's ``newSourceDataVolume``)."""
+    once and stamped with its last use (CDI's ``newSourceDataVolume``). ``read_write_once``:
+    the class's profile says ``useReadWriteOnceForDataImportCron``, so a ``storage`` template
+    without access modes gets ReadWriteOnce (a golden image is read by clones, never shared)."""
     template = cron.template
     release = release or {}
     spec = dict(template.get("spec") or {})
     spec["source"] = imported_source(cron, digest, release)
+    storage = spec.get("storage")
+    if read_write_once and isinstance(storage, Mapping) and not storage.get("accessModes"):
+        spec["storage"] = {**storage, "accessModes": ["ReadWriteOnce"]}
     meta_in = template.get("metadata") or {}
     labels = {**(meta_in.get("labels") or {}), **release_labels(release), LABEL_CRON: cron.name}
     if cron.retention == RETAIN_NONE:

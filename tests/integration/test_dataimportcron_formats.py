@@ -327,3 +327,75 @@ def test_on_a_snapshot_format_class_each_import_becomes_a_snapshot_the_data_sour
         90,
     )
     assert kube.get_or_none(dv_path(ns, "vm-disk")) is not None  # restored volumes stay
+
+
+VIRT_DEFAULT = "storageclass.kubevirt.io/is-default-virt-class"
+CLASSES = "/apis/storage.k8s.io/v1/storageclasses"
+
+
+def local_class(kube: Kube, name: str) -> None:
+    sc = {"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass", "metadata": {"name": name},
+          "provisioner": "testkit.local/loop", "reclaimPolicy": "Delete",
+          "volumeBindingMode": "Immediate"}  # fmt: skip
+    try:
+        kube.create(CLASSES, sc)
+    except ApiError as e:
+        if not e.conflict:
+            raise
+    wait_until(lambda: kube.get_or_none(f"{PROFILES}/{name}"), f"profile {name}", 60)
+
+
+def virt_default(kube: Kube, name: str, on: bool) -> None:
+    kube.patch(
+        f"{CLASSES}/{name}", {"metadata": {"annotations": {VIRT_DEFAULT: "true" if on else None}}}
+    )
+
+
+def test_a_cron_without_a_class_follows_the_default_class_and_its_profiles_access_mode(
+    kube: Kube, namespace: str, image_server: ImageServer, images: Images,
+    request: pytest.FixtureRequest,
+) -> None:  # fmt: skip
+    ns = namespace
+    deployed: Product = request.getfixturevalue("controller")
+    old, new = "cron-default-old", "cron-default-new"
+    for name in (old, new):
+        local_class(kube, name)
+    # the new default's profile asks for ReadWriteOnce golden images
+    kube.patch(f"{PROFILES}/{new}", {"metadata": {"annotations": {
+        "cdi.kubevirt.io/useReadWriteOnceForDataImportCron": "true"}}})  # fmt: skip
+    virt_default(kube, old, True)
+    try:
+        name = import_of(publish(kube, ns, image_server))
+        cron = pvc_cron("default-cron", ns, "", 2)
+        storage = cron["spec"]["template"]["spec"]["storage"]
+        del storage["storageClassName"], storage["accessModes"]
+        kube.create(CRONS.format(ns=ns), cron)
+        wait_data_source(kube, ns, "pvc", name, deployed, "default-cron")
+        claim = ns_path(ns, "persistentvolumeclaims", name)
+        first_uid = kube.get(claim)["metadata"]["uid"]
+        assert kube.get(claim)["spec"]["storageClassName"] == old
+        annotations = cron_of(kube, ns, "default-cron")["metadata"]["annotations"]
+        assert annotations["cdi.kubevirt.io/storage.import.storageClass"] == old
+        assert "accessModes" not in kube.get(dv_path(ns, name))["spec"]["storage"]
+
+        # the default moves: the import on the old class goes, the digest lands on the new one
+        virt_default(kube, old, False)
+        virt_default(kube, new, True)
+
+        def on_new_class() -> dict[str, Any] | None:
+            found = kube.get_or_none(claim)
+            if found is None or found["metadata"]["uid"] == first_uid:
+                return None
+            return data_source_at(kube, ns, "pvc", name) and found
+
+        moved = waiting(on_new_class, "the import again on the new class", kube, ns,
+                        "default-cron", deployed, 180)  # fmt: skip
+        assert moved["spec"]["storageClassName"] == new
+        assert moved["spec"]["accessModes"] == ["ReadWriteOnce"]
+        assert kube.get(dv_path(ns, name))["spec"]["storage"]["accessModes"] == ["ReadWriteOnce"]
+        annotations = cron_of(kube, ns, "default-cron")["metadata"]["annotations"]
+        assert annotations["cdi.kubevirt.io/storage.import.storageClass"] == new
+        same_prefix_then_zeros(data_of(kube, ns, name), images.reference)
+    finally:
+        for name in (old, new):
+            virt_default(kube, name, False)

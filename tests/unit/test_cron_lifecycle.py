@@ -77,6 +77,17 @@ def test_a_pvc_source_is_known_by_its_claims_uid_and_cloned_into_a_named_import(
     assert meta["annotations"]["cdi.kubevirt.io/storage.bind.immediate.requested"] == "true"
 
 
+def test_a_profile_asking_for_read_write_once_sets_it_only_where_the_template_sets_none() -> None:
+    cron = Cron.from_obj(cron_obj(PVC_SOURCE))
+    rwo = desired_import(cron, pvc_digest(UID), read_write_once=True)
+    assert rwo["spec"]["storage"]["accessModes"] == ["ReadWriteOnce"]
+    assert "accessModes" not in desired_import(cron, pvc_digest(UID))["spec"]["storage"]
+    shared = cron_obj(PVC_SOURCE)
+    shared["spec"]["template"]["spec"]["storage"]["accessModes"] = ["ReadWriteMany"]
+    kept = desired_import(Cron.from_obj(shared), pvc_digest(UID), read_write_once=True)
+    assert kept["spec"]["storage"]["accessModes"] == ["ReadWriteMany"]
+
+
 def test_a_pvc_source_without_a_name_is_not_usable() -> None:
     assert not Cron.from_obj(cron_obj({"pvc": {"namespace": "golden"}})).usable
 

@@ -169,7 +169,7 @@ def test_a_cron_is_woken_by_itself_and_what_carries_its_label() -> None:
     ]
 
 
-def test_a_profile_wakes_the_crons_importing_into_its_class_or_the_default() -> None:
+def test_a_profile_or_class_wakes_the_crons_importing_into_it_or_the_default() -> None:
     def cron(name: str, cls: str | None) -> JSON:
         return {**obj(name), "spec": {"storageClassName": cls}}  # as metrics.cron_view keeps it
 
@@ -179,6 +179,7 @@ def test_a_profile_wakes_the_crons_importing_into_its_class_or_the_default() -> 
         Request("ns/fast-cron"),
         Request("ns/any"),
     ]
+    assert declared.requests(STORAGE_CLASSES, obj("any-class", ns=None)) == [Request("ns/any")]
     labelled = obj("import-1", labels={LABEL_CRON: "nightly"})
     assert declared.requests(VOLUME_SNAPSHOTS, labelled) == [Request("ns/nightly")]
 
