@@ -1,11 +1,17 @@
-"""The DataImportCron reconciler: poll the tag's digest, import each new digest once, point the
-managed DataSource at the newest successful import, collect the old ones, and say so in status.
+"""The DataImportCron reconciler: poll the source's identity (a tag's digest, a claim's UID, ...),
+import each new one once, point the managed DataSource at the newest successful import (its
+claim, or a VolumeSnapshot of it when the class's StorageProfile says
+``dataImportCronSourceFormat: snapshot``), collect the old ones by ``lastUseTime``, and say so
+in status, as CDI's ``dataimportcron-controller.go`` does (differences: ``docs/controller.md``,
+"DataImportCron: CDI and here").
 
 Level-triggered like the others: the key is the cron's ``namespace/name``; its poller pod, its
-imports (DataVolumes labelled ``cdi.kubevirt.io/dataImportCron``) and its DataSource map back to
-it by that label (``WATCHES``), so tampering (the DataSource repointed or deleted, the last
+imports (DataVolumes, claims and snapshots labelled ``cdi.kubevirt.io/dataImportCron``) and its
+DataSource map back to it by that label (``watches``; StorageProfiles and StorageClasses to the
+crons importing into them), so tampering (the DataSource repointed or deleted, the last
 import deleted) is repaired by the next reconcile, which simply makes the world match
-``dataimportcron_desired`` again. The
+``dataimportcron_desired`` again. A pvc source needs no pod: the controller reads the claim,
+in the cron's own namespace only. The
 poller pod is trusted only by the UID recorded on the cron when it was created, by the engine
 every worker pod goes through (``cdi.controller.workerpod``), so a pod a tenant names like it
 cannot choose the digest that gets imported: it is deleted by its UID, never read.

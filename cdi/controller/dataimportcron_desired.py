@@ -10,7 +10,10 @@ time to force a poll); conditions ``Progressing`` and ``UpToDate``. Polls run in
 (the importer with ``IMPORTER_REGISTRY_POLL=true``: registry credentials, trust and the import
 network policy stay in the data plane) that reports the digest in its termination message.
 The schedule is parsed by croniter; an empty schedule polls once and then only when the
-annotation asks.
+annotation asks. A ``source.pvc`` (CDI #3617) is known by ``uid:<the claim's UID>`` and imported
+by a clone DataVolume; with the ``snapshot`` source format each import becomes a VolumeSnapshot
+named as its claim (``desired_snapshot``) and the DataSource points at it; claims and snapshots
+beyond ``importsToKeep`` go least recently used first (``beyond_keep``).
 
 Beyond CDI, two more sources (``docs/registry.md``): ``source.http`` (the poller reads the
 image's validators or its checksum file, ``IMPORTER_POLL=http``; the import is the template as
