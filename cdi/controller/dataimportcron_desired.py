@@ -10,7 +10,10 @@ time to force a poll); conditions ``Progressing`` and ``UpToDate``. Polls run in
 (the importer with ``IMPORTER_REGISTRY_POLL=true``: registry credentials, trust and the import
 network policy stay in the data plane) that reports the digest in its termination message.
 The schedule is parsed by croniter; an empty schedule polls once and then only when the
-annotation asks.
+annotation asks. A ``source.pvc`` (CDI #3617) is known by ``uid:<the claim's UID>`` and imported
+by a clone DataVolume; with the ``snapshot`` source format each import becomes a VolumeSnapshot
+named as its claim (``desired_snapshot``) and the DataSource points at it; claims and snapshots
+beyond ``importsToKeep`` go least recently used first (``beyond_keep``).
 
 Beyond CDI, two more sources (``docs/registry.md``): ``source.http`` (the poller reads the
 image's validators or its checksum file, ``IMPORTER_POLL=http``; the import is the template as
@@ -32,7 +35,7 @@ from typing import Any
 
 from croniter import croniter
 
-from cdi.api.constants import LABEL_COMPONENT, ImporterEnv
+from cdi.api.constants import ANN_IMMEDIATE_BINDING, LABEL_COMPONENT, ImporterEnv
 from cdi.api.releasestream import KIND_REGISTRY, StreamRelease
 from cdi.api.types import DataVolume
 from cdi.kube.client import Resource
@@ -50,6 +53,12 @@ _A = "cdi.kubevirt.io/"
 ANN_DESIRED_DIGEST = _A + "storage.import.sourceDesiredDigest"
 ANN_NEXT_CRON_TIME = _A + "storage.import.nextCronTime"
 ANN_LAST_USE_TIME = _A + "storage.import.lastUseTime"
+ANN_LAST_CRON_TIME = _A + "storage.import.lastCronTime"
+ANN_STORAGE_CLASS = _A + "storage.import.storageClass"
+ANN_SNAPSHOT_CLASS_FOR_CRON = _A + "snapshotClassForDataImportCron"  # on a StorageProfile
+ANN_RWO_FOR_CRON = _A + "useReadWriteOnceForDataImportCron"  # on a StorageProfile
+ANN_SOURCE_VOLUME_MODE = _A + "storage.import.sourceVolumeMode"
+ANN_ADVISED_RESTORE_SIZE = _A + "storage.import.advisedRestoreSize"
 ANN_POLLER_UID = _A + "storage.import.pollerPodUID"  # not CDI: the poller pod we created
 ANN_DESIRED_RELEASE = _A + "storage.import.sourceDesiredRelease"  # not CDI: JSON, see above
 ANN_POLL_ERROR = _A + "storage.import.pollError"  # not CDI: JSON {reason, message}
@@ -58,7 +67,9 @@ LABEL_STREAM_ARTIFACT = _A + "stream.artifact"
 LABEL_STREAM_DIGEST = _A + "stream.digest"  # sha256-<12 hex>: a label value is 63 characters
 ANN_STREAM_DIGEST = _A + "stream.releaseDigest"  # the whole sha256:<hex>
 ANN_STREAM_LOCATION = _A + "stream.location"
-KIND_HTTP, KIND_STREAM = "http", "stream"
+KIND_HTTP, KIND_STREAM, KIND_PVC = "http", "stream", "pvc"
+FORMAT_PVC, FORMAT_SNAPSHOT = "pvc", "snapshot"  # StorageProfile dataImportCronSourceFormat
+DIGEST_PREFIXES = ("sha256:", "uid:")  # CDI's createDvName
 LABEL_CRON = _A + "dataImportCron"
 LABEL_CLEANUP = _A + "dataImportCron.cleanup"
 POLL_ENV = "IMPORTER_REGISTRY_POLL"
@@ -105,8 +116,9 @@ class Cron:
 
     @property
     def kind(self) -> str:
-        """registry (CDI's), http or stream (ours); the first present, as admission allows one."""
-        for kind in (KIND_REGISTRY, KIND_HTTP, KIND_STREAM):
+        """registry or pvc (CDI's), http or stream (ours); the first present, as admission
+        allows one."""
+        for kind in (KIND_REGISTRY, KIND_PVC, KIND_HTTP, KIND_STREAM):
             if self.source.get(kind):
                 return kind
         return ""
@@ -114,6 +126,19 @@ class Cron:
     @property
     def source_url(self) -> str:
         return str((self.source.get(self.kind) or {}).get("url") or "") if self.kind else ""
+
+    @property
+    def usable(self) -> bool:
+        """A source the reconciler can follow (the webhook refuses anything else)."""
+        if self.kind == KIND_PVC:
+            return bool(self.source_claim[1])
+        return bool(self.kind and self.source_url)
+
+    @property
+    def source_claim(self) -> tuple[str, str]:
+        """A pvc source's (namespace, name); the namespace defaults to the cron's."""
+        pvc = self.source.get(KIND_PVC) or {}
+        return str(pvc.get("namespace") or self.namespace), str(pvc.get("name") or "")
 
     @property
     def poller_name(self) -> str:
@@ -192,7 +217,18 @@ def poll_error(cron: Cron) -> Condition | None:
 
 
 def import_name(managed: str, digest: str) -> str:
-    return f"{managed}-{digest.removeprefix('sha256:')[:12]}"
+    """CDI's ``createDvName``: ``<managed>-<12 characters after the sha256: or uid: prefix>``."""
+    for prefix in DIGEST_PREFIXES:
+        digest = digest.removeprefix(prefix)
+    return f"{managed}-{digest[:12]}"
+
+
+def pvc_digest(uid: str) -> str:
+    """A pvc source's identity, CDI's: ``uid:<the source claim's UID>``. A claim replaced by a
+    new one (deleted and created again, e.g. by a pipeline that publishes an image) is a new
+    source; metadata or status changes of the same claim are not (its resourceVersion would
+    re-import on every label or status write)."""
+    return f"uid:{uid}"
 
 
 def pinned_url(url: str, digest: str) -> str:
@@ -208,6 +244,9 @@ def imported_source(cron: Cron, digest: str, release: Mapping[str, str]) -> JSON
     written, checked against the polled checksum; a stream's artifact by its digest reference
     or its URL and sha256 (``StreamRelease.from_record`` checks the record again)."""
     source = cron.source
+    if cron.kind == KIND_PVC:
+        namespace, name = cron.source_claim
+        return {"pvc": {"namespace": namespace, "name": name}}
     if cron.kind == KIND_REGISTRY:
         return {"registry": {**source["registry"], "url": pinned_url(cron.source_url, digest)}}
     if cron.kind == KIND_HTTP:
@@ -247,12 +286,24 @@ def _label_value(text: str) -> str:
     return cleaned[:63].strip("._-")
 
 
-def desired_import(cron: Cron, digest: str, release: Mapping[str, str] | None = None) -> JSON:
-    """The DataVolume importing ``digest``: the template, pinned, named and labelled."""
+def desired_import(
+    cron: Cron,
+    digest: str,
+    release: Mapping[str, str] | None = None,
+    now: str = "",
+    read_write_once: bool = False,
+) -> JSON:
+    """The DataVolume importing ``digest``: the template, pinned, named and labelled, bound at
+    once and stamped with its last use (CDI's ``newSourceDataVolume``). ``read_write_once``:
+    the class's profile says ``useReadWriteOnceForDataImportCron``, so a ``storage`` template
+    without access modes gets ReadWriteOnce (a golden image is read by clones, never shared)."""
     template = cron.template
     release = release or {}
     spec = dict(template.get("spec") or {})
     spec["source"] = imported_source(cron, digest, release)
+    storage = spec.get("storage")
+    if read_write_once and isinstance(storage, Mapping) and not storage.get("accessModes"):
+        spec["storage"] = {**storage, "accessModes": ["ReadWriteOnce"]}
     meta_in = template.get("metadata") or {}
     labels = {**(meta_in.get("labels") or {}), **release_labels(release), LABEL_CRON: cron.name}
     if cron.retention == RETAIN_NONE:
@@ -265,6 +316,8 @@ def desired_import(cron: Cron, digest: str, release: Mapping[str, str] | None = 
             **(meta_in.get("annotations") or {}),
             **release_annotations(release),
             ANN_DESIRED_DIGEST: digest,
+            ANN_IMMEDIATE_BINDING: "true",
+            **({ANN_LAST_USE_TIME: now} if now else {}),
         },
     }
     if cron.retention == RETAIN_NONE:
@@ -340,8 +393,15 @@ def poller_pod(cron: Cron, config: ImporterPodConfig) -> JSON:
 
 
 def desired_data_source(
-    cron: Cron, pvc: str, labels: Mapping[str, str], annotations: Mapping[str, str] | None = None
+    cron: Cron,
+    pvc: str,
+    labels: Mapping[str, str],
+    annotations: Mapping[str, str] | None = None,
+    source_format: str = FORMAT_PVC,
 ) -> JSON:
+    """The managed DataSource: at the claim, or at the snapshot of the same name when the
+    StorageProfile's ``dataImportCronSourceFormat`` is ``snapshot`` (CDI's
+    ``populateDataSource``)."""
     meta: JSON = {
         "name": cron.managed,
         "namespace": cron.namespace,
@@ -351,11 +411,71 @@ def desired_data_source(
         meta["annotations"] = dict(annotations)
     if cron.retention == RETAIN_NONE:
         meta["ownerReferences"] = [cron.reference()]
+    kind = "snapshot" if source_format == FORMAT_SNAPSHOT else "pvc"
     return {
         "apiVersion": "cdi.kubevirt.io/v1beta1",
         "kind": "DataSource",
         "metadata": meta,
-        "spec": {"source": {"pvc": {"name": pvc, "namespace": cron.namespace}}},
+        "spec": {"source": {kind: {"name": pvc, "namespace": cron.namespace}}},
+    }
+
+
+def source_format(profile: Mapping[str, Any] | None) -> str:
+    """CDI's ``getSourceFormat``: the profile's ``status.dataImportCronSourceFormat``, pvc
+    without a profile or a value."""
+    found = str(((profile or {}).get("status") or {}).get("dataImportCronSourceFormat") or "")
+    return FORMAT_SNAPSHOT if found == FORMAT_SNAPSHOT else FORMAT_PVC
+
+
+def template_claim(cron: Cron) -> Mapping[str, Any]:
+    spec = cron.template.get("spec") or {}
+    return spec.get("storage") or spec.get("pvc") or {}
+
+
+def desired_snapshot(
+    cron: Cron,
+    claim: Mapping[str, Any],
+    snapshot_class: str,
+    labels: Mapping[str, str],
+    now: str,
+) -> JSON:
+    """CDI's ``handleSnapshot``: a VolumeSnapshot of the imported claim, named as the claim, in
+    the cron's namespace, labelled as CDI labels it, stamped with its last use, the advised
+    restore size (the template's size, else the claim's) and the claim's volume mode."""
+    meta_in = claim.get("metadata") or {}
+    spec_in = claim.get("spec") or {}
+    name = str(meta_in.get("name"))
+    size = ((template_claim(cron).get("resources") or {}).get("requests") or {}).get("storage")
+    size = size or ((spec_in.get("resources") or {}).get("requests") or {}).get("storage")
+    annotations = {ANN_LAST_USE_TIME: now}
+    if size:
+        annotations[ANN_ADVISED_RESTORE_SIZE] = str(size)
+    if spec_in.get("volumeMode"):
+        annotations[ANN_SOURCE_VOLUME_MODE] = str(spec_in["volumeMode"])
+    all_labels = {
+        **labels,
+        "app": "containerized-data-importer",
+        "cdi.kubevirt.io": "",
+        LABEL_CRON: cron.name,
+    }
+    if cron.retention == RETAIN_NONE:
+        all_labels[LABEL_CLEANUP] = "true"
+    meta: JSON = {
+        "name": name,
+        "namespace": cron.namespace,
+        "labels": all_labels,
+        "annotations": annotations,
+    }
+    if cron.retention == RETAIN_NONE:
+        meta["ownerReferences"] = [cron.reference()]
+    spec: JSON = {"source": {"persistentVolumeClaimName": name}}
+    if snapshot_class:
+        spec["volumeSnapshotClassName"] = snapshot_class
+    return {
+        "apiVersion": "snapshot.storage.k8s.io/v1",
+        "kind": "VolumeSnapshot",
+        "metadata": meta,
+        "spec": spec,
     }
 
 
@@ -367,33 +487,76 @@ def condition(
     message: str,
     now: str,
 ) -> JSON:
-    """A condition whose lastTransitionTime moves only when its status changes."""
+    """A condition whose lastTransitionTime moves only when its status changes, and its
+    lastHeartbeatTime when anything in it does (CDI's ``updateConditionState``)."""
     text = "True" if status else "False"
-    old = next((c for c in previous if c.get("type") == kind), None)
-    since = old.get("lastTransitionTime") if old and old.get("status") == text else now
+    old = next((c for c in previous if c.get("type") == kind), None) or {}
+    since = old.get("lastTransitionTime") if old.get("status") == text else now
+    same = (old.get("status"), old.get("reason"), old.get("message")) == (text, reason, message)
     return {
         "type": kind,
         "status": text,
         "reason": reason,
         "message": message,
         "lastTransitionTime": since or now,
-        "lastHeartbeatTime": (old or {}).get("lastHeartbeatTime") or now,
+        "lastHeartbeatTime": (old.get("lastHeartbeatTime") if same else None) or now,
     }
 
 
-def to_collect(imports: Sequence[Mapping[str, Any]], current: str, keep: int) -> list[str]:
-    """Imports to delete once ``current`` succeeded: the failed and unfinished ones, and the
-    succeeded ones beyond ``keep`` (``current`` counts), oldest first."""
-    others = [dv for dv in imports if dv["metadata"]["name"] != current]
-    done = [dv for dv in others if (dv.get("status") or {}).get("phase") == "Succeeded"]
-    done.sort(key=lambda dv: str(dv["metadata"].get("creationTimestamp") or ""), reverse=True)
-    survivors = {dv["metadata"]["name"] for dv in done[: max(keep - 1, 0)]}
+def last_use(obj: Mapping[str, Any]) -> str:
+    return str(((obj.get("metadata") or {}).get("annotations") or {}).get(ANN_LAST_USE_TIME) or "")
+
+
+def beyond_keep(sources: Sequence[Mapping[str, Any]], current: str, keep: int) -> list[str]:
+    """CDI's ``garbageCollectPVCs`` / ``garbageCollectSnapshots``: of the cron's claims (or
+    snapshots), the ones beyond ``keep`` when sorted by ``lastUseTime``, most recent first.
+    Unlike CDI, ``current`` (what the DataSource serves) always stays: with
+    ``importsToKeep: 0`` CDI's code deletes it too, and its next reconcile imports the same
+    digest again."""
+    names = [str(o["metadata"]["name"]) for o in sources]
+    if len(names) <= keep:
+        return []
+    ordered = sorted(sources, key=last_use, reverse=True)
+    rest = [str(o["metadata"]["name"]) for o in ordered if o["metadata"]["name"] != current]
+    kept = max(keep - (1 if current in names else 0), 0)
+    return sorted(rest[kept:])
+
+
+def unfinished(imports: Sequence[Mapping[str, Any]], current: str) -> list[str]:
+    """The cron's other import DataVolumes that never succeeded (a digest superseded while it
+    was importing, a failed import): deleted once ``current`` succeeded (CDI deletes a failed
+    one when the digest moves on, ``deleteErroneousDataVolume``)."""
     return sorted(
-        dv["metadata"]["name"] for dv in others if dv["metadata"]["name"] not in survivors
+        str(dv["metadata"]["name"])
+        for dv in imports
+        if dv["metadata"]["name"] != current
+        and (dv.get("status") or {}).get("phase") != "Succeeded"
     )
 
 
 NO_IMPORT: Condition = (False, "NoImport", "No current import")
+UP_TO_DATE: Condition = (True, "UpToDate", "Latest import is up to date")
+OUTDATED: Condition = (False, "Outdated", "Source digest updated since last import")
+IMPORTING: Condition = (False, "ImportProgressing", "Import is progressing")
+SNAPSHOTTING: Condition = (False, "ImportProgressing", "Snapshot of imported data is progressing")
+NOT_AUTHORIZED: Condition = (False, "NotAuthorized", "Not authorized to create DataVolume")
+
+
+def import_progressing(phase: str) -> Condition:
+    """``Progressing`` from the import DataVolume's phase, as CDI words it."""
+    if phase == "ImportScheduled":
+        return (False, "ImportScheduled", "Import is scheduled")
+    if phase == "ImportInProgress":
+        return (True, "ImportProgressing", "Import is progressing")
+    shown = phase or "Pending"
+    return (False, shown, f"Import DataVolume phase {shown}")
+
+
+def import_up_to_date(digest: str, imports: Sequence[Mapping[str, Any]]) -> Condition:
+    """``UpToDate`` while an import runs: ``Outdated`` when the desired digest is not the one
+    ``currentImports`` shows yet (CDI's ``digestUpdated``), else ``ImportProgressing``."""
+    current = str((imports[0] if imports else {}).get("Digest") or "")
+    return OUTDATED if digest != current else IMPORTING
 
 
 def cron_conditions(

@@ -278,7 +278,9 @@ class Manager:
                 )
                 for name, populator in self.populators.items()
             ),
-            Controller("dataimportcron", crons.reconcile, dataimportcron.WATCHES),
+            Controller(
+                "dataimportcron", crons.reconcile, dataimportcron.watches(i[DATAIMPORTCRONS])
+            ),
             Controller(
                 "storageprofile", profiles.reconcile, storageprofile.watches(i[STORAGE_CLASSES])
             ),

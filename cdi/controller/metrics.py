@@ -15,8 +15,9 @@ Two kinds, kept apart so nothing in a reconciler holds metric state:
   ``kubevirt_cdi_clone_progress_total``     same, while cloning
   ``kubevirt_cdi_upload_progress_total``    same, while uploading (not a CDI name)
   ``kubevirt_cdi_dataimportcron_outdated``  1 per DataImportCron whose ``UpToDate`` is False,
-                                            else 0; labels ns, cron_name, pending ("true":
-                                            it cannot import for want of a storage class)
+                                            else 0; labels namespace (CDI's since 1.64, was
+                                            ns), cron_name, pending ("true": it cannot
+                                            import for want of a storage class)
   ``kubevirt_cdi_{import,upload,clone}_pods_high_restart``  DataVolumes of that kind whose
                                             worker restarted more than 3 times (CDI derives
                                             these from kube-state-metrics in recording rules;
@@ -200,7 +201,7 @@ class ClusterCollector(Collector):
         outdated = GaugeMetricFamily(
             "kubevirt_cdi_dataimportcron_outdated",
             "DataImportCron has an outdated import",
-            labels=["ns", "cron_name", "pending"],
+            labels=["namespace", "cron_name", "pending"],
         )
         default_class = self._default_class()
         for cron in self.sources.dataimportcrons.items():

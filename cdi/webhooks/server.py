@@ -130,7 +130,10 @@ def validate_cron_review(request: Mapping[str, Any]) -> dict[str, Any]:
     if request.get("operation") not in ("CREATE", "UPDATE"):
         return review_response(uid, allowed=True)
     old = request.get("oldObject") if request.get("operation") == "UPDATE" else None
-    return verdict_response(uid, validate_dataimportcron(request.get("object") or {}, old))
+    namespace = str(request.get("namespace") or "")
+    return verdict_response(
+        uid, validate_dataimportcron(request.get("object") or {}, old, namespace)
+    )
 
 
 def populator_review(request: Mapping[str, Any]) -> dict[str, Any]:

@@ -198,8 +198,8 @@ def test_a_healthy_cluster_raises_no_alert(tmp_path: Path) -> None:
 def test_each_trouble_raises_its_alert(tmp_path: Path) -> None:
     text = exposition(TROUBLED)
     assert (
-        'kubevirt_cdi_dataimportcron_outdated{cron_name="nowhere",ns="golden",pending="true"} 1.0'
-        in text
+        'kubevirt_cdi_dataimportcron_outdated{cron_name="nowhere",namespace="golden",'
+        'pending="true"} 1.0' in text
     )
     alerts = {
         "CDINotReady": [expected("CDINotReady", {}, 0)],
@@ -209,7 +209,7 @@ def test_each_trouble_raises_its_alert(tmp_path: Path) -> None:
         ],
         # "nowhere" waits for a default class: pending, not outdated
         "CDIDataImportCronOutdated": [
-            expected("CDIDataImportCronOutdated", {"ns": "golden", "cron_name": "fedora"}, 1)
+            expected("CDIDataImportCronOutdated", {"namespace": "golden", "cron_name": "fedora"}, 1)
         ],
         # an import and a clone: one alert, counting both
         "CDIDataVolumeUnusualRestartCount": [expected("CDIDataVolumeUnusualRestartCount", {}, 2)],

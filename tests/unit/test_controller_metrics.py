@@ -207,3 +207,28 @@ def test_only_a_bearer_token_is_taken_from_the_header(
     header: str | None, token: str | None
 ) -> None:
     assert bearer_token(header) == token
+
+
+def test_the_outdated_cron_metric_uses_cdis_labels() -> None:
+    from cdi.controller.metrics import cron_view
+
+    def cron(name: str, up_to_date: str, cls: str | None) -> dict[str, Any]:
+        storage = {"storageClassName": cls} if cls else {}
+        return cron_view({
+            "metadata": {"name": name, "namespace": "golden"},
+            "spec": {"template": {"spec": {"storage": storage}}},
+            "status": {"conditions": [{"type": "UpToDate", "status": up_to_date}]},
+        })  # fmt: skip
+
+    crons = DictStore(cron("fresh", "True", None), cron("stale", "False", "local"),
+                      cron("waiting", "False", None))  # fmt: skip
+    m = ControllerMetrics(Sources(DictStore(), DictStore(sc("local")), DictStore(), crons))
+    got = samples(m)
+
+    def value(name: str, pending: str) -> float:
+        labels = (("cron_name", name), ("namespace", "golden"), ("pending", pending))
+        return got[("kubevirt_cdi_dataimportcron_outdated", labels)]
+
+    assert value("fresh", "false") == 0.0
+    assert value("stale", "false") == 1.0  # names its class: outdated, not pending
+    assert value("waiting", "true") == 1.0  # no class named, no default class: pending

@@ -414,7 +414,7 @@ def test_http_and_stream_crons_are_admitted(source: dict[str, Any], extra: dict[
         (
             {"stream": STREAM["stream"], "http": {"url": "http://h/d"}},
             {},
-            "DataImportCron source must be exactly one of registry, http, stream",
+            "DataImportCron source must be exactly one of registry, pvc, http, stream",
         ),
     ],
 )

@@ -161,12 +161,27 @@ def test_an_upload_target_claim_and_its_server_wake_the_upload_loop() -> None:
 
 def test_a_cron_is_woken_by_itself_and_what_carries_its_label() -> None:
     labelled = obj("import-1", labels={LABEL_CRON: "nightly"})
-    for kind in (DATAVOLUMES, PODS, DATA_SOURCES):
+    for kind in (DATAVOLUMES, PODS, DATA_SOURCES, PVCS, VOLUME_SNAPSHOTS):
         assert dataimportcron.WATCHES.requests(kind, labelled) == [Request("ns/nightly")]
         assert dataimportcron.WATCHES.requests(kind, obj("unlabelled")) == []
     assert dataimportcron.WATCHES.requests(DATAIMPORTCRONS, obj("nightly")) == [
         Request("ns/nightly")
     ]
+
+
+def test_a_profile_or_class_wakes_the_crons_importing_into_it_or_the_default() -> None:
+    def cron(name: str, cls: str | None) -> JSON:
+        return {**obj(name), "spec": {"storageClassName": cls}}  # as metrics.cron_view keeps it
+
+    declared = dataimportcron.watches(Listed(cron("fast-cron", "fast"), cron("any", None),
+                                             cron("slow-cron", "slow")))  # fmt: skip
+    assert declared.requests(STORAGE_PROFILES, obj("fast", ns=None)) == [
+        Request("ns/fast-cron"),
+        Request("ns/any"),
+    ]
+    assert declared.requests(STORAGE_CLASSES, obj("any-class", ns=None)) == [Request("ns/any")]
+    labelled = obj("import-1", labels={LABEL_CRON: "nightly"})
+    assert declared.requests(VOLUME_SNAPSHOTS, labelled) == [Request("ns/nightly")]
 
 
 def test_a_profile_is_woken_by_its_class_and_every_profile_by_a_snapshot_class() -> None:
@@ -243,8 +258,8 @@ def test_one_informer_per_kind_shared_by_every_reconciler_that_watches_it(
     declared = watched(loop.controller.watches for loop in manager.loops.values())
     assert set(declared) <= set(kinds)
     claim_handlers = manager.informers[PVCS].handlers
-    # the DataVolume, upload, three populator and DataSource loops each hear claims
-    assert len(claim_handlers) == 6
+    # the DataVolume, upload, three populator, DataSource and DataImportCron loops hear claims
+    assert len(claim_handlers) == 7
     started = set(i.resource for i in manager.informers.started_here())
     assert started == set(kinds) - {VOLUME_SNAPSHOTS, VOLUME_SNAPSHOT_CLASSES}
 
