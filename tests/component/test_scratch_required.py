@@ -85,3 +85,21 @@ async def test_disordered_qcow2_asks_only_past_the_memory_spill_and_then_imports
     with open(loopdev, "rb") as dev:
         assert dev.read(40 * MiB) == reference.read_bytes()
     assert not list(scratch.iterdir()), "scratch left behind"
+
+
+async def test_vhdx_into_block_with_scratch_matches_qemu_img(
+    images: ImageFactory, server: Server, loopdev: str, tmp_path: Path
+) -> None:
+    """With scratch space (the scratch claim) the staged vhdx is converted onto the device: the
+    target is reopened as the block device it is, not as a file (it used to fail there)."""
+    image = images.make("vhdx")
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    result = await import_url(
+        server.link("ok", image.path), loopdev, block=True, scratch_dir=str(scratch)
+    )
+    assert result.succeeded and result.scratch_used, result
+    reference = image.reference.read_bytes()
+    with open(loopdev, "rb") as dev:
+        assert dev.read(len(reference)) == reference
+    assert not list(scratch.iterdir()), "scratch left behind"
