@@ -113,7 +113,7 @@ def test_vhdx_into_block_volume_gets_a_scratch_claim_that_goes_afterwards(
         storage_class="testkit-block",
         mode="Block",
     )
-    dv, claims, bound_reasons = import_watching_claims(kube, namespace, manifest)
+    dv, claims, _ = import_watching_claims(kube, namespace, manifest)
     assert dv["status"]["phase"] == "Succeeded", dv["status"]
     assert dv["status"].get("restartCount", 0) == 0  # the scratch dance is not a failed attempt
     assert set(claims) == {"vhdx", "vhdx-scratch"}, sorted(claims)
