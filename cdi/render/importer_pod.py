@@ -61,6 +61,7 @@ these environment variables (CDI's names, ``cdi.api.constants.ImporterEnv``):
 ``CACHE_MODE``                     "TRYNONE": try O_DIRECT (set after an OOM kill)
 ``IMPORTER_METRICS_ADDR``          metrics bind address: the pod IP (downward API), when asked
 ``IMPORTER_METRICS_PORT``          metrics port, when not 8443
+``IMPORTER_GCS_ENDPOINT``          gcs: where gs:// URLs are read (controller --gcs-endpoint)
 ``IMPORTER_CHECKPOINT_ATTESTED``   "<offset>:<blake3>": the resume prefix the controller scraped
                                    from the previous attempt (not CDI; datapath.checkpoint)
 =================================  =================================================
@@ -160,6 +161,7 @@ class ImporterPodConfig(WorkerPod):
     proxy_auth_secret: str | None = None  # the per-import Secret of importProxy credentials
     direct_io: bool = False  # retry after an OOM kill with O_DIRECT
     checkpoint_attested: tuple[int, str] | None = None  # scraped from the previous attempt
+    gcs_endpoint: str | None = None  # the controller's --gcs-endpoint, for gs:// URLs
 
 
 def render_importer_pod(
@@ -307,6 +309,8 @@ def _env(
     ]
     if settings.cert_config_map:
         pairs.append((ImporterEnv.CERT_DIR, CERT_DIR))
+    if settings.source == IMPORT_SOURCE_GCS and config.gcs_endpoint:
+        pairs.append((ImporterEnv.GCS_ENDPOINT, config.gcs_endpoint))
     if settings.secret_ref and settings.source == IMPORT_SOURCE_GCS:
         credentials = f"{GOOGLE_CREDENTIALS_DIR}/{GOOGLE_CREDENTIALS_KEY}"
         pairs.append((ImporterEnv.GOOGLE_APPLICATION_CREDENTIALS, credentials))

@@ -559,3 +559,14 @@ def test_attempt_labels_and_metrics_are_inputs_of_the_final_pod() -> None:
 def test_default_metrics_add_no_environment() -> None:
     env = env_of(pod_for(storage()))
     assert "IMPORTER_METRICS_ADDR" not in env and "IMPORTER_METRICS_PORT" not in env
+
+
+def test_a_gcs_import_pod_gets_the_controllers_gcs_endpoint_and_others_do_not() -> None:
+    config = ImporterPodConfig(image="importer:dev", gcs_endpoint="http://10.0.0.5:4443")
+    gcs_spec = {**storage(), "source": {"gcs": {"url": "gs://b/disk.img"}}}
+    gcs = pod_for(gcs_spec, config=config)
+    assert env_of(gcs)["IMPORTER_GCS_ENDPOINT"] == "http://10.0.0.5:4443"
+    http = pod_for(storage(), config=config)
+    assert "IMPORTER_GCS_ENDPOINT" not in env_of(http)
+    plain = pod_for(gcs_spec)
+    assert "IMPORTER_GCS_ENDPOINT" not in env_of(plain)
