@@ -27,7 +27,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field, replace
 
 from cdi.api.constants import ContentType
-from cdi.api.errors import InvalidConfig, WorkerError
+from cdi.api.errors import InvalidConfig, ScratchSpaceRequired, WorkerError
 from cdi.api.termination import REASON_COMPLETED, TerminationMessage
 from datapath import qemu
 from datapath.checkpoint import Checkpoint
@@ -135,7 +135,8 @@ class Processor:
         except WorkerError as exc:
             self.progress.phase = "Failed"
             await asyncio.to_thread(self.files.discard, keep_for_resume=exc.transient)
-            return self._message(state, exc.reason, exc.message, started, exc.transient)
+            message = self._message(state, exc.reason, exc.message, started, exc.transient)
+            return replace(message, scratch_space_required=isinstance(exc, ScratchSpaceRequired))
         except BaseException:  # a bug or a cancellation: nothing may look complete either
             self.progress.phase = "Failed"
             self.files.discard(keep_for_resume=False)

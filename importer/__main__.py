@@ -7,6 +7,9 @@ a bad environment, a typed import failure, or a bug (``InternalError``, no excep
 static ``cdi-holder`` from this image into the shared emptyDir (``importer.holder``). In a
 node-pull pod the import itself holds the importer lock while it runs and says ``done`` at the
 end, however it ends, so the containerDisk container exits and the pod completes.
+
+With ``IMPORTER_SIZE_DETECTION_PATH`` set, the pod measures that image instead of importing
+(a clone's size detection, ``importer.size_detection``).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import os
 import sys
 from collections.abc import Iterator
 
+from cdi.api.constants import ImporterEnv
 from cdi.api.termination import TerminationMessage
 from importer.config import TERMINATION_PATH, from_env, node_pull_dir
 from importer.failure import guarded
@@ -29,12 +33,19 @@ from importer.holder import (
     signal_done,
 )
 from importer.runner import run_import, tune_process_memory
+from importer.size_detection import detect_size
 
 log = logging.getLogger("importer")
 
 
 async def _import(env: dict[str, str]) -> TerminationMessage:
     return await run_import(from_env(env))
+
+
+async def _measure(image: str, termination_path: str) -> TerminationMessage:
+    message = await detect_size(image)
+    message.write(termination_path)
+    return message
 
 
 @contextlib.contextmanager
@@ -78,8 +89,16 @@ def main(argv: list[str] | None = None) -> int:
     tune_process_memory()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     path = env.get("IMPORTER_TERMINATION_PATH", TERMINATION_PATH)
+    measured = env.get(ImporterEnv.SIZE_DETECTION_PATH)
+    if measured:  # a clone's size detection, not an import (importer/size_detection.py)
+        message = asyncio.run(guarded(lambda: _measure(measured, path), path, log))
+        return _report(message)
     with holder_session(node_pull_dir(env)):
         message = asyncio.run(guarded(lambda: _import(env), path, log))
+    return _report(message)
+
+
+def _report(message: TerminationMessage) -> int:
     print(message.to_json())
     if not message.succeeded:
         print(f"{message.reason}: {message.message}", file=sys.stderr)

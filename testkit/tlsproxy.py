@@ -2,7 +2,8 @@
 with TLS (a certificate of the test's private CA), opens CONNECT tunnels for ``https://``
 destinations and forwards absolute-form GET/HEAD requests for ``http://`` ones, one request per
 connection. It records what it was asked for (``tunnels``, ``forwarded``), so a test can tell
-an import went through it, or never reached it.
+an import went through it, or never reached it. With ``credentials`` ("user:password") it
+demands them as Basic ``Proxy-Authorization`` and answers 407 otherwise (``refused``).
 
 asyncio streams on a thread of their own; a refused handshake (the importer not trusting the
 certificate) is expected and not logged."""
@@ -10,6 +11,7 @@ certificate) is expected and not logged."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import ssl
 import threading
@@ -23,6 +25,9 @@ from testkit.registry import Tls
 class TlsForwardProxy:
     tls: Tls
     tunnels: list[str] = field(default_factory=list)  # CONNECT targets, host:port
+    # "user:password" the proxy demands (Basic, 407 otherwise); None: no authentication
+    credentials: str | None = None
+    refused: int = 0  # requests answered 407
     forwarded: list[str] = field(default_factory=list)  # absolute-form request lines
     port: int = 0
     _loop: asyncio.AbstractEventLoop | None = None
@@ -41,6 +46,16 @@ class TlsForwardProxy:
         with contextlib.suppress(OSError, RuntimeError):
             writer.close()
 
+    def _authorized(self, headers: bytes) -> bool:
+        assert self.credentials is not None
+        wanted = b"basic " + base64.b64encode(self.credentials.encode())
+        for line in headers.split(b"\r\n"):
+            name, _, value = line.partition(b":")
+            if name.strip().lower() == b"proxy-authorization":
+                scheme, _, token = value.strip().partition(b" ")
+                return scheme.lower() + b" " + token == wanted
+        return False
+
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             head = await reader.readuntil(b"\r\n\r\n")
@@ -49,6 +64,14 @@ class TlsForwardProxy:
             return
         line, _, rest = head.partition(b"\r\n")
         method, target, version = line.decode().split(" ", 2)
+        if self.credentials is not None and not self._authorized(rest):
+            self.refused += 1
+            writer.write(
+                b"HTTP/1.1 407 Proxy Authentication Required\r\n"
+                b'Proxy-Authenticate: Basic realm="testkit"\r\nContent-Length: 0\r\n\r\n'
+            )
+            writer.close()
+            return
         if method == "CONNECT":
             self.tunnels.append(target)
             host, port = target.rsplit(":", 1)

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from cdi.api.config import CDIConfig
 from cdi.api.types import DataVolume
 from cdi.controller.dataimportcron_desired import Cron, poller_pod
 from cdi.render.clone_pod import CloneSourcePod, client_secret_name, render_clone_source_pod
 from cdi.render.importer_pod import ImporterPodConfig, render_importer_pod
+from cdi.render.size_detection import render_size_detection_pod
 from cdi.render.upload_pod import UploadPodConfig, render_upload_pod
 from cdi.render.worker_pod import WorkerPod
 
@@ -113,10 +115,13 @@ def worker_pods(namespace: str) -> dict[str, dict[str, Any]]:
     pods = {
         "importer": render_importer_pod(datavolume_of(namespace, http_all), claim, entry),
         "importer-default-command": importer_pod(namespace),
-        "importer-block": render_importer_pod(  # its /scratch emptyDir, with a sizeLimit
+        "importer-block": render_importer_pod(  # the /scratch emptyDir fallback, sizeLimit
             datavolume_of(namespace, HTTP_SOURCE),
             claim_of(namespace, "disk", "Block"),
-            ImporterPodConfig(image=IMPORTER_IMAGE, command=()),
+            ImporterPodConfig(image=IMPORTER_IMAGE, command=(), scratch_empty_dir=True),
+        ),
+        "size-detection": render_size_detection_pod(
+            source, datavolume_of(namespace, {}), CDIConfig(), IMPORTER_IMAGE
         ),
         "node-pull": render_importer_pod(datavolume_of(namespace, NODE_PULL_SOURCE), claim, entry),
         "poller": poller_pod(cron, entry),

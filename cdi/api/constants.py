@@ -352,6 +352,14 @@ class ImporterEnv(StrEnum):
     POLL_CHECKSUM_FILE = "IMPORTER_POLL_CHECKSUM_FILE"
     POLL_STREAM_ARCHITECTURE = "IMPORTER_POLL_STREAM_ARCHITECTURE"
     POLL_STREAM_ARTIFACT = "IMPORTER_POLL_STREAM_ARTIFACT"
+    # Not CDI's variable (CDI runs /usr/bin/cdi-image-size-detection -image-path ...): the
+    # importer measures this image's virtual size instead of importing (clone size detection,
+    # importer/size_detection.py); args are not the controller's to set (admission policy N9).
+    SIZE_DETECTION_PATH = "IMPORTER_SIZE_DETECTION_PATH"
+    # Not CDI: where gs:// URLs are read from (the controller's --gcs-endpoint: a private GCS
+    # endpoint or an emulator; unset: storage.googleapis.com). Google's libraries read
+    # STORAGE_EMULATOR_HOST, which the importer also takes (a CLI user's); this one wins.
+    GCS_ENDPOINT = "IMPORTER_GCS_ENDPOINT"
 
 
 IMPORTER_EXTRA_HEADER_PREFIX: Final = "IMPORTER_EXTRA_HEADER_"  # + index: "Name: value"

@@ -70,6 +70,18 @@ class InsufficientSpace(WorkerError):
     reason = "InsufficientSpace"
 
 
+class ScratchSpaceRequired(WorkerError):
+    """The source must be staged (vhd/vhdx for qemu-img, an image too disordered to stream)
+    and the worker has no writable scratch space: a block target has no folder of its own
+    and the root filesystem is read-only. Not the import's failure: the controller records
+    CDI's ``requiresScratch`` and gives the next pod a ``<pvc>-scratch`` claim (CDI's
+    ``ErrRequiresScratchSpace`` and ``scratchSpaceRequired``). A pod that had scratch space
+    and still says so fails with this reason (never an endless loop)."""
+
+    reason = "Scratch space required"  # CDI's Running condition reason, verbatim
+    transient = False
+
+
 class InvalidConfig(WorkerError):
     """The worker was started with configuration it cannot act on."""
 
@@ -125,6 +137,7 @@ ALL_ERRORS: tuple[type[WorkerError], ...] = (
     UnsafeImage,
     InvalidImage,
     InsufficientSpace,
+    ScratchSpaceRequired,
     InvalidConfig,
     TargetError,
     NoValidator,

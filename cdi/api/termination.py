@@ -31,6 +31,9 @@ class TerminationMessage:
     duration_seconds: float = 0.0
     scratch_used: bool = False
     scratch_bytes: int = 0  # bytes staged on scratch space (qemu-img input, out-of-order data)
+    # CDI's ``scratchSpaceRequired``: the source needs staging and this pod had no scratch
+    # space (reason ``Scratch space required``); the controller's next pod gets a scratch claim.
+    scratch_space_required: bool = False
     resumed_from: int = 0  # source offset an interrupted import continued from (0: fresh)
     preallocation_applied: bool = False
     labels: dict[str, str] = field(default_factory=dict)

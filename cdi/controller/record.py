@@ -30,6 +30,7 @@ from cdi.api.constants import (
     ANN_IMPORT_POD_NAME,
     ANN_POD_PHASE,
     ANN_POD_RESTARTS,
+    ANN_REQUIRES_SCRATCH,
 )
 from cdi.controller.seal import Seal, object_uid
 
@@ -43,6 +44,7 @@ ANN_BYTES_WRITTEN = "cdi.kubevirt.io/storage.import.bytesWritten"
 ANN_SEALED_RECORD = "cdi.kubevirt.io/storage.import.sealedRecord"
 SEAL_PURPOSE = "import-record"
 
+_LATER = frozenset({"requires_scratch"})  # record fields added after records were sealed
 OUTCOME_SUCCEEDED = "Succeeded"
 OUTCOME_FAILED = "Failed"
 
@@ -55,6 +57,9 @@ class ClaimRecord:
     message: str | None = None
     pod_name: str | None = None
     pod_uid: str | None = None  # of the pod the controller created for the current attempt
+    # CDI's ``storage.import.requiresScratch``: an importer pod without scratch space said the
+    # source needs some; every later pod of this claim gets a scratch claim (cdi.render.scratch)
+    requires_scratch: bool = False
 
     @property
     def done(self) -> bool:
@@ -77,6 +82,7 @@ class ClaimRecord:
             message=ann.get(ANN_RUNNING_MESSAGE) or None,
             pod_name=ann.get(ANN_IMPORT_POD_NAME) or None,
             pod_uid=ann.get(ANN_IMPORT_POD_UID) or None,
+            requires_scratch=ann.get(ANN_REQUIRES_SCRATCH) == "true",
         )
 
     def annotations(self) -> dict[str, str | None]:
@@ -89,6 +95,7 @@ class ClaimRecord:
             ANN_RUNNING_MESSAGE: self.message,
             ANN_IMPORT_POD_NAME: self.pod_name,
             ANN_IMPORT_POD_UID: self.pod_uid,
+            ANN_REQUIRES_SCRATCH: "true" if self.requires_scratch else None,
         }
 
     def differs_from(self, pvc: Mapping[str, Any] | None) -> bool:
@@ -106,7 +113,8 @@ class ClaimRecord:
         except ValueError:
             return None
         names = {f.name for f in fields(cls)}
-        if not isinstance(raw, dict) or set(raw) != names:
+        # a record sealed before ``requires_scratch`` existed lacks only that key
+        if not isinstance(raw, dict) or not (names - _LATER) <= set(raw) <= names:
             return None
         try:
             return cls(**raw)

@@ -91,6 +91,7 @@ class View:
     progress: Progress | None = None  # fresh reading, when the pod is running
     retry_in: float | None = None  # seconds until the next attempt's pod is created
     pod_problem: tuple[str, str] | None = None  # (reason, message): why the pod is stuck
+    creating_scratch: bool = False  # the import's scratch claim is not bound yet (CDI's words)
     max_attempts: int = 1
 
 
@@ -120,6 +121,9 @@ def _bound(v: View) -> Condition:
         return _cond(ConditionType.BOUND, False, v.problem.reason, v.problem.message)
     if v.pvc_phase is None:
         return _cond(ConditionType.BOUND, False, ConditionReason.NOT_FOUND, "No PVC found")
+    if v.creating_scratch:  # CDI overrides the Bound condition so while scratch is made
+        reason, message = ConditionReason.CREATING_SCRATCH_SPACE, "Creating scratch space"
+        return _cond(ConditionType.BOUND, False, reason, message)
     if v.pvc_phase == "Bound":
         return _cond(ConditionType.BOUND, True, ConditionReason.BOUND, f"PVC {name} Bound")
     if v.pvc_phase == "Lost":

@@ -7,6 +7,12 @@ tenant with ``edit``, who may read Secrets and exec into pods. So the password s
 importer's proxy userinfo is a ticket (``cdi.importproxy.ticket``) worth only GET, HEAD and
 CONNECT through the proxy until it expires.
 
+The upstream may be an ``http://`` proxy or an ``https://`` one (``Upstream.tls``): then the
+relay's leg to it is TLS, verified against the system's CAs and the operator's
+``trustedCAProxy`` bundle, and a CONNECT tunnel's destination TLS (the importer's) runs inside
+it; the importer itself still speaks plain HTTP to the relay, so no TLS-in-TLS is needed on
+either side.
+
 One request per connection, as an HTTP/1.1 forward proxy sees it from the importer
 (``importer/sources/http_client.py``): ``GET``/``HEAD`` of an absolute ``http://`` URL (the
 importer's ``http_proxy``), or ``CONNECT host:port`` for https (its ``https_proxy``). The relay
@@ -29,9 +35,10 @@ import base64
 import binascii
 import contextlib
 import logging
+import ssl
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from cdi.importproxy.ticket import Ticket, TicketRefused, check
 from wire.connlimit import AddressSlots
@@ -46,11 +53,14 @@ _PIECE = 256 * 1024
 
 @dataclass(frozen=True)
 class Upstream:
-    """The operator's proxy: address and the ``Proxy-Authorization`` value it wants."""
+    """The operator's proxy: address, the ``Proxy-Authorization`` value it wants, and for an
+    ``https://`` proxy the TLS context its certificate is verified with (the system's CAs plus
+    CDIConfig ``importProxy.trustedCAProxy``, ``serve.py``)."""
 
     host: str
     port: int
-    authorization: str | None = None
+    authorization: str | None = field(default=None, repr=False)  # never in a log line
+    tls: ssl.SSLContext | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -244,11 +254,26 @@ class ImportProxyRelay:
         request = await self._head(reader)
         ticket = ticket_of(request, self.key, self.clock())
         upstream = _upstream_for(request, await self.upstreams())
+        tls = upstream.tls
         try:
             up_reader, up_writer = await asyncio.wait_for(
-                asyncio.open_connection(upstream.host, upstream.port, limit=_PIECE),
+                asyncio.open_connection(
+                    upstream.host,
+                    upstream.port,
+                    limit=_PIECE,
+                    ssl=tls,
+                    server_hostname=upstream.host if tls is not None else None,
+                ),
                 self.config.connect_timeout,
             )
+        except ssl.SSLError as exc:  # the proxy's certificate: not trusted, wrong name ...
+            log.warning(
+                "upstream proxy %s:%d: TLS failed (%s); is its CA in importProxy.trustedCAProxy?",
+                upstream.host,
+                upstream.port,
+                exc.reason or type(exc).__name__,
+            )
+            raise Refusal(502, "Bad Gateway") from None
         except (OSError, TimeoutError):
             log.warning("upstream proxy %s:%d unreachable", upstream.host, upstream.port)
             raise Refusal(502, "Bad Gateway") from None

@@ -4,8 +4,10 @@ The upstream proxies are CDIConfig ``config``'s ``importProxy`` (the status the 
 reconciler keeps, else the spec: what the controller renders importer pods from), read again
 when older than ``refresh`` seconds so an operator's change reaches new connections soon; the
 ticket key is Secret ``cdi-import-proxy-key`` (``cdi.kube.shared_key``: whichever of the
-controller and the relay starts first makes it). Read access to CDIConfig and that one Secret
-is all the relay's ServiceAccount has (``deploy/60-import-proxy.yaml``).
+controller and the relay starts first makes it). An ``https://`` proxy's certificate is
+verified with the system's CAs plus the ConfigMap CDIConfig ``importProxy.trustedCAProxy``
+names in the relay's namespace. Read access to CDIConfig, that one Secret and the ConfigMaps of
+``cdi`` is all the relay's ServiceAccount has (``deploy/60-import-proxy.yaml``).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import logging
+import ssl
 import time
 from dataclasses import dataclass, field
 from urllib.parse import unquote, urlsplit
@@ -20,7 +23,7 @@ from urllib.parse import unquote, urlsplit
 from cdi.api.config import CDIConfig
 from cdi.api.constants import CDICONFIG_NAME
 from cdi.importproxy.relay import ImportProxyRelay, RelayConfig, Upstream, Upstreams
-from cdi.kube.client import CDI_CONFIGS, Kube
+from cdi.kube.client import CDI_CONFIGS, CONFIG_MAPS, Kube
 from cdi.kube.errors import KubeError
 from cdi.kube.shared_key import ensure_shared_key
 from cdi.lifecycle import run_until_stopped
@@ -39,28 +42,39 @@ class ImportProxyServeConfig:
     relay: RelayConfig = field(default_factory=RelayConfig)
 
 
-def upstream(url: str | None) -> Upstream | None:
-    """An ``http://[user:pass@]host:port`` proxy URL as the relay dials it (the importer
-    supports only http:// proxies, and so does the relay)."""
+def upstream(url: str | None, trusted_ca: str | None = None) -> Upstream | None:
+    """An ``http://`` or ``https://`` ``[user:pass@]host:port`` proxy URL as the relay dials
+    it. An https proxy's certificate is verified against the system's CAs plus ``trusted_ca``
+    (PEM: CDIConfig ``importProxy.trustedCAProxy``'s bundle); the credentials are only ever in
+    the ``Proxy-Authorization`` value, never in a message."""
     if not url:
         return None
     parts = urlsplit(url if "://" in url else f"http://{url}")
-    if parts.scheme != "http" or not parts.hostname:
-        log.warning("importProxy: only http:// proxies are supported; ignored")
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        log.warning("importProxy: only http:// and https:// proxies are supported; ignored")
         return None
     auth = None
     if parts.username is not None:
         pair = f"{unquote(parts.username)}:{unquote(parts.password or '')}"
         auth = "Basic " + base64.b64encode(pair.encode()).decode("ascii")
-    return Upstream(parts.hostname, parts.port or 80, auth)
+    tls = None
+    if parts.scheme == "https":
+        tls = ssl.create_default_context()
+        if trusted_ca:
+            try:
+                tls.load_verify_locations(cadata=trusted_ca)
+            except (ssl.SSLError, ValueError):
+                log.warning("importProxy.trustedCAProxy holds no usable certificate; ignored")
+    default_port = 443 if parts.scheme == "https" else 80
+    return Upstream(parts.hostname, parts.port or default_port, auth, tls)
 
 
 class CDIConfigUpstreams:
     """The upstream proxies from CDIConfig, re-read when older than ``refresh`` seconds (1 s
     while there are none); the last good answer is kept while the API server cannot be read."""
 
-    def __init__(self, kube: Kube, refresh: float) -> None:
-        self.kube, self.refresh = kube, refresh
+    def __init__(self, kube: Kube, refresh: float, namespace: str = "cdi") -> None:
+        self.kube, self.refresh, self.namespace = kube, refresh, namespace
         self.value, self.read_at = Upstreams(), float("-inf")
         self._lock = asyncio.Lock()
 
@@ -69,7 +83,18 @@ class CDIConfigUpstreams:
         proxy = CDIConfig.from_dict(found or {}).import_proxy
         if proxy is None:
             return Upstreams()
-        return Upstreams(upstream(proxy.http_proxy), upstream(proxy.https_proxy))
+        ca = self._trusted_ca(proxy.trusted_ca_proxy)
+        return Upstreams(upstream(proxy.http_proxy, ca), upstream(proxy.https_proxy, ca))
+
+    def _trusted_ca(self, name: str | None) -> str | None:
+        """The PEM bundle of ConfigMap ``name`` in the relay's namespace (CDI's
+        ``trustedCAProxy``: every value, as the importer reads the copy it mounts)."""
+        if not name:
+            return None
+        found = self.kube.get_or_none(CONFIG_MAPS, name, self.namespace)
+        data = (found or {}).get("data") or {}
+        bundle = "\n".join(str(v) for v in data.values() if "-----BEGIN" in str(v))
+        return bundle or None
 
     async def __call__(self) -> Upstreams:
         async with self._lock:
@@ -86,7 +111,8 @@ class CDIConfigUpstreams:
 
 async def serve_import_proxy(kube: Kube, config: ImportProxyServeConfig) -> None:
     key = await asyncio.to_thread(ensure_shared_key, kube, config.namespace, config.key_secret)
-    relay = ImportProxyRelay(key, CDIConfigUpstreams(kube, config.refresh), config.relay)
+    upstreams = CDIConfigUpstreams(kube, config.refresh, config.namespace)
+    relay = ImportProxyRelay(key, upstreams, config.relay)
     port = await relay.start(config.host, config.port)
     log.info("relaying on %s:%d", config.host, port)
 

@@ -41,11 +41,12 @@ DataVolume gives no size (issue 27; CDI ``detectCloneSize``): CDI runs a size-de
 (``cdi.Kubervirt.io/virtualSize`` with ``cdi.Kubervirt.io/sourceCapacity``, CDI's spelling),
 then asks for that size, inflated by the *target* class's overhead for a filesystem target
 (``InflateSizeWithOverhead``), and marks the clone permissive when the source's claim is the
-bigger one (different overheads, or a block target). Here no pod runs: ``content_size`` is
-the size the importer and the upload server grow ``disk.img`` to, the source's usable space
-(what the size rule above measures, and never less than the image), or CDI's cached answer
-when the claim carries one for its current capacity (a claim CDI measured), capped at that
-usable space. Other strategies (CSI clone, snapshot: the copy must be at least the source's
+bigger one (different overheads, or a block target). So do we: the size-detection pod
+(``cdi.render.size_detection``, run by ``cdi.controller.flavours.clone.sizing``) measures the
+image unless the claim carries the cache for its current capacity; ``content_size`` is that
+answer, capped at the source's usable space (what the importer and the upload server grow
+``disk.img`` to, and what the size rule above measures). A measurement that failed falls back
+to that usable space. Other strategies (CSI clone, snapshot: the copy must be at least the source's
 size) and other sources (block, archive) keep the source's request, as CDI takes the source's
 capacity.
 """
@@ -207,13 +208,18 @@ def content_size(source: Mapping[str, Any], source_overhead: float) -> int | Non
     if src is None:
         return None
     bound = usable_space(source_overhead, src)
+    measured = cached_virtual_size(source)
+    return bound if measured is None else min(measured, bound)
+
+
+def cached_virtual_size(source: Mapping[str, Any]) -> int | None:
+    """CDI's cached size-detection answer on the source claim, if it was measured at the
+    claim's current capacity (``getSizeFromAnnotations``); None: measure (again)."""
     ann = _annotations(source)
     capacity = ((source.get("status") or {}).get("capacity") or {}).get("storage")
     measured = quantity_bytes(ann.get(ANN_VIRTUAL_SIZE))
     same_capacity = capacity is not None and ann.get(ANN_SOURCE_CAPACITY) == str(capacity)
-    if measured is not None and measured > 0 and same_capacity:
-        return min(measured, bound)
-    return bound
+    return measured if measured is not None and measured > 0 and same_capacity else None
 
 
 def sized_from_content(

@@ -14,11 +14,11 @@ Shape, and why:
   filesystem with an emptyDir at ``/tmp``, no service-account token, no service links. (Block
   targets need the runtime's ``device_ownership_from_security_context``, as in CDI.)
 - The target: a Filesystem PVC mounted at ``/data`` (image written to ``/data/disk.img``), a
-  Block PVC as the device ``/dev/cdi-block-volume``; a scratch PVC at ``/scratch`` when the
-  controller asks for one, else, for a Block target, an emptyDir there (sized to the largest
-  image the claim can need): the root filesystem is read-only, and a qcow2, vmdk or vdi that
-  spills or is staged for ``qemu-img`` needs a writable folder (a filesystem target stages
-  beside ``disk.img`` on its own volume).
+  Block PVC as the device ``/dev/cdi-block-volume``. ``/scratch`` only once the importer
+  asked for it (``scratchSpaceRequired``, ``cdi.render.scratch``): CDI's ``<pvc>-scratch``
+  claim, or, when no storage class can be found for one, an emptyDir sized to the largest
+  image the claim can need. A first pod has none: a streamable image never needs it, and a
+  filesystem target stages beside ``disk.img`` on its own volume.
 - The termination message at ``/dev/termination-log`` (policy FallbackToLogsOnError); metrics on
   port 8443 named ``metrics``; resources from CDIConfig (CDI's defaults otherwise).
 - Registry ``pullMethod: node`` (CDI's shape, with a holder instead of CDI's HTTP server): the
@@ -61,6 +61,7 @@ these environment variables (CDI's names, ``cdi.api.constants.ImporterEnv``):
 ``CACHE_MODE``                     "TRYNONE": try O_DIRECT (set after an OOM kill)
 ``IMPORTER_METRICS_ADDR``          metrics bind address: the pod IP (downward API), when asked
 ``IMPORTER_METRICS_PORT``          metrics port, when not 8443
+``IMPORTER_GCS_ENDPOINT``          gcs: where gs:// URLs are read (controller --gcs-endpoint)
 ``IMPORTER_CHECKPOINT_ATTESTED``   "<offset>:<blake3>": the resume prefix the controller scraped
                                    from the previous attempt (not CDI; datapath.checkpoint)
 =================================  =================================================
@@ -155,10 +156,12 @@ class ImporterPodConfig(WorkerPod):
     command: tuple[str, ...] = ("python", "-m", "importer")
     cdi_config: CDIConfig = field(default_factory=CDIConfig)
     scratch_pvc_name: str | None = None  # set once the importer asked for scratch space
+    scratch_empty_dir: bool = False  # ... and no class for a scratch claim: the fallback
     proxy_ca_config_map: str | None = None  # the per-import copy of importProxy.trustedCAProxy
     proxy_auth_secret: str | None = None  # the per-import Secret of importProxy credentials
     direct_io: bool = False  # retry after an OOM kill with O_DIRECT
     checkpoint_attested: tuple[int, str] | None = None  # scraped from the previous attempt
+    gcs_endpoint: str | None = None  # the controller's --gcs-endpoint, for gs:// URLs
 
 
 def render_importer_pod(
@@ -306,6 +309,8 @@ def _env(
     ]
     if settings.cert_config_map:
         pairs.append((ImporterEnv.CERT_DIR, CERT_DIR))
+    if settings.source == IMPORT_SOURCE_GCS and config.gcs_endpoint:
+        pairs.append((ImporterEnv.GCS_ENDPOINT, config.gcs_endpoint))
     if settings.secret_ref and settings.source == IMPORT_SOURCE_GCS:
         credentials = f"{GOOGLE_CREDENTIALS_DIR}/{GOOGLE_CREDENTIALS_KEY}"
         pairs.append((ImporterEnv.GOOGLE_APPLICATION_CREDENTIALS, credentials))
@@ -365,7 +370,7 @@ def _mounts(
     mounts: list[dict[str, Any]] = [{"name": TMP_VOLUME, "mountPath": TMP_DIR}]
     if not block:
         mounts.append({"name": DATA_VOLUME, "mountPath": DATA_MOUNT_PATH})
-    if config.scratch_pvc_name or block:
+    if config.scratch_pvc_name or config.scratch_empty_dir:
         mounts.append({"name": SCRATCH_VOLUME, "mountPath": SCRATCH_MOUNT_PATH})
     if settings.cert_config_map:
         mounts.append({"name": CERT_VOLUME, "mountPath": CERT_DIR, "readOnly": True})
@@ -404,7 +409,7 @@ def _volumes(
     if config.scratch_pvc_name:
         scratch = {"claimName": config.scratch_pvc_name}
         volumes.append({"name": SCRATCH_VOLUME, "persistentVolumeClaim": scratch})
-    elif block:  # a filesystem target stages beside disk.img; a block one needs a folder
+    elif config.scratch_empty_dir:  # asked for, and no class for a claim (cdi.render.scratch)
         volumes.append(block_scratch_empty_dir(SCRATCH_VOLUME, pvc_spec))
     if settings.cert_config_map:
         volumes.append({"name": CERT_VOLUME, "configMap": {"name": settings.cert_config_map}})

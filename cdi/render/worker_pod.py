@@ -127,8 +127,10 @@ def block_scratch_empty_dir(name: str, pvc_spec: Mapping[str, Any]) -> dict[str,
     ``/scratch``. A block target has no folder of its own for an image staged for qemu-img,
     out-of-order data or the raw checkpoint, and the container's root filesystem is read-only.
     Its ``sizeLimit`` is the largest image file the claim can need (``scratch_ceiling``, the
-    same bound the worker enforces); it survives container restarts and goes with the pod, so
-    there is no scratch claim to delete (CDI uses a ``<pvc>-scratch`` claim instead)."""
+    same bound the worker enforces); it survives container restarts and goes with the pod.
+    The upload server's pod always has it; an importer's only as the fallback of CDI's
+    ``<pvc>-scratch`` claim when no storage class can be found for one
+    (``cdi.render.scratch``)."""
     size = ((pvc_spec.get("resources") or {}).get("requests") or {}).get("storage")
     try:
         capacity = math.ceil(parse_quantity(str(size))) if size else 0

@@ -41,7 +41,13 @@ from collections.abc import Callable, Iterable, Iterator
 from itertools import chain
 from types import TracebackType
 
-from cdi.api.errors import InsufficientSpace, InvalidImage, TargetError, UnsafeImage
+from cdi.api.errors import (
+    InsufficientSpace,
+    InvalidImage,
+    ScratchSpaceRequired,
+    TargetError,
+    UnsafeImage,
+)
 from datapath.decode.rawpieces import LayoutNotStreamable, Write, WriteCoalescer
 from datapath.target.nofollow import ensure_dir
 
@@ -364,10 +370,17 @@ def with_repaid(
     return chain(writes, repaid_writes(spill, virtual_size or 0))
 
 
+SCRATCH_REQUIRED_MESSAGE = "scratch space required and none found"  # CDI's words
+
+
 def scratch_error(exc: OSError) -> Exception:
+    """A failure to create or write scratch space, typed: full is ``InsufficientSpace``; no
+    writable folder at all (a block target's pod without a scratch volume: a read-only root)
+    is ``ScratchSpaceRequired``, which the controller answers with a scratch claim; anything
+    else is a (transient) ``TargetError``. Classified by errno, never by message text."""
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
         return InsufficientSpace(f"scratch space is full while spilling image data: {exc}")
     where = f" {exc.filename}" if exc.filename else ""
-    unwritable = exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOENT)
-    hint = " (no writable scratch volume mounted there?)" if unwritable else ""
-    return TargetError(f"scratch space{where}: {exc.strerror or exc}{hint}")
+    if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOENT):
+        return ScratchSpaceRequired(f"{SCRATCH_REQUIRED_MESSAGE} ({exc.strerror or exc}{where})")
+    return TargetError(f"scratch space{where}: {exc.strerror or exc}")

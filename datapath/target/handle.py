@@ -59,8 +59,12 @@ class TargetHandle:
         self.fd, self.capacity = await asyncio.to_thread(open_target, self.spec, truncate=truncate)
 
     async def reopen_existing(self) -> None:
-        """Open what another writer (qemu-img) left at the path, without truncating it."""
+        """Open what another writer (qemu-img) left at the path, without truncating it: the
+        block device itself (``open_target`` checks it is one), else the regular file."""
         self.close()
+        if self.spec.block:
+            self.fd, _ = await asyncio.to_thread(open_target, self.spec, truncate=False)
+            return
         self.fd = await asyncio.to_thread(open_regular, self.spec.path, os.O_WRONLY)
 
     def writer(self, *, direct: bool = False, zero_fill: bool | None = None) -> RawWriter:

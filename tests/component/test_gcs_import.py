@@ -85,6 +85,22 @@ async def test_a_public_object_imports_without_a_secret(
     assert len(gcs.tokens.granted) == granted  # anonymous: no token asked for
 
 
+async def test_the_controllers_gcs_endpoint_wins_over_storage_emulator_host(
+    gcs: GcsServer, images: ImageFactory, tmp_path: Path
+) -> None:
+    """``IMPORTER_GCS_ENDPOINT`` (the controller's ``--gcs-endpoint``) is where gs:// URLs are
+    read, whatever ``STORAGE_EMULATOR_HOST`` says (here: a port nothing listens on)."""
+    image = images.make("qcow2")
+    url = gcs.put(BUCKET, "endpoint/disk.qcow2", image.path)
+    assert url.startswith("gs://")
+    env = pod_env(gcs, url, tmp_path)
+    env["STORAGE_EMULATOR_HOST"] = "127.0.0.1:9"
+    env[ImporterEnv.GCS_ENDPOINT] = gcs.endpoint
+    result = await import_pod_env(env)
+    assert result.succeeded, result
+    assert same_content(tmp_path / "disk.img", image.reference)
+
+
 @pytest.mark.parametrize(("kind", "compression"), [("qcow2", None), ("raw", "gz")])
 async def test_a_service_account_key_gets_a_token_and_imports_identical_bytes(
     gcs: GcsServer, images: ImageFactory, tmp_path: Path, kind: str, compression: str | None

@@ -297,16 +297,20 @@ def test_block_import_pod_gets_the_device() -> None:
     assert env_of(pod)["FILESYSTEM_OVERHEAD"] == "0"
 
 
-def test_block_import_pod_stages_on_a_writable_scratch_volume_not_the_read_only_root() -> None:
-    """A qcow2 into a Block claim is staged or spills where the importer looks by default
-    (IMPORTER_SCRATCH_DIR unset); the root filesystem is read-only, so a volume must be there,
-    sized to the largest image the claim can need."""
+def test_block_import_pod_has_no_scratch_until_the_importer_asks_for_it() -> None:
+    """Issue 27: a first pod into a Block claim has no /scratch (a streamable image never needs
+    one; the read-only root makes the importer ask); once asked, the controller's scratch claim
+    is mounted, or the emptyDir fallback sized to the largest image the claim can need."""
     pod = pod_for(storage(volumeMode="Block"))  # 1Gi: Block claims get no overhead
     container = pod["spec"]["containers"][0]
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
     assert "IMPORTER_SCRATCH_DIR" not in env_of(pod)
-    mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
-    assert importer_config.SCRATCH_DIR in mounts
+    assert importer_config.SCRATCH_DIR not in {m["mountPath"] for m in container["volumeMounts"]}
+    assert "cdi-scratch-vol" not in {v["name"] for v in pod["spec"]["volumes"]}
+
+    fallback = ImporterPodConfig(image="importer:dev", scratch_empty_dir=True)
+    pod = pod_for(storage(volumeMode="Block"), config=fallback)
+    mounts = {m["mountPath"]: m for m in pod["spec"]["containers"][0]["volumeMounts"]}
     assert not mounts[importer_config.SCRATCH_DIR].get("readOnly")
     volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
     scratch = volumes[mounts[importer_config.SCRATCH_DIR]["name"]]
@@ -555,3 +559,14 @@ def test_attempt_labels_and_metrics_are_inputs_of_the_final_pod() -> None:
 def test_default_metrics_add_no_environment() -> None:
     env = env_of(pod_for(storage()))
     assert "IMPORTER_METRICS_ADDR" not in env and "IMPORTER_METRICS_PORT" not in env
+
+
+def test_a_gcs_import_pod_gets_the_controllers_gcs_endpoint_and_others_do_not() -> None:
+    config = ImporterPodConfig(image="importer:dev", gcs_endpoint="http://10.0.0.5:4443")
+    gcs_spec = {**storage(), "source": {"gcs": {"url": "gs://b/disk.img"}}}
+    gcs = pod_for(gcs_spec, config=config)
+    assert env_of(gcs)["IMPORTER_GCS_ENDPOINT"] == "http://10.0.0.5:4443"
+    http = pod_for(storage(), config=config)
+    assert "IMPORTER_GCS_ENDPOINT" not in env_of(http)
+    plain = pod_for(gcs_spec)
+    assert "IMPORTER_GCS_ENDPOINT" not in env_of(plain)

@@ -60,6 +60,7 @@ from cdi.controller.record import (
 )
 from cdi.controller.refusals import QUOTA_RETRY, refused_pod
 from cdi.controller.registry_result import result_patch, with_node_digest
+from cdi.controller.scratch import CREATING_MESSAGE, ScratchChoice, ScratchClaims
 from cdi.controller.status import ClaimProblem, FlavourPhases, View
 from cdi.controller.workerpod import assess, create_pod, pod_uid, remove_impostor
 from cdi.kube.client import PODS, PVCS
@@ -67,7 +68,7 @@ from cdi.kube.errors import Forbidden
 from cdi.kube.events import NORMAL, WARNING
 from cdi.kube.workqueue import Result
 from cdi.render import RenderError
-from cdi.render.importer_pod import ImporterPodConfig, render_importer_pod
+from cdi.render.importer_pod import SCRATCH_VOLUME, ImporterPodConfig, render_importer_pod
 from cdi.render.naming import importer_pod_name
 from cdi.render.worker_pod import Metrics
 
@@ -105,6 +106,7 @@ class ImportSettings:
     progress_interval: float = 2.0
     metrics: Metrics = field(default_factory=lambda: Metrics(on_pod_ip=True))
     relay: RelaySettings = field(default_factory=RelaySettings)  # credentialed importProxy
+    gcs_endpoint: str | None = None  # --gcs-endpoint: where gs:// URLs are read from
 
 
 def parse_time(text: str | None) -> float | None:
@@ -131,6 +133,7 @@ class ImportFlavour(FlavourDefaults):
         self.settings = settings
         self.relay = ProxyRelay(deps, settings.relay)
         self.proxy_ca = ProxyCA(deps, settings.relay.namespace)  # trustedCAProxy's namespace
+        self.scratch = ScratchClaims(deps)
         # PVC UID -> the last resume checkpoint scraped from its recorded importer pod: the
         # only resume point a later attempt may keep (datapath.checkpoint). In memory, so a
         # new leader has none and the next attempt restarts from byte 0 (safe, slower).
@@ -168,6 +171,10 @@ class ImportFlavour(FlavourDefaults):
         if outcome is None:
             view = dataclasses.replace(view, pod_problem=pod_problem(pod))
             if pod_phase != "Running":
+                if claim.record.requires_scratch and _has_scratch(pod):
+                    pending = await self.scratch.pending(claim)
+                    view = dataclasses.replace(view, creating_scratch=pending)
+                    return view, Result(requeue_after=1.0 if pending else None)
                 return view, Result()
             progress = await self._scrape(claim, pod)
             if progress is not None and progress.checkpoint is not None:
@@ -175,11 +182,37 @@ class ImportFlavour(FlavourDefaults):
             return dataclasses.replace(view, progress=progress), Result(
                 requeue_after=self.settings.progress_interval
             )
+        term = outcome.termination
+        if term is not None and term.scratch_space_required and not _has_scratch(pod):
+            return await self._needs_scratch(claim, view, pod, outcome)
         if outcome.termination is not None:  # node pull: the digest is the kubelet's
             outcome = dataclasses.replace(
                 outcome, termination=with_node_digest(outcome.termination, pod)
             )
         return await self._decide(claim, view, outcome, attempt)
+
+    async def _needs_scratch(
+        self, claim: Claim, view: View, pod: Mapping[str, Any], outcome: Outcome
+    ) -> tuple[View, Result]:
+        """CDI's scratch dance: a pod without scratch space said the source needs some. Not a
+        failed attempt: the record says ``requiresScratch``, the pod goes, and the attempt's
+        pod is made again with a scratch claim (``cdi.controller.scratch``)."""
+        record = dataclasses.replace(
+            claim.record, requires_scratch=True, reason=outcome.reason, message=outcome.message
+        )
+        await self._record(claim.pvc, record)
+        meta = pod.get("metadata") or {}
+        await self.deps.kube.delete_if_present(
+            PODS, str(meta.get("name")), claim.dv.namespace, uid=meta.get("uid")
+        )
+        view = dataclasses.replace(
+            view,
+            record=record,
+            pod_phase="Pending",
+            pod_problem=(ConditionReason.SCRATCH_SPACE_REQUIRED, CREATING_MESSAGE),
+            creating_scratch=True,
+        )
+        return view, Result(requeue_after=0.5)
 
     async def _decide(
         self, claim: Claim, view: View, outcome: Outcome, attempt: int
@@ -196,6 +229,8 @@ class ImportFlavour(FlavourDefaults):
         pvc = await self._record(claim.pvc, new)
         if decision != Decision.RETRY:
             self._attested.pop(self._claim_uid(claim), None)
+            if new.requires_scratch:  # the import has ended: its scratch claim goes
+                await self.scratch.release(claim)
         view = dataclasses.replace(view, record=new, pod_phase=None)
         if decision == Decision.RETRY:
             delay = policy.retry_delay(attempt + 1)
@@ -235,6 +270,12 @@ class ImportFlavour(FlavourDefaults):
             intent = dataclasses.replace(intent, pod_name=name, pod_uid=None)
         pvc = await self._record(claim.pvc, intent)
         try:
+            scratch = ScratchChoice()
+            if intent.requires_scratch:
+                scratch = await self.scratch.prepare(dataclasses.replace(claim, pvc=pvc))
+            if scratch.wait is not None:
+                view = dataclasses.replace(view, pod_phase="Pending", pod_problem=scratch.wait)
+                return view, Result(requeue_after=1.0)
             proxy_auth_secret, cdi_config = await self._proxy_auth_secret(claim)
             proxy_ca = await self.proxy_ca.copy_for(claim, cdi_config)
             config = ImporterPodConfig(
@@ -247,6 +288,9 @@ class ImportFlavour(FlavourDefaults):
                 proxy_auth_secret=proxy_auth_secret,
                 proxy_ca_config_map=proxy_ca,
                 checkpoint_attested=self._attested.get(self._claim_uid(claim)),
+                gcs_endpoint=settings.gcs_endpoint,
+                scratch_pvc_name=scratch.claim_name,
+                scratch_empty_dir=scratch.empty_dir,
             )
             pod = render_importer_pod(dv, pvc, config)
         except RenderError as exc:
@@ -406,6 +450,8 @@ class ImportFlavour(FlavourDefaults):
         pods stay for their logs until the DataVolume is deleted."""
         if claim.record.outcome != OUTCOME_SUCCEEDED:
             return
+        if claim.record.requires_scratch:
+            await self.scratch.release(claim)
         if claim.dv.annotations.get(ANN_RETAIN_AFTER_COMPLETION) == "true":
             return
         for name, pod in claim.pods.items():
@@ -413,3 +459,9 @@ class ImportFlavour(FlavourDefaults):
                 continue
             uid = pod["metadata"].get("uid")
             await self.deps.kube.delete_if_present(PODS, name, claim.dv.namespace, uid=uid)
+
+
+def _has_scratch(pod: Mapping[str, Any]) -> bool:
+    """The pod was given scratch space (a claim or the emptyDir fallback)."""
+    volumes = (pod.get("spec") or {}).get("volumes") or []
+    return any(v.get("name") == SCRATCH_VOLUME for v in volumes)

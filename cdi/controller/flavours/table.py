@@ -16,6 +16,7 @@ from __future__ import annotations
 from cdi.api.constants import SourceKind
 from cdi.controller.flavours import EXTERNAL, Flavour, FlavourDeps, FlavourTable, Unsupported
 from cdi.controller.flavours.clone import CloneFlavour
+from cdi.controller.flavours.clone.sizing import SizeSettings
 from cdi.controller.flavours.external import ExternalFlavour
 from cdi.controller.flavours.import_ import ImportFlavour, ImportSettings
 from cdi.controller.flavours.upload import UploadFlavour, UploadSettings
@@ -30,7 +31,8 @@ def standard_flavours(
     requester_key: bytes | None = None,
 ) -> FlavourTable:
     importer: Flavour = ImportFlavour(deps, import_settings)
-    cloner: Flavour = CloneFlavour(deps, requester_key, upload_settings)
+    sizing = SizeSettings(import_settings.image, import_settings.pull_policy)  # importer image
+    cloner: Flavour = CloneFlavour(deps, requester_key, upload_settings, sizing=sizing)
     return {
         SourceKind.HTTP: importer,
         SourceKind.S3: importer,

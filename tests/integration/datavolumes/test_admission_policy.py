@@ -156,6 +156,7 @@ def test_the_node_pull_container_may_not_ask_for_more(
         "importer",
         "importer-default-command",
         "importer-block",
+        "size-detection",
         "node-pull",
         "poller",
         "upload",

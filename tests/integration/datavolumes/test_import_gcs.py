@@ -2,8 +2,9 @@
 importer pod on the local node reading from a real GCS emulator on loopback (fake-gcs-server,
 ``testkit/gcsserver.py``) with a token the service account of the ``secretRef`` (its
 ``credentials.json``, mounted at ``/google`` as CDI does) got from a real OAuth token endpoint
-(``testkit.gcsserver.TokenServer``: fake-gcs-server has none). The URL is the https form with the
-emulator as its host, so the controller needs no emulator setting. The volume holds the image's
+(``testkit.gcsserver.TokenServer``: fake-gcs-server has none). The URL is mostly the https form
+with the emulator as its host; a ``gs://`` URL needs the controller's ``--gcs-endpoint`` (its
+test rolls the deployed controller out with it, and back). The volume holds the image's
 bytes; the key appears in no event, condition or pod. A VolumeImportSource reads a public
 object without a secret."""
 
@@ -19,6 +20,7 @@ import pytest
 from testkit.gcsserver import GcsServer, ServiceAccountKey
 from testkit.kubeclient import Kube
 from testkit.product import Product
+from testkit.waiting import wait_until
 from tests.integration.datavolumes.cdi_env import (
     Images,
     condition,
@@ -116,3 +118,55 @@ def test_a_volume_import_source_with_a_public_gcs_object_populates_the_claim(
     assert pvc["metadata"]["annotations"]["cdi.kubevirt.io/storage.pod.phase"] == "Succeeded"
     same_prefix_then_zeros(volume_dir(kube, namespace, "disk") / "disk.img", images.reference)
     assert len(gcs.tokens.granted) == granted
+
+
+def _controller_args(product: Product) -> list[str]:
+    deployment = product.kube.get("/apis/apps/v1/namespaces/cdi/deployments/cdi-controller")
+    return list(deployment["spec"]["template"]["spec"]["containers"][0]["args"])
+
+
+def _roll_controller(product: Product, args: list[str]) -> None:
+    """The deployed controller with ``args``, rolled out, a new pod leading."""
+    patch = [{"op": "replace", "path": "/spec/template/spec/containers/0/args", "value": args}]
+    product.kubectl(
+        "-n", "cdi", "patch", "deployment", "cdi-controller", "--type=json",
+        f"-p={json.dumps(patch)}",
+    )  # fmt: skip
+    product.kubectl(
+        "-n", "cdi", "rollout", "status", "deployment/cdi-controller", "--timeout=180s",
+        timeout=200,
+    )  # fmt: skip
+
+    def new_leader() -> bool:
+        pods = {p["metadata"]["name"] for p in product.pods("cdi-controller")
+                if p["spec"]["containers"][0]["args"] == args
+                and not p["metadata"].get("deletionTimestamp")}  # fmt: skip
+        return product.leader() in pods
+
+    wait_until(new_leader, "a controller with the new flags leading", 120)
+
+
+@pytest.fixture
+def gcs_endpoint_controller(product: Product, gcs: GcsServer) -> Iterator[Product]:
+    """The deployed controller rolled out with ``--gcs-endpoint`` (the emulator), and back."""
+    before = _controller_args(product)
+    _roll_controller(product, [*before, f"--gcs-endpoint={gcs.endpoint}"])
+    try:
+        yield product
+    finally:
+        _roll_controller(product, before)
+
+
+def test_a_gs_url_is_read_from_the_deployed_controllers_gcs_endpoint(
+    kube: Kube, namespace: str, gcs_endpoint_controller: Product, gcs: GcsServer, images: Images
+) -> None:
+    """``gs://bucket/object`` through the deployed controller: its ``--gcs-endpoint`` reaches
+    the importer pod (``IMPORTER_GCS_ENDPOINT``), which reads the object from there."""
+    url = gcs.put("golden", "gs-form/disk.qcow2", images.path("disk.qcow2"))
+    assert url.startswith("gs://golden/")
+    gcs_secret(kube, namespace, "gcs-key", gcs.credentials_json())
+    source = {"gcs": {"url": url, "secretRef": "gcs-key"}}
+    kube.create(dv_path(namespace), datavolume("fromgs", source, size="64Mi"))
+    dv = wait_phase(kube, namespace, "fromgs", ("Succeeded", "Failed"), 120)
+    assert dv["status"]["phase"] == "Succeeded", dv["status"]
+    same_prefix_then_zeros(volume_dir(kube, namespace, "fromgs") / "disk.img", images.reference)

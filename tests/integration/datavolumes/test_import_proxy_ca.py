@@ -9,8 +9,10 @@ the proxy nor the image server is asked for anything."""
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import http.server
+import json
 import ssl
 import threading
 from collections.abc import Iterator
@@ -209,3 +211,53 @@ def test_a_trusted_ca_proxy_that_names_no_configmap_waits_and_says_so(
     )
     dv = wait_phase(kube, namespace, "waits-for-ca", ("Succeeded", "Failed"), 180)
     assert dv["status"]["phase"] == "Succeeded", dv["status"]
+
+
+@pytest.fixture
+def auth_tls_proxy(tmp_path: Path) -> Iterator[TlsForwardProxy]:
+    tls = Tls.make(tmp_path / "proxy-tls", CertificateAuthority("private-proxy-ca"))
+    proxy = TlsForwardProxy(tls, credentials=f"{PROXY_USER}:{PROXY_PASSWORD}").start()
+    yield proxy
+    proxy.stop()
+
+
+PROXY_USER, PROXY_PASSWORD = "al@ice", "pw-SECRET-https"
+
+
+def test_an_https_proxy_with_credentials_is_reached_through_the_relay(
+    kube: Kube,
+    namespace: str,
+    controller: Product,
+    images: Images,
+    https_images: HttpsImages,
+    auth_tls_proxy: TlsForwardProxy,
+    proxy_config: None,
+) -> None:
+    """CDI's ``HTTPSProxy: https://user:password@proxy`` with ``trustedCAProxy``: the deployed
+    import proxy relay (``cdi/cdi-import-proxy``) dials the proxy over TLS with the private CA
+    and adds the password; the importer holds only a ticket; the proxy demands the credentials
+    (407 otherwise) and tunnels to the https image server."""
+    ca = auth_tls_proxy.tls.ca_pem.read_text()
+    kube.create(
+        f"/api/v1/namespaces/{CDI_NAMESPACE}/configmaps",
+        {"metadata": {"name": PROXY_CA_MAP}, "data": {"ca.pem": ca}},
+    )
+    url = f"https://al%40ice:{PROXY_PASSWORD}@127.0.0.1:{auth_tls_proxy.port}"
+    _configure(kube, {"HTTPSProxy": url, "trustedCAProxy": PROXY_CA_MAP})
+    source = _target_ca(kube, namespace, https_images)
+    kube.create(dv_path(namespace), datavolume("relayed", source, size="64Mi"))
+
+    dv = wait_phase(kube, namespace, "relayed", ("Succeeded", "Failed"), 180)
+    assert dv["status"]["phase"] == "Succeeded", dv["status"]
+    assert auth_tls_proxy.tunnels and auth_tls_proxy.refused == 0
+    assert set(auth_tls_proxy.tunnels) == {f"127.0.0.1:{https_images.port}"}
+    disk = Path(pv_of(kube, namespace, "relayed")["spec"]["local"]["path"]) / "disk.img"
+    same_prefix_then_zeros(disk, images.reference)
+    # the tenant's namespace holds a ticket, never the password
+    secrets = kube.get(f"/api/v1/namespaces/{namespace}/secrets")["items"]
+    ours = [s for s in secrets if s["metadata"]["name"].startswith("import-proxy-auth-")]
+    assert len(ours) == 1
+    ticket = base64.b64decode(ours[0]["data"]["https"]).decode()
+    assert ticket.startswith(f"{namespace}~relayed~") and PROXY_PASSWORD not in ticket
+    pods = json.dumps(kube.get(f"/api/v1/namespaces/{namespace}/pods")["items"])
+    assert PROXY_PASSWORD not in pods and PROXY_PASSWORD not in json.dumps(dv["status"])

@@ -27,6 +27,7 @@ if TYPE_CHECKING:  # the flavour's parts, made by CloneFlavour.__init__ (their m
     from cdi.controller.flavours.clone.auth import CloneAuthorizer
     from cdi.controller.flavours.clone.copy import HostAssistedCopy
     from cdi.controller.flavours.clone.move import VolumeMove
+    from cdi.controller.flavours.clone.sizing import SizeDetection
     from cdi.controller.flavours.clone.snapshot import SnapshotClone
 
 WITHOUT_SOURCE = "CloneWithoutSource"
@@ -79,6 +80,7 @@ class CloneSteps:
     move: VolumeMove
     snapshots: SnapshotClone
     copy: HostAssistedCopy
+    sizer: SizeDetection
     throttle: Throttle
 
     async def before_claim(

@@ -22,6 +22,7 @@ from cdi.controller.flavours.clone.auth import REASON_UNAUTHORIZED, CloneAuthori
 from cdi.controller.flavours.clone.common import POLL, WITHOUT_SOURCE, Throttle, _problem, _step
 from cdi.controller.flavours.clone.copy import CopySettings, HostAssistedCopy
 from cdi.controller.flavours.clone.move import VolumeMove
+from cdi.controller.flavours.clone.sizing import SizeDetection, SizeSettings
 from cdi.controller.flavours.clone.snapshot import SnapshotClone
 from cdi.controller.flavours.clone.source import SourceSteps
 from cdi.controller.flavours.upload import UploadSettings
@@ -81,6 +82,7 @@ class CloneFlavour(SourceSteps, FlavourDefaults):
         requester_key: bytes | None,
         upload: UploadSettings | None = None,
         copy: CopySettings | None = None,
+        sizing: SizeSettings | None = None,
     ) -> None:
         self.deps = deps
         self.kube = deps.kube
@@ -88,6 +90,7 @@ class CloneFlavour(SourceSteps, FlavourDefaults):
         self.move = VolumeMove(deps.kube)
         self.snapshots = SnapshotClone(deps.kube)
         self.copy = HostAssistedCopy(deps, upload or UploadSettings(), copy or CopySettings())
+        self.sizer = SizeDetection(deps, sizing or SizeSettings())
         self.throttle = Throttle(deps.clock)
 
     # -- before the target claim exists ----------------------------------------------------

@@ -83,7 +83,10 @@ class SourceSteps(SnapshotSteps):
         desired = plan.fill_size(desired, src, overhead)
         chosen, snapshot_class = await self._plan(obj, src, desired)
         if unsized and chosen.strategy == COPY and plan.detects_size(src):
-            desired = await self._sized_from_content(src, desired)
+            sized = await self._sized_from_content(dv, obj, src, desired)
+            if sized is None:  # the size-detection pod is measuring the image
+                return None, _step(view, Phase.CLONE_SCHEDULED), wait
+            desired = sized
         sizes = await self._sizes(dv, src, desired)
         problem = content_problem(dv, src)
         if problem is None and not plan.permissive(obj, desired):
@@ -117,10 +120,18 @@ class SourceSteps(SnapshotSteps):
         tmp = plan.temporary_claim(desired, dv.uid, source.namespace, source.name, key)
         return await self._move(dv, tmp, desired, view, Phase.CSI_CLONE_IN_PROGRESS)
 
-    async def _sized_from_content(self, src: Mapping[str, Any], desired: JSON) -> JSON:
+    async def _sized_from_content(
+        self, dv: DataVolume, obj: Mapping[str, Any], src: Mapping[str, Any], desired: JSON
+    ) -> JSON | None:
         """A host-assisted clone without a size, of a filesystem source holding an image: the
         target asks for the image's size plus its own class's overhead (CDI's size detection,
-        ``cdi.render.clone``)."""
+        ``cdi.render.clone``); None while the size-detection pod measures it
+        (``cdi.controller.flavours.clone.sizing``)."""
+        if plan.cached_virtual_size(src) is None:
+            measured = await self.sizer.measure(dv, obj, src, await self._cdi_config())
+            if measured is None:
+                return None
+            src = measured.source
         content = plan.content_size(src, await self._overhead(src))
         if content is None:
             return desired
