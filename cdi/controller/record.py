@@ -27,6 +27,7 @@ from typing import Any
 
 from cdi.api.constants import (
     ANN_FATAL_ERROR,
+    ANN_VERIFICATION,
     ANN_IMPORT_POD_NAME,
     ANN_POD_PHASE,
     ANN_POD_RESTARTS,
@@ -55,6 +56,9 @@ class ClaimRecord:
     message: str | None = None
     pod_name: str | None = None
     pod_uid: str | None = None  # of the pod the controller created for the current attempt
+    # A verified volume (issue 28): the worker's ``Verification.result`` once it succeeded
+    # (Verified, VerificationNotSupported); the DataVolume's Verified condition says it.
+    verification: str | None = None
 
     @property
     def done(self) -> bool:
@@ -77,6 +81,7 @@ class ClaimRecord:
             message=ann.get(ANN_RUNNING_MESSAGE) or None,
             pod_name=ann.get(ANN_IMPORT_POD_NAME) or None,
             pod_uid=ann.get(ANN_IMPORT_POD_UID) or None,
+            verification=ann.get(ANN_VERIFICATION) or None,
         )
 
     def annotations(self) -> dict[str, str | None]:
@@ -89,6 +94,7 @@ class ClaimRecord:
             ANN_RUNNING_MESSAGE: self.message,
             ANN_IMPORT_POD_NAME: self.pod_name,
             ANN_IMPORT_POD_UID: self.pod_uid,
+            ANN_VERIFICATION: self.verification,
         }
 
     def differs_from(self, pvc: Mapping[str, Any] | None) -> bool:
@@ -106,7 +112,8 @@ class ClaimRecord:
         except ValueError:
             return None
         names = {f.name for f in fields(cls)}
-        if not isinstance(raw, dict) or set(raw) != names:
+        # a record sealed before ``verification`` existed has every other field
+        if not isinstance(raw, dict) or not names - {"verification"} <= set(raw) <= names:
             return None
         try:
             return cls(**raw)

@@ -50,6 +50,7 @@ from cdi.api.constants import (
     ANN_PRE_POPULATED,
     ANN_PREALLOCATION_REQUESTED,
     ANN_PRIORITY_CLASS,
+    ANN_VERIFY,
     ANN_REGISTRY_ARCHITECTURE,
     ANN_REGISTRY_IMPORT_METHOD,
     ANN_RETAIN_AFTER_COMPLETION,
@@ -86,6 +87,7 @@ USER_SETTABLE: frozenset[str] = frozenset(
         ANN_ALLOW_CLAIM_ADOPTION,
         ANN_PRE_POPULATED,
         ANN_PERMISSIVE_CLONE,
+        ANN_VERIFY,  # read the volume back once filled: the upload server reads it here
         f"{GROUP}/storage.pod.vddk.extraargs",
         f"{GROUP}/storage.pod.vddk.initimageurl",
         f"{GROUP}/storage.pod.nodeSelector",  # cdi.render.placement: where its pods may run
