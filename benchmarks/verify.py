@@ -62,8 +62,14 @@ def run_once(
     seconds, rc, user, system, rss, _, stderr = timed_run(
         importer_pod_argv(env, out, str(size)), logs, 600, fsync=out / "disk.img"
     )
-    result: dict[str, object] = {"key": key, "verify": verify, "seconds": round(seconds, 3),
-                                 "rc": rc, "cpu": round(user + system, 3), "rss_mb": rss}  # fmt: skip
+    result: dict[str, object] = {
+        "key": key,
+        "verify": verify,
+        "seconds": round(seconds, 3),
+        "rc": rc,
+        "cpu": round(user + system, 3),
+        "rss_mb": rss,
+    }
     if rc:
         result["error"] = stderr.read_text()[-400:]
         return result

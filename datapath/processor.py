@@ -30,8 +30,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field, replace
 
 from cdi.api.constants import ContentType
-from cdi.api.errors import InvalidConfig, WorkerError
-from cdi.api.errors import VerificationFailed
+from cdi.api.errors import InvalidConfig, VerificationFailed, WorkerError
 from cdi.api.termination import (
     REASON_COMPLETED,
     VERIFICATION_NOT_SUPPORTED,
@@ -390,7 +389,11 @@ class Processor:
         target = self.plan.target
         if self._before_read_back is not None:
             await asyncio.to_thread(self._before_read_back, target)
-        found = await asyncio.to_thread(read_back, target.path, block_device=target.block)
+        # a block device is compared up to the image's end: CDI leaves the rest as it was
+        length = state.decoded.virtual_size if target.block else None
+        found = await asyncio.to_thread(
+            read_back, target.path, block_device=target.block, length=length
+        )
         if found.digest != expected:
             raise VerificationFailed(
                 f"the volume read back from the device does not hold what was written: "

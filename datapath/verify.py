@@ -23,8 +23,8 @@ page cache: its cached pages are dropped (``POSIX_FADV_DONTNEED``, after the fsy
 clean) and the blocks are read through a second descriptor opened with ``O_DIRECT`` (a
 filesystem without O_DIRECT, such as tmpfs, is read through the cache: there the cache is the
 device). Only data extents are read (``SEEK_DATA``/``SEEK_HOLE``), rounded out to whole
-blocks; a block device reports no holes and is read whole, so stale bytes a run should have
-zeroed are found too. Reading runs on a helper thread one piece ahead of the hashing.
+blocks; a block device reports no holes and is read whole up to the image's size (the rest of
+the device is not the image's), so stale bytes a run should have zeroed are found too. Reading runs on a helper thread one piece ahead of the hashing.
 
 XXH3-128 (``xxhash``) because the budget is tight: verification must cost under 1.3x of a 2
 GiB import that takes ~0.7 s, and XXH3 hashes at memory speed where BLAKE3 (our checkpoint
@@ -197,19 +197,24 @@ class ReadBack:
     bytes_read: int
 
 
-def read_back(path: str, *, block_device: bool) -> ReadBack:
-    """The digest of what ``path`` holds, read from the device (module docstring). Blocking:
-    the processor runs it on a worker thread."""
+def read_back(path: str, *, block_device: bool, length: int | None = None) -> ReadBack:
+    """The digest of what ``path`` holds, read from the device (module docstring), up to
+    ``length`` bytes when given (a block device past the image is not the image's: CDI leaves
+    it as it was). Blocking: the processor runs it on a worker thread."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC) if block_device else open_regular(path)
     except OSError as exc:
         raise TargetError(f"cannot open the target to read it back: {exc.strerror}") from exc
     try:
         size = block_device_size(fd) if block_device else os.fstat(fd).st_size
+        if length is not None:
+            size = min(size, length)
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # clean after the fsync: dropped
         direct = _reopen_direct(fd)
         try:
-            return _digest_ranges(direct if direct >= 0 else fd, _block_ranges(fd, size, block_device))
+            return _digest_ranges(
+                direct if direct >= 0 else fd, _block_ranges(fd, size, block_device)
+            )
         finally:
             if direct >= 0:
                 os.close(direct)

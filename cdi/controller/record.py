@@ -27,10 +27,10 @@ from typing import Any
 
 from cdi.api.constants import (
     ANN_FATAL_ERROR,
-    ANN_VERIFICATION,
     ANN_IMPORT_POD_NAME,
     ANN_POD_PHASE,
     ANN_POD_RESTARTS,
+    ANN_VERIFICATION,
 )
 from cdi.controller.seal import Seal, object_uid
 

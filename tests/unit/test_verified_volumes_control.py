@@ -57,7 +57,10 @@ def _dv(annotations: dict[str, str]) -> DataVolume:
             "metadata": {"name": "d", "namespace": "n", "uid": "u", "annotations": annotations},
             "spec": {
                 "source": {"http": {"url": "http://x/d.img"}},
-                "pvc": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}},
+                "pvc": {
+                    "accessModes": ["ReadWriteOnce"],
+                    "resources": {"requests": {"storage": "1Gi"}},
+                },
             },
         }
     )
@@ -100,7 +103,9 @@ def test_the_termination_message_carries_the_verification_and_tolerates_its_abse
     check = Verification(VERIFIED, "verified: 3 blocks", "xxh3-128-sum/64k:ab", 3, 196608)
     message = TerminationMessage(REASON_COMPLETED, "Import Complete", verification=check)
     assert TerminationMessage.from_json(message.to_json()).verification == check
-    assert TerminationMessage.from_json('{"reason": "Completed", "message": ""}').verification is None
+    assert (
+        TerminationMessage.from_json('{"reason": "Completed", "message": ""}').verification is None
+    )
     odd = '{"reason": "Completed", "message": "", "verification": "yes"}'
     assert TerminationMessage.from_json(odd).verification is None
 

@@ -4,6 +4,7 @@ of the finished image's bytes; a piece it can no longer add is reported, never i
 
 from __future__ import annotations
 
+import itertools
 import random
 
 import pytest
@@ -44,7 +45,7 @@ def pieces(image: bytes, rng: random.Random, *, zero_pages: bool) -> list[tuple[
     of the pieces, as the stream decoders do."""
     cuts = sorted({0, len(image), *(rng.randrange(len(image)) for _ in range(40))})
     out = []
-    for lo, hi in zip(cuts, cuts[1:], strict=False):
+    for lo, hi in itertools.pairwise(cuts):
         if zero_pages:
             out.append((lo, image[lo:hi]))
             continue

@@ -357,9 +357,7 @@ def _recorded(record: ClaimRecord, verdict: Verdict) -> ClaimRecord:
     if verdict.reason and verdict.action not in (Action.CREATE, Action.IMPOSTOR):
         out = dataclasses.replace(out, reason=verdict.reason, message=verdict.message)
     if verdict.action == Action.SUCCEED:
-        out = dataclasses.replace(
-            out, outcome=OUTCOME_SUCCEEDED, verification=verdict.verification
-        )
+        out = dataclasses.replace(out, outcome=OUTCOME_SUCCEEDED, verification=verdict.verification)
     elif verdict.action == Action.FAIL:
         out = dataclasses.replace(out, outcome=OUTCOME_FAILED)
     return out

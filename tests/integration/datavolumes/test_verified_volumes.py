@@ -14,7 +14,9 @@ from typing import Any
 
 import pytest
 
+from testkit.cluster import Cluster
 from testkit.kubeclient import Kube, ns_path
+from testkit.product import Product
 from tests.integration.datavolumes.cdi_env import (
     COPY_CLASS,
     Images,
@@ -26,7 +28,7 @@ from tests.integration.datavolumes.cdi_env import (
     wait_phase,
 )
 from tests.integration.datavolumes.test_clone_csi import data_of, import_source, succeeded
-from tests.integration.datavolumes.test_upload import User, upload_dv, user  # noqa: F401
+from tests.integration.datavolumes.test_upload import User, upload_dv
 
 pytestmark = pytest.mark.integration
 
@@ -58,7 +60,12 @@ def worker_env(kube: Kube, ns: str, prefix: str) -> dict[str, str]:
 
 @pytest.mark.parametrize("mode", ["Filesystem", "Block"])
 def test_an_import_that_asks_is_verified_and_one_that_does_not_is_not(
-    kube: Kube, namespace: str, controller: Any, image_server: ImageServer, images: Images, mode: str
+    kube: Kube,
+    namespace: str,
+    controller: Any,
+    image_server: ImageServer,
+    images: Images,
+    mode: str,
 ) -> None:
     url = image_server.url("ok", "disk.qcow2")
     sc = "testkit-block" if mode == "Block" else "testkit-fs"
@@ -94,12 +101,20 @@ def test_cdiconfig_verifies_every_volume(
     same_prefix_then_zeros(data_of(kube, namespace, "all"), images.reference)
 
 
+@pytest.fixture
+def tenant(cluster: Cluster, kube: Kube, namespace: str, product: Product) -> User:
+    return User(cluster, kube, namespace)
+
+
 def test_an_upload_that_asks_is_verified(
-    kube: Kube, namespace: str, user: User, images: Images  # noqa: F811
+    kube: Kube,
+    namespace: str,
+    tenant: User,
+    images: Images,
 ) -> None:
     kube.create(dv_path(namespace), upload_dv("up", **{VERIFY: "true"}))
     wait_phase(kube, namespace, "up", ("UploadReady",), 120)
-    status, text = user.upload(user.token("up"), images.path("disk.qcow2").read_bytes())
+    status, text = tenant.upload(tenant.token("up"), images.path("disk.qcow2").read_bytes())
     assert status == 200, text
     verified(kube, namespace, "up")
     same_prefix_then_zeros(data_of(kube, namespace, "up"), images.reference)
