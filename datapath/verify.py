@@ -24,7 +24,11 @@ clean) and the blocks are read through a second descriptor opened with ``O_DIREC
 filesystem without O_DIRECT, such as tmpfs, is read through the cache: there the cache is the
 device). Only data extents are read (``SEEK_DATA``/``SEEK_HOLE``), rounded out to whole
 blocks; a block device reports no holes and is read whole up to the image's size (the rest of
-the device is not the image's), so stale bytes a run should have zeroed are found too. Reading runs on a helper thread one piece ahead of the hashing.
+the device is not the image's), so stale bytes a run should have zeroed are found too. Reading
+runs on a helper thread one piece ahead of the hashing.
+
+An archive (archive, filesystem-clone content) is a folder of files: each regular file's data
+is written by ``decode.tarcopy`` with a digest of its own, and ``compare_files`` reads each back.
 
 XXH3-128 (``xxhash``) because the budget is tight: verification must cost under 1.3x of a 2
 GiB import that takes ~0.7 s, and XXH3 hashes at memory speed where BLAKE3 (our checkpoint
@@ -37,13 +41,13 @@ from __future__ import annotations
 import errno
 import mmap
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import xxhash
 
-from cdi.api.errors import TargetError
+from cdi.api.errors import TargetError, VerificationFailed
 from datapath.target.nofollow import open_regular
 from datapath.target.spec import block_device_size
 
@@ -222,6 +226,39 @@ def read_back(path: str, *, block_device: bool, length: int | None = None) -> Re
         raise TargetError(f"reading the target back failed: {exc.strerror}") from exc
     finally:
         os.close(fd)
+
+
+def compare_files(
+    files: Mapping[str, WriteDigest], *, block_device: bool, length: int | None = None
+) -> tuple[Digest, ReadBack]:
+    """Read back each of ``files`` (one disk image, or an archive's files) and compare it with
+    the digest of what was written to it; ``VerificationFailed`` at the first that differs or
+    is no longer there. Returns the sums over all of them. Blocking."""
+    total = blocks = found_total = found_blocks = read = 0
+    for path, digest in files.items():
+        expected = digest.finish()
+        try:
+            found = read_back(path, block_device=block_device, length=length)
+        except TargetError as exc:
+            if len(files) == 1:
+                raise
+            raise VerificationFailed(
+                f"an extracted file cannot be read back: {exc.message}"
+            ) from exc
+        if found.digest != expected:
+            name = "the volume" if len(files) == 1 else f"file {os.path.basename(path)[:64]!r}"
+            raise VerificationFailed(
+                f"{name} read back from the device does not hold what was written: "
+                f"{expected.blocks} non-zero 64 KiB blocks written ({expected}), "
+                f"{found.digest.blocks} read back ({found.digest})"
+            )
+        total, blocks = total + expected.total, blocks + expected.blocks
+        found_total, found_blocks = (
+            found_total + found.digest.total,
+            found_blocks + found.digest.blocks,
+        )
+        read += found.bytes_read
+    return Digest(total & _MASK, blocks), ReadBack(Digest(found_total & _MASK, found_blocks), read)
 
 
 def read_into(digest: WriteDigest, path: str, block_device: bool, length: int) -> None:

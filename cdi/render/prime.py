@@ -163,9 +163,14 @@ def import_request(target: Mapping[str, Any], prime: Mapping[str, Any]) -> DataV
     if source.kind is None:
         raise RenderError("the VolumeImportSource must name exactly one source")
     meta = target["metadata"]
+    # the DataVolume's request to verify reached the target claim (user-settable): keep it
+    verify = (meta.get("annotations") or {}).get(ANN_VERIFY)
     return DataVolume(
         metadata=ObjectMeta(
-            name=str(meta["name"]), namespace=str(meta["namespace"]), uid=str(meta["uid"])
+            name=str(meta["name"]),
+            namespace=str(meta["namespace"]),
+            uid=str(meta["uid"]),
+            annotations={ANN_VERIFY: str(verify)} if verify is not None else {},
         ),
         spec=DataVolumeSpec(
             source=source,

@@ -2,18 +2,22 @@
 file and into a real loop block device, read back from the device and compared; a target
 corrupted between the final fsync and the read-back (the processor's ``before_read_back``
 hook, given to its constructor) fails the run with ``VerificationFailed`` and is never
-reported complete; uploads (and so a host-assisted clone's target) are verified the same way."""
+reported complete; uploads and a host-assisted clone's streams (sparse block frames, a
+filesystem volume's tar: each extracted file read back) are verified the same way."""
 
 from __future__ import annotations
 
 import asyncio
+import io
 import os
+import tarfile
 from dataclasses import replace
 from pathlib import Path
 
 import aiohttp
 import pytest
 
+from cdi.api.constants import ContentType
 from cdi.api.termination import VERIFICATION_NOT_SUPPORTED, VERIFIED, TerminationMessage
 from commands.upload.client import upload_file
 from datapath import FileSource, Processor, ProcessPlan, TargetSpec
@@ -214,3 +218,62 @@ async def test_a_sparse_clone_stream_into_a_block_device_is_verified(
         assert outcome.verification is not None and outcome.verification.result == VERIFIED
         with open(dev, "rb") as fh:
             assert fh.read(len(volume)) == volume
+
+
+# -- an archive, a host-assisted clone of a filesystem volume ------------------------------------
+
+
+def make_tree_tar(tmp_path: Path, images: ImageFactory, compression: str | None) -> Path:
+    """A filesystem volume as a tar: disk.img (sparse, PAX), a file in a folder, a link; a
+    file overwritten by a later member of its name, and one replaced by a link."""
+    tree = tmp_path / "tree"
+    (tree / "sub").mkdir(parents=True)
+    (tree / "sub" / "notes.txt").write_bytes(b"notes\n" * 5000)
+    (tree / "old").write_bytes(b"stale")
+    (tree / "gone").write_bytes(b"replaced by a link")
+    tar_path = tmp_path / ("tree.tar" + (f".{compression}" if compression else ""))
+    with tarfile.open(tar_path, f"w:{compression or ''}", format=tarfile.PAX_FORMAT) as tar:
+        tar.add(images.make("raw").path, "disk.img")
+        tar.add(tree / "sub", "sub")
+        tar.add(tree / "old", "old")
+        tar.add(tree / "gone", "gone")
+        newer = tarfile.TarInfo("old")
+        newer.size = 9
+        tar.addfile(newer, io.BytesIO(b"new bytes"))
+        link = tarfile.TarInfo("gone")
+        link.type, link.linkname = tarfile.SYMTYPE, "sub/notes.txt"
+        tar.addfile(link)
+    return tar_path
+
+
+@pytest.mark.parametrize("compression", [None, "gz"])
+async def test_an_archives_files_are_read_back_and_verified(
+    compression: str | None, images: ImageFactory, tmp_path: Path
+) -> None:
+    tar_path = make_tree_tar(tmp_path, images, compression)
+    volume = tmp_path / "volume"
+    spec = TargetSpec(path=str(volume), block=False, size=VIRTUAL * 2)
+    plan = ProcessPlan(target=spec, content_type=ContentType.FILESYSTEM_CLONE, verify=True)
+    result = await Processor(plan, FileSource(str(tar_path))).run()
+    assert result.succeeded, result
+    assert result.verification is not None and result.verification.result == VERIFIED
+    assert "(3 files)" in result.verification.message  # disk.img, sub/notes.txt, old
+    assert (volume / "old").read_bytes() == b"new bytes"
+    assert same_content(volume / "disk.img", images.make("raw").reference)
+
+
+async def test_a_corrupted_file_of_an_archive_fails_it(
+    images: ImageFactory, tmp_path: Path
+) -> None:
+    tar_path = make_tree_tar(tmp_path, images, None)
+    volume = tmp_path / "volume"
+    spec = TargetSpec(path=str(volume), block=False, size=VIRTUAL * 2)
+    plan = ProcessPlan(target=spec, content_type=ContentType.ARCHIVE, verify=True)
+
+    def corrupt(target: TargetSpec) -> None:
+        with open(Path(target.path) / "sub" / "notes.txt", "r+b") as fh:
+            fh.write(b"N")
+
+    result = await Processor(plan, FileSource(str(tar_path)), before_read_back=corrupt).run()
+    assert result.reason == "VerificationFailed", result
+    assert "'notes.txt'" in result.message

@@ -25,7 +25,7 @@ from cdi.controller.policy import Outcome, verification_of
 from cdi.controller.record import ClaimRecord
 from cdi.controller.status import View, compute_status
 from cdi.render.importer_pod import ImporterPodConfig, render_importer_pod
-from cdi.render.prime import render_upload_prime
+from cdi.render.prime import import_request, render_prime, render_upload_prime
 from cdi.render.pvc import render_pvc
 from cdi.render.upload_pod import UploadPodConfig, render_upload_pod
 
@@ -97,6 +97,23 @@ def test_the_request_reaches_the_claim_and_its_upload_server_and_a_prime() -> No
     on = dataclasses.replace(config, cdi_config=CDIConfig(spec=CDIConfigSpec(verify_volumes=True)))
     cluster_env = render_upload_pod(plain, on)["spec"]["containers"][0]["env"]
     assert {"name": "UPLOAD_VERIFY", "value": "true"} in cluster_env
+
+
+def test_a_populated_import_keeps_the_request_of_its_target_claim() -> None:
+    """On CSI storage the importer runs for a prime claim; its pod is rendered from the
+    import the prime records, with the target claim's identity and its request to verify."""
+    dv = _dv({ANN: "true"})
+    target = render_pvc(dv, None, CDIConfig())
+    target["metadata"].update(uid="t-uid", namespace="n")
+    source = {"spec": {"source": {"http": {"url": "http://x/d.img"}}}}
+    prime = render_prime(target, source)
+    request = import_request(target, prime)
+    assert request.annotations[ANN] == "true"
+    pod = render_importer_pod(request, prime, ImporterPodConfig(image="importer:dev"))
+    env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+    assert env["IMPORTER_VERIFY"] == "true"
+    del target["metadata"]["annotations"][ANN]
+    assert ANN not in import_request(target, prime).annotations
 
 
 def test_the_termination_message_carries_the_verification_and_tolerates_its_absence() -> None:
