@@ -45,6 +45,7 @@ from __future__ import annotations
 import errno
 import mmap
 import os
+import threading
 from collections.abc import Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -56,7 +57,9 @@ from datapath.target.nofollow import open_regular
 from datapath.target.spec import block_device_size
 
 BLOCK = 64 * 1024
-PENDING_LIMIT = 32 * 1024 * 1024  # bytes of partially written blocks held at most
+# Bytes of partially written blocks held at most: the importer's memory budget
+# (tests/unit/test_memory_budget.py) has 8 MiB left for it.
+PENDING_LIMIT = 4 * 1024 * 1024
 READ_SIZE = 8 * 1024 * 1024  # one read-back piece
 ALGORITHM = "xxh3-128-sum/64k"
 _MASK = (1 << 128) - 1
@@ -83,11 +86,14 @@ class Digest:
 class WriteDigest:
     """The digest of what a writer meant to write, fed piece by piece in any order.
 
-    Owned by one writer (one thread); lanes of a writer each own one and are ``merge``d back.
-    Pieces never overlap (the writer's contract: no range is written twice).
+    Shared by a writer and its lanes (threads writing one target at once: xz blocks), so one
+    bound holds for all partial blocks; a lock makes each call atomic (the hashing is short and
+    the threads' real work, decoding, runs outside it). Pieces never overlap (the writer's
+    contract: no range is written twice).
     """
 
     def __init__(self, *, pending_limit: int = PENDING_LIMIT) -> None:
+        self._lock = threading.Lock()
         self._total = 0
         self._blocks = 0
         self._pending: dict[int, tuple[bytearray, list[int]]] = {}  # index -> (bytes, [covered])
@@ -97,7 +103,10 @@ class WriteDigest:
 
     def add(self, offset: int, data: bytes | bytearray | memoryview) -> None:
         """``data`` was written at ``offset``."""
-        mv = memoryview(data)
+        with self._lock:
+            self._add(offset, memoryview(data))
+
+    def _add(self, offset: int, mv: memoryview) -> None:
         n, pos = len(mv), 0
         while pos < n:
             index, within = divmod(offset + pos, BLOCK)
@@ -114,6 +123,10 @@ class WriteDigest:
     def zeros(self, offset: int, length: int) -> None:
         """``[offset, offset+length)`` was left to read as zeros (a hole, a zeroed range):
         only the partial blocks at its ends need to know, to complete their coverage."""
+        with self._lock:
+            self._zeros(offset, length)
+
+    def _zeros(self, offset: int, length: int) -> None:
         end = offset + length
         first, last = offset // BLOCK, (end - 1) // BLOCK
         if length <= 0:
@@ -125,34 +138,13 @@ class WriteDigest:
         if end % BLOCK:
             self._cover(last, end % BLOCK)
 
-    def merge(self, other: WriteDigest) -> None:
-        """Take in a lane's digest (its pieces never overlap ours)."""
-        self._total += other._total
-        self._blocks += other._blocks
-        self.unordered |= other.unordered
-        self._folded_early |= other._folded_early
-        for index, (data, covered) in other._pending.items():
-            mine = self._pending.get(index)
-            if mine is None:
-                if index in self._folded_early:
-                    self.unordered = True
-                    continue
-                self._pending[index] = (data, covered)
-                continue
-            joined = int.from_bytes(mine[0], "little") | int.from_bytes(data, "little")
-            mine[0][:] = joined.to_bytes(BLOCK, "little")
-            mine[1][0] += covered[0]
-            if mine[1][0] >= BLOCK:
-                del self._pending[index]
-                self._fold(index, mine[0])
-        other._pending = {}
-
     def finish(self) -> Digest:
         """Fold the blocks still partial (their gaps read as zeros) and return the digest."""
-        for index, (data, _covered) in self._pending.items():
-            self._fold(index, data)
-        self._pending = {}
-        return Digest(self._total & _MASK, self._blocks)
+        with self._lock:
+            for index, (data, _covered) in self._pending.items():
+                self._fold(index, data)
+            self._pending = {}
+            return Digest(self._total & _MASK, self._blocks)
 
     def _part(self, index: int, within: int, piece: memoryview) -> None:
         entry = self._entry(index)

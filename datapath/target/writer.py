@@ -49,7 +49,7 @@ class RawWriter:
 
     With a ``digest`` (a verified volume, ``datapath.verify``) every piece written and every
     range left zero is told to it here, the one place all writes of the data path pass, so the
-    run can compare the target with it once it is durable. Lanes get digests of their own.
+    run can compare the target with it once it is durable. Lanes share the writer's digest.
     """
 
     def __init__(
@@ -84,7 +84,7 @@ class RawWriter:
             direct=direct,
             writers=1,
             buffer=1 << 20,
-            digest=type(self.digest)() if self.digest is not None else None,
+            digest=self.digest,  # shared: one bound for all partial blocks, calls locked
         )
 
     def absorb(self, lane: RawWriter) -> None:
@@ -92,8 +92,6 @@ class RawWriter:
         lane.flush()
         self.bytes_written += lane.bytes_written
         self.extent = max(self.extent, lane.extent)
-        if self.digest is not None and lane.digest is not None:
-            self.digest.merge(lane.digest)
 
     def write(self, data: bytes) -> None:
         """Append ``data`` to the sequential stream."""

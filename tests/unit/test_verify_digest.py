@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import random
+import threading
 
 import pytest
 
@@ -122,17 +123,24 @@ def test_partial_blocks_beyond_the_bound_are_folded_early_and_a_late_piece_is_re
     assert digest.unordered
 
 
-def test_lanes_merge_into_one_digest() -> None:
-    """xz blocks decoded on a pool: each lane writes its own range, blocks straddle lanes."""
+def test_lanes_on_threads_share_one_digest() -> None:
+    """xz blocks decoded on a pool: each lane writes its own range (blocks straddle lanes),
+    all into the writer's one digest, at once."""
     rng = random.Random(4)
-    image = rng.randbytes(5 * BLOCK)
-    main, lanes = WriteDigest(), [WriteDigest(), WriteDigest()]
-    cut = 2 * BLOCK + 1000
-    lanes[0].add(0, image[:cut])
-    lanes[1].add(cut, image[cut:])
-    for lane in lanes:
-        main.merge(lane)
-    assert main.finish() == digest_of(image)
+    image = rng.randbytes(40 * BLOCK)
+    digest = WriteDigest()
+    cuts = [0, 7 * BLOCK + 1000, 19 * BLOCK + 5, 31 * BLOCK, len(image)]
+
+    def lane(lo: int, hi: int) -> None:
+        for at in range(lo, hi, 3000):
+            digest.add(at, image[at : min(hi, at + 3000)])
+
+    threads = [threading.Thread(target=lane, args=span) for span in itertools.pairwise(cuts)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert digest.finish() == digest_of(image)
 
 
 def test_a_single_changed_byte_changes_the_digest() -> None:
