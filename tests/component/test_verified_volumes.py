@@ -15,6 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import aiohttp
+import blake3
 import pytest
 
 from cdi.api.constants import ContentType
@@ -26,6 +27,7 @@ from datapath.verify import BLOCK, read_back
 from importer.runner import run_import
 from tests.component.conftest import VIRTUAL, ImageFactory, MiB, Server, loop_device, same_content
 from tests.component.helpers import http_config
+from tests.component.test_checkpoint_binding import _config, _junk, _plant
 from tests.component.uploader_harness import (
     Pki,
     data_target,
@@ -277,3 +279,22 @@ async def test_a_corrupted_file_of_an_archive_fails_it(
     result = await Processor(plan, FileSource(str(tar_path)), before_read_back=corrupt).run()
     assert result.reason == "VerificationFailed", result
     assert "'notes.txt'" in result.message
+
+
+async def test_a_resumed_import_is_verified_over_the_whole_volume(
+    images: ImageFactory, server: Server, tmp_path: Path
+) -> None:
+    """The prefix an earlier attempt wrote (attested) is read into the digest first, so the
+    read-back covers all of it (without that, the prefix's blocks would be a mismatch)."""
+    image = images.make("raw")
+    data = image.path.read_bytes()
+    half = len(data) // 2 + 1000  # not on a block boundary: a block is part old, part new
+    attested = (half, blake3.blake3(data[:half]).hexdigest())
+    url = server.link("ok", image.path)
+    config, identity = await _config(url, tmp_path, require=True, attested=attested)
+    config = replace(config, plan=replace(config.plan, verify=True))
+    _plant(tmp_path, data[:half] + _junk(len(data) - half), identity, half)
+    result = await run_import(config)
+    assert result.succeeded and result.resumed_from == half, result
+    assert result.verification is not None and result.verification.result == VERIFIED
+    assert same_content(tmp_path / "disk.img", image.reference, len(data))
