@@ -115,14 +115,23 @@ def report(results: list[dict[str, object]], keys: list[str]) -> int:
     ok = all(not r["rc"] and r.get("identical", True) for r in results) and all(
         r.get("result") == "Verified" for r in results if r["verify"]
     )
-    print("\n| input | without s (self) | with s (self) | ratio with / without (< 1.3) "
-          "| read back MB | CPU s without / with | RSS MB without / with |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|")
+    columns = [
+        "input",
+        "without s (self)",
+        "with s (self)",
+        "ratio with / without (< 1.3)",
+        "ratio of self s",
+        "read back MB",
+        "CPU s without / with",
+        "RSS MB without / with",
+    ]
+    print("\n| " + " | ".join(columns) + " |")
+    print("|" + "---|" * len(columns))
     for key in keys:
         off = [r for r in results if r["key"] == key and not r["verify"] and not r["rc"]]
         on = [r for r in results if r["key"] == key and r["verify"] and not r["rc"]]
         if not off or not on:
-            print(f"| {key} | failed | failed | - | - | - | - |")
+            print(f"| {key} | failed | failed | - | - | - | - | - |")
             continue
 
         def med(rows: list[dict[str, object]], field: str) -> float:
@@ -131,9 +140,10 @@ def report(results: list[dict[str, object]], keys: list[str]) -> int:
         ratio = med(on, "seconds") / med(off, "seconds")
         verdict = "ok" if ratio < TARGET else "MISS"
         read = med(on, "bytes_read_back") / 1e6
+        own = med(on, "self_s") / med(off, "self_s")
         print(f"| {key} | {med(off, 'seconds'):.2f} ({med(off, 'self_s'):.2f}) "
               f"| {med(on, 'seconds'):.2f} ({med(on, 'self_s'):.2f}) | {ratio:.2f} {verdict} "
-              f"| {read:.0f} | {med(off, 'cpu'):.2f} / {med(on, 'cpu'):.2f} "
+              f"| {own:.2f} | {read:.0f} | {med(off, 'cpu'):.2f} / {med(on, 'cpu'):.2f} "
               f"| {med(off, 'rss_mb'):.0f} / {med(on, 'rss_mb'):.0f} |")  # fmt: skip
     return 0 if ok else 1
 
