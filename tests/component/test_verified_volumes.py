@@ -28,6 +28,7 @@ from importer.runner import run_import
 from tests.component.conftest import VIRTUAL, ImageFactory, MiB, Server, loop_device, same_content
 from tests.component.helpers import http_config
 from tests.component.test_checkpoint_binding import _config, _junk, _plant
+from tests.component.test_cli_and_pod import CDI, _run
 from tests.component.uploader_harness import (
     Pki,
     data_target,
@@ -298,3 +299,16 @@ async def test_a_resumed_import_is_verified_over_the_whole_volume(
     assert result.succeeded and result.resumed_from == half, result
     assert result.verification is not None and result.verification.result == VERIFIED
     assert same_content(tmp_path / "disk.img", image.reference, len(data))
+
+
+async def test_cdi_import_verify_reports_the_read_back(
+    images: ImageFactory, server: Server, tmp_path: Path
+) -> None:
+    image = images.make("vmdk")
+    target = tmp_path / "vol" / "disk.img"
+    target.parent.mkdir()
+    link = server.link("ok", image.path)
+    code, out, err = await _run(*CDI, "import", link, str(target), "--verify", "--json")
+    assert code == 0, err
+    check = TerminationMessage.from_json(out).verification
+    assert check is not None and check.result == VERIFIED and check.blocks > 0
