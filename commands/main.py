@@ -90,6 +90,11 @@ def _add_import_args(p: argparse.ArgumentParser) -> None:
         help="read the network source at most this many bytes per second (50Mi, 10M)",
     )
     p.add_argument(
+        "--verify",
+        action="store_true",
+        help="read the disk back from the device once written and compare (fails on a mismatch)",
+    )
+    p.add_argument(
         "--filesystem-overhead",
         type=float,
         default=0.0,
@@ -177,6 +182,7 @@ def config_from_args(a: argparse.Namespace) -> ImportConfig:
         checksum=parse_checksum(a.checksum) if a.checksum else None,
         scratch_dir=a.scratch_dir or (_tempdir() if block else None),
         checkpoint_path=checkpoint,
+        verify=a.verify,
     )
     edges = WorkerEdges(
         termination_path=a.termination_message,

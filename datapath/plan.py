@@ -51,3 +51,4 @@ class ProcessPlan:
     checkpoint: CheckpointPlan | None = None
     tar_member: str | None = None  # registry layers: decode the one file under this prefix
     labels: Mapping[str, str] = field(default_factory=dict)  # echoed in the result
+    verify: bool = False  # read the target back once durable and compare (datapath.verify)

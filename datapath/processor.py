@@ -6,6 +6,9 @@
     Info -> Transfer -> Verify -> Validate -> Convert -> Resize -> ... vhd/vhdx (qemu-img converts)
     Info -> Blank -> Resize -> Complete                               blank disk (plan.blank)
     Info -> Transfer -> Verify -> Complete                            archive, filesystem-clone
+    ... -> Resize -> ReadBack -> Complete      a verified volume (plan.verify): the target is
+                                               read back from the device and compared with the
+                                               digest of what was written (datapath.verify)
     any  -> Failed (typed error; the target file is removed: never reported or left "complete")
 
 ``Processor`` takes a ``Source`` and a frozen ``ProcessPlan``, never a worker's configuration.
@@ -28,7 +31,13 @@ from dataclasses import dataclass, field, replace
 
 from cdi.api.constants import ContentType
 from cdi.api.errors import InvalidConfig, ScratchSpaceRequired, WorkerError
-from cdi.api.termination import REASON_COMPLETED, TerminationMessage
+from cdi.api.termination import (
+    REASON_COMPLETED,
+    VERIFICATION_NOT_SUPPORTED,
+    VERIFIED,
+    TerminationMessage,
+    Verification,
+)
 from datapath import qemu
 from datapath.checkpoint import Checkpoint
 from datapath.decode import DecodePlan, DecodeResult, decode_into
@@ -37,8 +46,9 @@ from datapath.plan import ProcessPlan
 from datapath.run_files import RunFiles
 from datapath.sources import Source, SourceInfo
 from datapath.taps import Progress, verify
-from datapath.target import RawWriter, TargetHandle, preallocate_tree
+from datapath.target import RawWriter, TargetHandle, TargetSpec, preallocate_tree
 from datapath.transfer import pump
+from datapath.verify import WriteDigest, compare_files, read_into
 
 
 class Phase(enum.Enum):
@@ -50,6 +60,7 @@ class Phase(enum.Enum):
     VALIDATE = "Validate"
     CONVERT = "Convert"
     RESIZE = "Resize"
+    READ_BACK = "ReadBack"
     COMPLETE = "Complete"
 
 
@@ -62,6 +73,7 @@ _PROGRESS_PHASE = {
     Phase.VALIDATE: "Validating",
     Phase.CONVERT: "Converting",
     Phase.RESIZE: "Resizing",
+    Phase.READ_BACK: "Validating",
     Phase.COMPLETE: "Complete",
 }
 
@@ -88,6 +100,9 @@ class RunState:
 
 Step = tuple[Phase, RunState]
 TransferHook = Callable[[], Awaitable[None]]
+# Called on a worker thread with the target once it is durable, before it is read back: tests
+# corrupt the target here to show a mismatch fails the run.
+ReadBackHook = Callable[[TargetSpec], None]
 
 
 class Processor:
@@ -100,6 +115,7 @@ class Processor:
         progress: Progress | None = None,
         *,
         on_transfer_done: TransferHook | None = None,
+        before_read_back: ReadBackHook | None = None,
     ) -> None:
         if (source is None) != plan.blank:
             raise InvalidConfig("a blank disk takes no source; anything else needs one")
@@ -108,6 +124,13 @@ class Processor:
         self.progress = progress or Progress()
         self.transfer_done = asyncio.Event()
         self._on_transfer_done = on_transfer_done
+        self._before_read_back = before_read_back
+        # A verified volume: the digest of what the current pass writes (a re-read through
+        # scratch starts a new one), why the target cannot be checked against it, the result.
+        self._digest: WriteDigest | None = None
+        self._tree_digests: dict[str, WriteDigest] | None = None  # an archive's files
+        self._unverifiable: str | None = None
+        self.verification: Verification | None = None
         self.target = TargetHandle(plan.target)
         self.files = RunFiles(plan)
         self.handlers: dict[Phase, Callable[[RunState], Awaitable[Step]]] = {
@@ -119,6 +142,7 @@ class Processor:
             Phase.VALIDATE: self._validate,
             Phase.CONVERT: self._convert,
             Phase.RESIZE: self._resize,
+            Phase.READ_BACK: self._read_back,
         }
 
     async def run(self) -> TerminationMessage:
@@ -169,6 +193,7 @@ class Processor:
             resumed_from=state.resume_offset,
             preallocation_applied=self._preallocates,
             labels=dict(self.plan.labels),
+            verification=self.verification,
         )
 
     @property
@@ -230,7 +255,10 @@ class Processor:
     async def _stream_source(self, state: RunState, *, stream_images: bool) -> RunState:
         assert self.source is not None
         await asyncio.to_thread(self.files.mark_attempt, state.info, state.resume_offset)
-        writer = self.target.writer(direct=True) if self.target.is_open else None
+        digest = self._digest = await self._new_digest(state)
+        if self.plan.verify and self.plan.content_type in _TREE_CONTENT:
+            self._tree_digests = {}
+        writer = self.target.writer(direct=True, digest=digest) if self.target.is_open else None
         plan = self._decode_plan(state, writer, stream_images)
 
         def consume(chunks: Iterator[bytes]) -> DecodeResult:
@@ -254,6 +282,20 @@ class Processor:
                 await asyncio.to_thread(writer.close)
         return replace(state, decoded=decoded, checksum=actual)
 
+    async def _new_digest(self, state: RunState) -> WriteDigest | None:
+        """A verified volume's digest for this pass. A resumed import's prefix was written by
+        an earlier attempt and vouched for by the checkpoint's attested digest: it is read in
+        as if written now, so the read-back covers the whole target."""
+        if not self.plan.verify or not self.target.is_open:
+            return None
+        digest = WriteDigest()
+        if state.resume_offset:
+            target = self.plan.target
+            await asyncio.to_thread(
+                read_into, digest, target.path, target.block, state.resume_offset
+            )
+        return digest
+
     def _decode_plan(
         self, state: RunState, writer: RawWriter | None, stream_images: bool
     ) -> DecodePlan:
@@ -273,6 +315,7 @@ class Processor:
             spill_limit=self.plan.spill_limit,
             source_size=state.info.size,
             tar_member=self.plan.tar_member,
+            tree_digests=self._tree_digests,
         )
 
     def _checkpointed(self, saved: Checkpoint) -> None:
@@ -298,7 +341,7 @@ class Processor:
         if self.plan.content_type in _TREE_CONTENT:
             if self._preallocates:  # a filesystem clone's disk.img came as a sparse member
                 await asyncio.to_thread(preallocate_tree, self.plan.target.path)
-            return Phase.COMPLETE, state
+            return self._after_resize(), state
         return (Phase.VALIDATE if state.decoded.scratch_path else Phase.RESIZE), state
 
     async def _validate(self, state: RunState) -> Step:
@@ -312,6 +355,7 @@ class Processor:
     async def _convert(self, state: RunState) -> Step:
         decoded, target = state.decoded, self.plan.target
         assert decoded.scratch_path is not None
+        self._unverifiable = "qemu-img converted the image into the volume"
         self.target.close()
         # The scratch file is deleted only after the target is durable (end of run): on a
         # filesystem mounted with `discard`, freeing ~700 MB before the fsync made that fsync
@@ -333,4 +377,55 @@ class Processor:
 
     async def _resize(self, state: RunState) -> Step:
         await self.target.finish(state.decoded.virtual_size)
-        return Phase.COMPLETE, state
+        return self._after_resize(), state
+
+    def _after_resize(self) -> Phase:
+        return Phase.READ_BACK if self.plan.verify else Phase.COMPLETE
+
+    async def _read_back(self, state: RunState) -> Step:
+        """The target is durable (fsync'd): read it back from the device and compare it with
+        the digest of what this run wrote (datapath.verify). A mismatch fails the run."""
+        why = self._why_unverifiable()
+        if why is not None:
+            self.verification = Verification(VERIFICATION_NOT_SUPPORTED, f"not verified: {why}")
+            return Phase.COMPLETE, replace(state, notes=(*state.notes, f"not verified: {why}"))
+        target = self.plan.target
+        if self._before_read_back is not None:
+            await asyncio.to_thread(self._before_read_back, target)
+        if self._tree_digests is not None:
+            files = dict(self._tree_digests)
+        else:
+            assert self._digest is not None
+            files = {target.path: self._digest}
+        # a block device is compared up to the image's end: CDI leaves the rest as it was
+        length = state.decoded.virtual_size if target.block else None
+        expected, found = await asyncio.to_thread(
+            compare_files, files, block_device=target.block, length=length
+        )
+        text = (
+            f"verified: {expected.blocks} non-zero 64 KiB blocks read back from the device "
+            f"match what was written"
+        )
+        if self._tree_digests is not None:
+            text += f" ({len(files)} files)"
+        self.verification = Verification(
+            VERIFIED, text, str(expected), expected.blocks, found.bytes_read
+        )
+        return Phase.COMPLETE, replace(state, notes=(*state.notes, text))
+
+    def _why_unverifiable(self) -> str | None:
+        if self.plan.blank:
+            return "a blank disk: nothing was written"
+        if self.plan.content_type in _TREE_CONTENT:
+            if self._tree_digests is None:
+                return "the archive was not extracted through the data path"
+            if any(d.unordered for d in self._tree_digests.values()):
+                return "an archive member was written by tarfile's own copy"
+            return None
+        if self._unverifiable is not None:
+            return self._unverifiable
+        if self._digest is None:
+            return "nothing was written through the data path"
+        if self._digest.unordered:
+            return "pieces came out of order beyond the digest's bound"
+        return None

@@ -146,6 +146,7 @@ def build_plan(
     require_attested: bool = False,
     spill_limit: int = SPILL_MEMORY_LIMIT,
     labels: Mapping[str, str] | None = None,
+    verify: bool = False,
 ) -> ProcessPlan:
     """The data path's plan for an import from ``source`` into ``target``."""
     if content_type not in DATAVOLUME_CONTENT_TYPES:
@@ -168,6 +169,7 @@ def build_plan(
         spill_limit=spill_limit,
         checkpoint=checkpoint,
         labels=dict(labels or {}),
+        verify=verify,
     )
 
 
@@ -469,6 +471,7 @@ def from_env(env: Mapping[str, str]) -> ImportConfig:
         # The pod writes a tenant's volume: only a prefix attested from outside it is resumed.
         checkpoint_attested=attested_checkpoint(env.get(ImporterEnv.CHECKPOINT_ATTESTED)),
         require_attested=True,
+        verify=env.get(ImporterEnv.VERIFY, "").lower() == "true",
     )
     edges = WorkerEdges(
         termination_path=env.get("IMPORTER_TERMINATION_PATH", TERMINATION_PATH),

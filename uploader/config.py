@@ -64,6 +64,7 @@ class UploadConfig:
     idle_timeout: float = IDLE_TIMEOUT
     handshake_timeout: float = HANDSHAKE_TIMEOUT
     head_timeout: float = HEAD_TIMEOUT
+    verify: bool = False  # UPLOAD_VERIFY: read the volume back once filled (datapath.verify)
 
     def plan_for(self, content_type: ContentType, *, length: int | None) -> ProcessPlan:
         """The data path's plan for one upload of ``content_type``; a raw upload of known
@@ -89,6 +90,7 @@ class UploadConfig:
             scratch_dir=self.scratch_dir,
             checkpoint=checkpoint,
             labels=labels,
+            verify=self.verify,
         )
 
 
@@ -167,4 +169,5 @@ def from_env(env: Mapping[str, str]) -> UploadConfig:
         idle_timeout=_number(env, "UPLOAD_IDLE_TIMEOUT", IDLE_TIMEOUT),
         handshake_timeout=_number(env, "UPLOAD_HANDSHAKE_TIMEOUT", HANDSHAKE_TIMEOUT),
         head_timeout=_number(env, "UPLOAD_HEAD_TIMEOUT", HEAD_TIMEOUT),
+        verify=env.get("UPLOAD_VERIFY", "").lower() == "true",
     )

@@ -162,6 +162,8 @@ class CDIConfigSpec(ApiObject):
     import_bandwidth_limit: str | None = None
     # Not CDI (issue 28): importer pods alive at once, cluster-wide; None or 0: no limit
     max_concurrent_imports: int | None = None
+    # Not CDI (issue 28): every import, upload and clone reads its volume back and compares
+    verify_volumes: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -225,6 +227,14 @@ def claim_adoption_allowed(annotation: str | None, gate: Callable[[], bool]) -> 
     if annotation is not None:
         return parse_go_bool(annotation)
     return gate()
+
+
+def verification_requested(annotation: str | None, cluster: bool | None) -> bool:
+    """Whether a volume is read back and compared after it is filled (``datapath.verify``):
+    CDIConfig ``spec.verifyVolumes`` asks for every volume (a DataVolume cannot opt out of the
+    administrator's choice), else the DataVolume's ``cdi.kubevirt.io/storage.verify``
+    annotation (Go's boolean spellings, as CDI reads its annotations)."""
+    return bool(cluster) or (annotation is not None and parse_go_bool(annotation))
 
 
 def log_level_for(verbosity: int) -> int:

@@ -62,6 +62,7 @@ class ConditionType(StrEnum):
     READY = "Ready"
     BOUND = "Bound"
     RUNNING = "Running"
+    VERIFIED = "Verified"  # not CDI (issue 28): only on a DataVolume that asked for it
 
 
 class ConditionStatus(StrEnum):
@@ -221,6 +222,12 @@ ANN_FATAL_ERROR: Final = _A + "storage.import.fatalError"
 # Not CDI (issue 28): the DataVolume's own bandwidth cap, a quantity of bytes per second; it
 # lowers CDIConfig's spec.importBandwidthLimit for this import, never raises it.
 ANN_BANDWIDTH_LIMIT: Final = _A + "storage.import.bandwidthLimit"
+# Not CDI (issue 28): "true" asks the worker to read the volume back after it is filled and
+# compare it with what it wrote (datapath.verify); CDIConfig spec.verifyVolumes asks for every
+# volume. The result is the claim record's ANN_VERIFICATION and the DataVolume's Verified
+# condition.
+ANN_VERIFY: Final = _A + "storage.verify"
+ANN_VERIFICATION: Final = _A + "storage.verification"
 ANN_MINIMUM_SUPPORTED_PVC_SIZE: Final = _A + "minimumSupportedPvcSize"  # on StorageProfile
 # Upload: on the PVC (the upload proxy reads them; the upload flavour writes them).
 ANN_UPLOAD_REQUEST: Final = _A + "storage.upload.target"
@@ -345,6 +352,8 @@ class ImporterEnv(StrEnum):
     CHECKPOINT_ATTESTED = "IMPORTER_CHECKPOINT_ATTESTED"
     # Not CDI: bytes per second a network source may read at most (issue 28, throttle.py)
     BANDWIDTH_LIMIT = "IMPORTER_BANDWIDTH_LIMIT"
+    # Not CDI: "true" reads the target back after the import and compares (issue 28, verify.py)
+    VERIFY = "IMPORTER_VERIFY"
     # Not CDI: a DataImportCron poller of an HTTP image or a release stream (importer/poll.py):
     # "http" or "stream"; the checksum file beside the image; the stream's architecture and
     # artifact (cdi.api.releasestream).

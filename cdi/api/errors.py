@@ -120,6 +120,15 @@ class StreamArtifactMissing(WorkerError):
     reason = "StreamArtifactMissing"
 
 
+class VerificationFailed(WorkerError):
+    """The target, read back from the device after the run, does not hold what the run wrote
+    (``datapath.verify``: the digest of the written blocks differs from the read-back's).
+    Never retried: the volume cannot be trusted, and an attempt that overwrote it would hide
+    the fault."""
+
+    reason = "VerificationFailed"
+
+
 class InternalError(WorkerError):
     """A bug: something failed that no typed error describes. The message is fixed and
     generic (an exception's text may hold a URL's credentials); the details go to the log."""
@@ -144,5 +153,6 @@ ALL_ERRORS: tuple[type[WorkerError], ...] = (
     ChecksumFileInvalid,
     InvalidStreamDocument,
     StreamArtifactMissing,
+    VerificationFailed,
     InternalError,
 )

@@ -16,6 +16,22 @@ from typing import Any
 MAX_BYTES = 4096
 
 REASON_COMPLETED = "Completed"
+# ``Verification.result``: the read-back matched, or the run wrote the target in a way the
+# digest does not cover (qemu-img, an archive's files, a blank disk), said in the message. A
+# mismatch is no result here: the run fails with ``VerificationFailed`` (cdi.api.errors).
+VERIFIED = "Verified"
+VERIFICATION_NOT_SUPPORTED = "VerificationNotSupported"
+
+
+@dataclass(frozen=True)
+class Verification:
+    """What reading the target back found (``datapath.verify``), when the run was asked to."""
+
+    result: str  # VERIFIED or VERIFICATION_NOT_SUPPORTED
+    message: str
+    digest: str | None = None  # "<algorithm>:<hex>" of the blocks written and read back
+    blocks: int = 0  # non-zero blocks compared
+    bytes_read: int = 0  # read back from the device
 
 
 @dataclass(frozen=True)
@@ -41,6 +57,7 @@ class TerminationMessage:
     # A DataImportCron poll of an HTTP source or a release stream: what was found (the
     # stream's release record, ``cdi.api.releasestream``; the checksum or validators polled).
     source_release: dict[str, str] = field(default_factory=dict)
+    verification: Verification | None = None  # asked for (storage.verify): what read-back found
 
     @property
     def succeeded(self) -> bool:
@@ -60,6 +77,12 @@ class TerminationMessage:
     def from_json(cls, text: str) -> TerminationMessage:
         data = json.loads(text)
         data["format_chain"] = tuple(data.get("format_chain", ()))
+        check = data.get("verification")
+        if isinstance(check, dict):
+            names = set(Verification.__dataclass_fields__)
+            data["verification"] = Verification(**{k: v for k, v in check.items() if k in names})
+        elif check is not None:
+            data["verification"] = None
         known = {f for f in cls.__dataclass_fields__}
         return cls(**{k: v for k, v in data.items() if k in known})
 

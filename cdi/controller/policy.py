@@ -18,7 +18,12 @@ from enum import StrEnum
 from typing import Any
 
 from cdi.api.constants import IMPORTER_CONTAINER_NAME, ConditionReason
-from cdi.api.termination import REASON_COMPLETED, TerminationMessage
+from cdi.api.termination import (
+    REASON_COMPLETED,
+    VERIFICATION_NOT_SUPPORTED,
+    VERIFIED,
+    TerminationMessage,
+)
 
 REASON_NO_MESSAGE = "Error"
 
@@ -36,6 +41,16 @@ class Outcome:
     @property
     def succeeded(self) -> bool:
         return self.reason == REASON_COMPLETED
+
+
+def verification_of(outcome: Outcome) -> str | None:
+    """What a successful worker said of reading its volume back (``Verification.result``),
+    for the claim record; None when it was not asked to."""
+    term = outcome.termination
+    if term is None or term.verification is None:
+        return None
+    result = term.verification.result
+    return result if result in (VERIFIED, VERIFICATION_NOT_SUPPORTED) else None
 
 
 class Decision(StrEnum):

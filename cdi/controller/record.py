@@ -31,6 +31,7 @@ from cdi.api.constants import (
     ANN_POD_PHASE,
     ANN_POD_RESTARTS,
     ANN_REQUIRES_SCRATCH,
+    ANN_VERIFICATION,
 )
 from cdi.controller.seal import Seal, object_uid
 
@@ -44,7 +45,8 @@ ANN_BYTES_WRITTEN = "cdi.kubevirt.io/storage.import.bytesWritten"
 ANN_SEALED_RECORD = "cdi.kubevirt.io/storage.import.sealedRecord"
 SEAL_PURPOSE = "import-record"
 
-_LATER = frozenset({"requires_scratch"})  # record fields added after records were sealed
+# record fields added after records were sealed
+_LATER = frozenset({"requires_scratch", "verification"})
 OUTCOME_SUCCEEDED = "Succeeded"
 OUTCOME_FAILED = "Failed"
 
@@ -60,6 +62,9 @@ class ClaimRecord:
     # CDI's ``storage.import.requiresScratch``: an importer pod without scratch space said the
     # source needs some; every later pod of this claim gets a scratch claim (cdi.render.scratch)
     requires_scratch: bool = False
+    # A verified volume (issue 28): the worker's ``Verification.result`` once it succeeded
+    # (Verified, VerificationNotSupported); the DataVolume's Verified condition says it.
+    verification: str | None = None
 
     @property
     def done(self) -> bool:
@@ -83,6 +88,7 @@ class ClaimRecord:
             pod_name=ann.get(ANN_IMPORT_POD_NAME) or None,
             pod_uid=ann.get(ANN_IMPORT_POD_UID) or None,
             requires_scratch=ann.get(ANN_REQUIRES_SCRATCH) == "true",
+            verification=ann.get(ANN_VERIFICATION) or None,
         )
 
     def annotations(self) -> dict[str, str | None]:
@@ -96,6 +102,7 @@ class ClaimRecord:
             ANN_IMPORT_POD_NAME: self.pod_name,
             ANN_IMPORT_POD_UID: self.pod_uid,
             ANN_REQUIRES_SCRATCH: "true" if self.requires_scratch else None,
+            ANN_VERIFICATION: self.verification,
         }
 
     def differs_from(self, pvc: Mapping[str, Any] | None) -> bool:
@@ -113,7 +120,7 @@ class ClaimRecord:
         except ValueError:
             return None
         names = {f.name for f in fields(cls)}
-        # a record sealed before ``requires_scratch`` existed lacks only that key
+        # a record sealed before a later field existed lacks only such keys
         if not isinstance(raw, dict) or not (names - _LATER) <= set(raw) <= names:
             return None
         try:

@@ -27,7 +27,11 @@ record says Failed, or PVC Lost        Failed
 Conditions: ``Bound`` from the PVC; ``Running`` True while the pod runs (its message carries
 bytes and rate), else False with the last attempt's reason verbatim; ``Ready`` True only when
 Succeeded, False/TransferRunning while the flavour works, False with the failure reason when
-Failed. A condition's ``lastTransitionTime`` changes only when its ``status`` changes;
+Failed. ``Verified`` (ours, issue 28) only on a volume read back after it was filled: True
+once Succeeded with the read-back matching, False with ``VerificationNotSupported`` when the
+run wrote it in a way the digest does not cover, False with ``VerificationFailed`` when the
+read-back differed (the DataVolume is Failed then). A condition's ``lastTransitionTime``
+changes only when its ``status`` changes;
 ``lastHeartbeatTime`` when anything in it changes.
 """
 
@@ -45,6 +49,8 @@ from cdi.api.constants import (
     ConditionType,
     Phase,
 )
+from cdi.api.errors import VerificationFailed
+from cdi.api.termination import VERIFIED
 from cdi.controller.progress import Progress
 from cdi.controller.record import OUTCOME_FAILED, OUTCOME_SUCCEEDED, ClaimRecord
 
@@ -165,6 +171,21 @@ def _ready(v: View, phase: Phase) -> Condition:
     return _cond(ConditionType.READY, False, "", "")
 
 
+VERIFIED_MESSAGE = "The volume was read back from its device and holds what was written"
+
+
+def _verified(v: View, phase: Phase) -> Condition | None:
+    """The Verified condition, only where verification ran (the module docstring)."""
+    rec = v.record
+    if phase == Phase.FAILED and rec.reason == VerificationFailed.reason:
+        return _cond(ConditionType.VERIFIED, False, rec.reason, rec.message or "")
+    if phase != Phase.SUCCEEDED or rec.verification is None:
+        return None
+    if rec.verification == VERIFIED:
+        return _cond(ConditionType.VERIFIED, True, VERIFIED, VERIFIED_MESSAGE)
+    return _cond(ConditionType.VERIFIED, False, rec.verification, rec.message or "")
+
+
 def _cond(type_: str, status: bool, reason: str, message: str) -> Condition:
     return {
         "type": str(type_),
@@ -212,6 +233,9 @@ def compute_status(view: View, previous: Mapping[str, Any] | None, now: str) -> 
     prev = dict(previous or {})
     phase = compute_phase(view)
     conditions = [_bound(view), _ready(view, phase), _running(view, phase)]
+    verified = _verified(view, phase)
+    if verified is not None:
+        conditions.append(verified)
     return {
         "claimName": view.claim_name,
         "phase": str(phase),

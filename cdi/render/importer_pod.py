@@ -83,9 +83,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from cdi.api.config import CDIConfig
+from cdi.api.config import CDIConfig, verification_requested
 from cdi.api.constants import (
     ANN_BANDWIDTH_LIMIT,
+    ANN_VERIFY,
     AUTH_SECRET_DIR,
     BLOCK_DEVICE_PATH,
     CACHE_MODE_TRY_NONE,
@@ -306,6 +307,7 @@ def _env(
         (ImporterEnv.CACHE_MODE, CACHE_MODE_TRY_NONE if config.direct_io else None),
         (ImporterEnv.CHECKPOINT_ATTESTED, _attested(config.checkpoint_attested)),
         (ImporterEnv.BANDWIDTH_LIMIT, _text(bandwidth_limit(dv, cdi))),
+        (ImporterEnv.VERIFY, _verify(dv.annotations.get(ANN_VERIFY), cdi)),
     ]
     if settings.cert_config_map:
         pairs.append((ImporterEnv.CERT_DIR, CERT_DIR))
@@ -338,6 +340,11 @@ def bandwidth_limit(dv: DataVolume, cdi: CDIConfig) -> int | None:
     own = _rate(dv.annotations.get(ANN_BANDWIDTH_LIMIT), f"annotation {ANN_BANDWIDTH_LIMIT}")
     limits = [rate for rate in (cluster, own) if rate is not None]
     return min(limits) if limits else None
+
+
+def _verify(annotation: str | None, cdi: CDIConfig) -> str | None:
+    """IMPORTER_VERIFY: "true" for a verified volume (``verification_requested``), else unset."""
+    return "true" if verification_requested(annotation, cdi.spec.verify_volumes) else None
 
 
 def _text(value: int | None) -> str | None:

@@ -39,6 +39,7 @@ from cdi.api.constants import (
     ANN_SELECTED_NODE,
     ANN_UPLOAD_REQUEST,
     ANN_USE_POPULATOR,
+    ANN_VERIFY,
     GROUP,
     KIND_VOLUME_IMPORT_SOURCE,
     KIND_VOLUME_UPLOAD_SOURCE,
@@ -100,7 +101,8 @@ def render_prime(
         ANN_POPULATOR_SOURCE: json.dumps(dict(source.get("spec") or {}), sort_keys=True),
         **(extra or {}),
     }
-    for key in (ANN_SELECTED_NODE, ANN_POD_NODE_SELECTOR):  # where its pods run
+    # where its pods run; whether its volume is read back once filled (datapath.verify)
+    for key in (ANN_SELECTED_NODE, ANN_POD_NODE_SELECTOR, ANN_VERIFY):
         value = (meta.get("annotations") or {}).get(key)
         if value:
             annotations[key] = value
@@ -161,9 +163,14 @@ def import_request(target: Mapping[str, Any], prime: Mapping[str, Any]) -> DataV
     if source.kind is None:
         raise RenderError("the VolumeImportSource must name exactly one source")
     meta = target["metadata"]
+    # the DataVolume's request to verify reached the target claim (user-settable): keep it
+    verify = (meta.get("annotations") or {}).get(ANN_VERIFY)
     return DataVolume(
         metadata=ObjectMeta(
-            name=str(meta["name"]), namespace=str(meta["namespace"]), uid=str(meta["uid"])
+            name=str(meta["name"]),
+            namespace=str(meta["namespace"]),
+            uid=str(meta["uid"]),
+            annotations={ANN_VERIFY: str(verify)} if verify is not None else {},
         ),
         spec=DataVolumeSpec(
             source=source,

@@ -58,6 +58,7 @@ from cdi.api.constants import (
     ANN_SOURCE,
     ANN_UPLOAD_REQUEST,
     ANN_USE_POPULATOR,
+    ANN_VERIFY,
     GROUP,
     IMPORT_SOURCE_NONE,
     LABEL_APP,
@@ -86,6 +87,7 @@ USER_SETTABLE: frozenset[str] = frozenset(
         ANN_ALLOW_CLAIM_ADOPTION,
         ANN_PRE_POPULATED,
         ANN_PERMISSIVE_CLONE,
+        ANN_VERIFY,  # read the volume back once filled: the upload server reads it here
         f"{GROUP}/storage.pod.vddk.extraargs",
         f"{GROUP}/storage.pod.vddk.initimageurl",
         f"{GROUP}/storage.pod.nodeSelector",  # cdi.render.placement: where its pods may run

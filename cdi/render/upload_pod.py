@@ -33,12 +33,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from cdi.api.config import CDIConfig
+from cdi.api.config import CDIConfig, verification_requested
 from cdi.api.constants import (
     ANN_CONTENT_TYPE,
     ANN_PREALLOCATION_REQUESTED,
     ANN_PRIORITY_CLASS,
     ANN_SERVICE_ACCOUNT,
+    ANN_VERIFY,
     BLOCK_DEVICE_PATH,
     DATA_MOUNT_PATH,
     DATAVOLUME_CONTENT_TYPES,
@@ -234,6 +235,8 @@ def _env(pvc: Mapping[str, Any], block: bool, config: UploadPodConfig) -> list[d
     ]
     if block:
         pairs.append(("UPLOAD_SCRATCH_DIR", SCRATCH_DIR))
+    if verification_requested(ann.get(ANN_VERIFY), cdi.spec.verify_volumes):
+        pairs.append(("UPLOAD_VERIFY", "true"))  # datapath.verify (a clone's target too)
     env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in pairs]
     env.append(
         {"name": "UPLOAD_SERVER_ADDRESS", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}

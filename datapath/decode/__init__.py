@@ -41,6 +41,7 @@ from datapath.target.nofollow import ensure_dir, open_fresh
 
 if TYPE_CHECKING:
     from datapath.decode.xz_parallel import XzBlocks
+    from datapath.verify import WriteDigest
 
 # Handlers for compression, archives, vdi and vmdk are imported where first needed: importing
 # every codec up front cost ~30 ms of each import's start-up (python -X importtime), ~4% of a
@@ -79,6 +80,8 @@ class DecodePlan:
     # told each raw piece written and the position after it (datapath.checkpoint.Checkpointer)
     checkpointer: Callable[[bytes, int], None] | None = None
     tar_member: str | None = None  # registry layer: decode the one file under this prefix
+    # a verified volume's archive: each extracted file's digest, by path (datapath.verify)
+    tree_digests: dict[str, WriteDigest] | None = None
 
 
 Handler = Callable[[Iterator[bytes], DecodePlan, DecodeResult], DecodeResult]
@@ -160,7 +163,9 @@ def _archive(chunks: Iterator[bytes], plan: DecodePlan, result: DecodeResult) ->
         )
     from datapath.decode.archive import extract_tar
 
-    result.bytes_written = extract_tar(stream, plan.archive_dir, plan.capacity)
+    result.bytes_written = extract_tar(
+        stream, plan.archive_dir, plan.capacity, digests=plan.tree_digests
+    )
     return result
 
 

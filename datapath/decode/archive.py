@@ -23,11 +23,15 @@ import os
 import posixpath
 import tarfile
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from cdi.api.errors import InsufficientSpace, InvalidImage, UnsafeImage
 from datapath.decode.tarbounds import MAX_MEMBERS, BoundedTarInfo, TarBudget
 from datapath.decode.tarcopy import StreamingTar
 from datapath.streams import IterReader
+
+if TYPE_CHECKING:
+    from datapath.verify import WriteDigest
 
 
 def _inside(root: str, relative: str) -> bool:
@@ -57,11 +61,17 @@ def check_member(member: tarfile.TarInfo) -> None:
 
 
 def extract_tar(
-    chunks: Iterator[bytes], dest: str, capacity: int | None, *, max_members: int = MAX_MEMBERS
+    chunks: Iterator[bytes],
+    dest: str,
+    capacity: int | None,
+    *,
+    max_members: int = MAX_MEMBERS,
+    digests: dict[str, WriteDigest] | None = None,
 ) -> int:
-    """Extract a tar stream into ``dest``; return the number of file bytes written."""
+    """Extract a tar stream into ``dest``; return the number of file bytes written. With
+    ``digests`` (a verified volume), each regular file's digest of what was written to it."""
     try:
-        total = _extract_members(chunks, dest, capacity, max_members)
+        total = _extract_members(chunks, dest, capacity, max_members, digests)
     except BaseException:
         _remove_escaping_links(dest)
         raise
@@ -74,13 +84,18 @@ def extract_tar(
 
 
 def _extract_members(
-    chunks: Iterator[bytes], dest: str, capacity: int | None, max_members: int
+    chunks: Iterator[bytes],
+    dest: str,
+    capacity: int | None,
+    max_members: int,
+    digests: dict[str, WriteDigest] | None,
 ) -> int:
     total = 0
     budget = TarBudget(max_members)
     try:
         reader = IterReader(chunks)
         with StreamingTar.open(fileobj=reader, mode="r|", tarinfo=BoundedTarInfo) as tar:
+            tar.digests = digests
             for member in tar:
                 budget.count(member)
                 check_member(member)
@@ -90,6 +105,8 @@ def _extract_members(
                         f"archive contents exceed the volume's usable size of {capacity} bytes"
                     )
                 _ensure_no_symlink_parent(dest, member.name)
+                if digests is not None and not member.isreg():  # replaces a file of that name
+                    digests.pop(os.path.join(dest, member.name), None)
                 _extract_one(tar, member, dest)
     except tarfile.FilterError as exc:
         raise UnsafeImage(f"archive member refused: {exc}") from exc

@@ -28,13 +28,22 @@ from datapath.target.directio import _pwrite_all
 if TYPE_CHECKING:
     from _typeshed import StrOrBytesPath
 
+    from datapath.verify import WriteDigest
+
 
 class StreamingTar(tarfile.TarFile):
+    # A verified volume (datapath.verify): each regular file's digest of what was written to it,
+    # by its path; a file written by tarfile's own copy gets one marked ``unordered`` (not seen).
+    digests: dict[str, WriteDigest] | None = None
+
     def makefile(self, tarinfo: tarfile.TarInfo, targetpath: StrOrBytesPath) -> None:
         stream: Any = self.fileobj
         read_view = getattr(getattr(stream, "fileobj", None), "read_view", None)
         plain = isinstance(stream, tarfile._Stream) and stream.comptype == "tar"  # type: ignore[attr-defined]
+        digest = self._digest_for(targetpath)
         if not plain or read_view is None or not isinstance(getattr(stream, "buf", None), bytes):
+            if digest is not None:
+                digest.unordered = True  # written where we cannot see it
             super().makefile(tarinfo, targetpath)
             return
         stream.seek(tarinfo.offset_data)
@@ -47,17 +56,29 @@ class StreamingTar(tarfile.TarFile):
                     raise InvalidImage(
                         f"archive member {tarinfo.name!r} maps data past its size {tarinfo.size}"
                     )
-                _copy(stream, read_view, fd, offset, length)
+                _copy(stream, read_view, fd, offset, length, digest)
             os.ftruncate(fd, tarinfo.size)
         finally:
             os.close(fd)
 
+    def _digest_for(self, targetpath: StrOrBytesPath) -> WriteDigest | None:
+        if self.digests is None:
+            return None
+        from datapath.verify import WriteDigest
 
-def _copy(stream: Any, read_view: Any, fd: int, offset: int, length: int) -> None:
+        digest = self.digests[os.fsdecode(targetpath)] = WriteDigest()  # a later member wins
+        return digest
+
+
+def _copy(
+    stream: Any, read_view: Any, fd: int, offset: int, length: int, digest: WriteDigest | None
+) -> None:
     """``length`` bytes of the member's data from ``stream`` to ``fd`` at ``offset``."""
     head: bytes = stream.buf[:length]
     stream.buf = stream.buf[len(head) :]
     stream.pos += len(head)
+    if digest is not None:
+        digest.add(offset, head)
     _pwrite_all(fd, memoryview(head), offset)
     left = length - len(head)
     offset += len(head)
@@ -65,6 +86,8 @@ def _copy(stream: Any, read_view: Any, fd: int, offset: int, length: int) -> Non
         piece: memoryview = read_view(left)
         if not piece:
             raise tarfile.ReadError("unexpected end of data")
+        if digest is not None:
+            digest.add(offset, piece)
         _pwrite_all(fd, piece, offset)
         stream.pos += len(piece)
         offset += len(piece)

@@ -12,10 +12,14 @@ import asyncio
 import os
 import stat
 from types import TracebackType
+from typing import TYPE_CHECKING
 
 from datapath.target.nofollow import open_regular
 from datapath.target.spec import TargetSpec, open_target
 from datapath.target.writer import RawWriter, map_write_error
+
+if TYPE_CHECKING:
+    from datapath.verify import WriteDigest
 
 
 def preallocate_tree(root: str) -> int:
@@ -67,13 +71,19 @@ class TargetHandle:
             return
         self.fd = await asyncio.to_thread(open_regular, self.spec.path, os.O_WRONLY)
 
-    def writer(self, *, direct: bool = False, zero_fill: bool | None = None) -> RawWriter:
+    def writer(
+        self,
+        *,
+        direct: bool = False,
+        zero_fill: bool | None = None,
+        digest: WriteDigest | None = None,
+    ) -> RawWriter:
         """A writer on the open descriptor; by default skipped ranges are zeroed only on a
-        block device not known to read zeros."""
+        block device not known to read zeros. ``digest`` is told what it writes (verify.py)."""
         assert self.is_open, "the target is not open"
         if zero_fill is None:
             zero_fill = self.spec.block and not self.spec.zeroed
-        return RawWriter(self.fd, self.capacity, direct=direct, zero_fill=zero_fill)
+        return RawWriter(self.fd, self.capacity, direct=direct, zero_fill=zero_fill, digest=digest)
 
     async def zero_all(self) -> None:
         """Make the whole device read zeros (random-order writes leave gaps)."""

@@ -15,10 +15,14 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
+from typing import TYPE_CHECKING
 
 from cdi.api.errors import InsufficientSpace, TargetError
 from datapath.target.directio import _DirectIO, _pwrite_all
 from datapath.target.zeros import page_segments
+
+if TYPE_CHECKING:
+    from datapath.verify import WriteDigest
 
 _ZERO_WRITE = bytes(4 * 1024 * 1024)
 _FALLOC_FL_KEEP_SIZE = 0x01
@@ -42,6 +46,10 @@ class RawWriter:
     ``lane``: a writer of its own on the same fd (pwrite and fallocate are safe to share), with
     its own counters and its own O_DIRECT descriptor, buffers and writer thread, so lanes share
     no mutable state and need no lock; ``absorb`` folds a finished lane's counters back.
+
+    With a ``digest`` (a verified volume, ``datapath.verify``) every piece written and every
+    range left zero is told to it here, the one place all writes of the data path pass, so the
+    run can compare the target with it once it is durable. Lanes share the writer's digest.
     """
 
     def __init__(
@@ -53,8 +61,10 @@ class RawWriter:
         direct: bool = False,
         writers: int = 3,
         buffer: int = 2 * 1024 * 1024,
+        digest: WriteDigest | None = None,
     ) -> None:
         self.fd = fd
+        self.digest = digest
         self.capacity = capacity
         self.zero_fill = zero_fill  # explicitly zero skipped ranges (block device, not zeroed)
         self.position = 0  # end of the sequential stream
@@ -74,6 +84,7 @@ class RawWriter:
             direct=direct,
             writers=1,
             buffer=1 << 20,
+            digest=self.digest,  # shared: one bound for all partial blocks, calls locked
         )
 
     def absorb(self, lane: RawWriter) -> None:
@@ -119,8 +130,12 @@ class RawWriter:
         self._claim(offset + len(data))
         self._pwrite(data, 0, len(data), offset)
 
-    def _pwrite(self, data: bytes | memoryview, start: int, stop: int, offset: int) -> None:
+    def _pwrite(
+        self, data: bytes | memoryview, start: int, stop: int, offset: int, *, meant: bool = True
+    ) -> None:
         mv = memoryview(data)[start:stop]
+        if meant and self.digest is not None:  # not zeros written in place of a hole
+            self.digest.add(offset + start, mv)
         try:
             if self._direct is not None:
                 self._direct.write(mv, offset + start)
@@ -146,6 +161,8 @@ class RawWriter:
             self._direct = None
 
     def _zero(self, offset: int, length: int) -> None:
+        if self.digest is not None and length:
+            self.digest.zeros(offset, length)
         if self.zero_fill and length:
             self.zero_range(offset, length)
 
@@ -161,7 +178,7 @@ class RawWriter:
                     raise map_write_error(exc) from exc
         while length:  # last resort: the device cannot zero ranges itself
             step = min(length, len(_ZERO_WRITE))
-            self._pwrite(_ZERO_WRITE, 0, step, offset)
+            self._pwrite(_ZERO_WRITE, 0, step, offset, meant=False)
             offset += step
             length -= step
 

@@ -155,6 +155,7 @@ def test_cli_header_files_are_secret_headers(tmp_path: Path) -> None:
         no_proxy="",
         preallocate=False,
         bandwidth_limit=None,
+        verify=False,
         filesystem_overhead=0.0,
         target_is_zero=False,
         scratch_dir=None,

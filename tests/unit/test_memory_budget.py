@@ -54,6 +54,7 @@ from datapath.plan import SPILL_MEMORY_LIMIT
 from datapath.stage import ThreadStage
 from datapath.streams import CHUNK_SIZE
 from datapath.target.writer import RawWriter
+from datapath.verify import PENDING_LIMIT
 from importer.registry.layers import MAX_LAYER_NAME_BYTES, MAX_LAYER_PATHS, Overlay, _Layer
 from importer.sources.http import HttpOptions
 
@@ -96,6 +97,7 @@ def common() -> dict[str, int]:
         * (_param(ThreadStage.__init__, "max_bytes") + CHUNK_SIZE),
         "writer: O_DIRECT bounce buffers": (writers + 1) * buffer,
         "metrics server: request lines": ServerLimits().max_connections * 64 * 1024,
+        "verified volume: partial blocks held by the digest": PENDING_LIMIT,
     }
 
 

@@ -47,7 +47,14 @@ from cdi.api.constants import (
 from cdi.controller.flavours import JSON, Claim, FlavourDefaults, FlavourDeps, PhaseEvent
 from cdi.controller.importslots import QUEUED_REASON, ImportSlots
 from cdi.controller.importslots import REQUEUE as SLOT_REQUEUE
-from cdi.controller.policy import Decision, FailurePolicy, Outcome, pod_outcome, pod_problem
+from cdi.controller.policy import (
+    Decision,
+    FailurePolicy,
+    Outcome,
+    pod_outcome,
+    pod_problem,
+    verification_of,
+)
 from cdi.controller.progress import Progress, parse_metrics
 from cdi.controller.proxy_ca import ProxyCA
 from cdi.controller.proxy_relay import ProxyRelay, RelaySettings
@@ -221,7 +228,9 @@ class ImportFlavour(FlavourDefaults):
         decision = policy.decide(outcome, attempt)
         base = dataclasses.replace(claim.record, reason=outcome.reason, message=outcome.message)
         if decision == Decision.SUCCEED:
-            new = dataclasses.replace(base, outcome=OUTCOME_SUCCEEDED)
+            new = dataclasses.replace(
+                base, outcome=OUTCOME_SUCCEEDED, verification=verification_of(outcome)
+            )
         elif decision == Decision.RETRY:
             new = dataclasses.replace(base, failed_attempts=attempt + 1)
         else:

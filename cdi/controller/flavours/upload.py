@@ -50,7 +50,7 @@ from cdi.api.constants import (
 from cdi.api.termination import REASON_COMPLETED
 from cdi.controller import workerpod
 from cdi.controller.flavours import JSON, Claim, FlavourDefaults, FlavourDeps, PhaseEvent
-from cdi.controller.policy import Outcome, pod_problem
+from cdi.controller.policy import Outcome, pod_problem, verification_of
 from cdi.controller.record import (
     OUTCOME_FAILED,
     OUTCOME_SUCCEEDED,
@@ -133,6 +133,7 @@ class Verdict:
     reason: str | None = None  # of the last termination (a restart, or the end)
     message: str | None = None
     preallocation_applied: bool = False
+    verification: str | None = None  # a verified volume: what reading it back found
 
 
 def assess(pod: Mapping[str, Any] | None, recorded_uid: str | None) -> Verdict:
@@ -162,7 +163,14 @@ def _finished(outcome: Outcome, phase: str | None, base: Verdict) -> Verdict:
     if outcome.succeeded:
         applied = bool(term and term.preallocation_applied)
         message = (term.message if term else "") or UPLOAD_COMPLETE
-        return Verdict(Action.SUCCEED, base.restarts, REASON_COMPLETED, message, applied)
+        return Verdict(
+            Action.SUCCEED,
+            base.restarts,
+            REASON_COMPLETED,
+            message,
+            applied,
+            verification_of(outcome),
+        )
     return Verdict(Action.FAIL, base.restarts, outcome.reason, outcome.message)
 
 
@@ -349,7 +357,7 @@ def _recorded(record: ClaimRecord, verdict: Verdict) -> ClaimRecord:
     if verdict.reason and verdict.action not in (Action.CREATE, Action.IMPOSTOR):
         out = dataclasses.replace(out, reason=verdict.reason, message=verdict.message)
     if verdict.action == Action.SUCCEED:
-        out = dataclasses.replace(out, outcome=OUTCOME_SUCCEEDED)
+        out = dataclasses.replace(out, outcome=OUTCOME_SUCCEEDED, verification=verdict.verification)
     elif verdict.action == Action.FAIL:
         out = dataclasses.replace(out, outcome=OUTCOME_FAILED)
     return out

@@ -116,6 +116,7 @@ class HostAssistedCopy:
                 CLONE_COMPLETE,
                 failed_attempts=seen.record.failed_attempts,
                 pod_uid=seen.record.pod_uid,
+                verification=seen.record.verification,
             )
             await self._annotate(claim.pvc, record.annotations())
             return dataclasses.replace(view, record=record), Result()
