@@ -743,10 +743,11 @@ class Cluster:
         self._spawn("node", node, env)
 
     def _start_real_node(self) -> None:
-        """The provisioner (on the host: it only mounts and talks to the API server; its
-        volumes are the first node's), then in the namespace the registry (filled with the
-        pause and product images before any kubelet may pull), and per node containerd and
-        the kubelet; one kube-proxy serves the namespace (its iptables are the nodes')."""
+        """The provisioner (on the host: it only mounts and talks to the API server; it makes
+        the volumes of every node, each PV pinned to its node), then in the namespace the
+        registry (filled with the pause and product images before any kubelet may pull), and
+        per node containerd and the kubelet; one kube-proxy serves the namespace (its
+        iptables are the nodes')."""
         assert self.netns is not None and self.net is not None
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(
@@ -779,7 +780,7 @@ class Cluster:
                 "-m",
                 "testkit.provisioner",
                 f"--kubeconfig={self.kubeconfig}",
-                f"--node-name={first.node_name}",
+                *(f"--node-name={node.node_name}" for node in self.realnodes),
                 f"--state-dir={self.storage_dir}",
             ],
             env,
