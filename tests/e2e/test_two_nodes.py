@@ -58,6 +58,7 @@ pytestmark = pytest.mark.integration
 NODE_1, NODE_2 = "testkit-node", "testkit-node-2"
 CLASS_ON = {NODE_1: "two-nodes-on-1", NODE_2: "two-nodes-on-2"}
 WFFC = "testkit-fs-wffc"
+CSI_FS, CSI_BLOCK = "testkit-csi-fs", "testkit-csi-block"
 CDI = f"{DV_API}/cdis/cdi"
 CONFIG = f"{DV_API}/cdiconfigs/config"
 RETAIN = "cdi.kubevirt.io/storage.pod.retainAfterCompletion"
@@ -318,3 +319,99 @@ def test_the_cdi_resources_workload_places_importers_and_an_unsatisfiable_one_wa
     assert pod["status"]["phase"] == "Pending" and not pod["spec"].get("nodeName")
     claim = kube.get(ns_path(namespace, "persistentvolumeclaims", "nowhere"))
     assert claim["status"]["phase"] == "Pending"  # no node chosen: no volume made anywhere
+
+
+BASE_IMAGE = "quay.io/cdi-py/cdi-base:latest"
+
+
+def reader_pod(name: str, claim: str, script: str, block: bool = False) -> dict[str, Any]:
+    """A pod of the base image that runs ``script`` with the claim at /data (or the block
+    device at /dev/xvda) and ends; its log is the result."""
+    container: dict[str, Any] = {
+        "name": "main",
+        "image": BASE_IMAGE,
+        "command": ["/opt/cdi/bin/python", "-c", script],
+    }
+    if block:
+        container["volumeDevices"] = [{"name": "v", "devicePath": "/dev/xvda"}]
+    else:
+        container["volumeMounts"] = [{"name": "v", "mountPath": "/data", "readOnly": True}]
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "restartPolicy": "Never",
+            "containers": [container],
+            "volumes": [{"name": "v", "persistentVolumeClaim": {"claimName": claim}}],
+        },
+    }
+
+
+def digest_script(path: str, size: int) -> str:
+    return (
+        "import hashlib\n"
+        f"f = open({path!r}, 'rb'); h = hashlib.sha256(); left = {size}\n"
+        "while left:\n"
+        "    b = f.read(min(left, 1 << 20)); h.update(b); left -= len(b)\n"
+        "    assert b, 'short read'\n"
+        "print('sha256', h.hexdigest())\n"
+    )
+
+
+def pod_result(cluster: Cluster, kube: Kube, ns: str, name: str) -> tuple[str, str]:
+    def ended() -> dict[str, Any] | None:
+        pod = kube.get(ns_path(ns, "pods", name))
+        return pod if pod.get("status", {}).get("phase") in ("Succeeded", "Failed") else None
+
+    pod = wait_until(ended, f"pod {ns}/{name} ended", 180)
+    log = cluster.container_log(ns, name, "main")
+    assert pod["status"]["phase"] == "Succeeded", log[-2000:]
+    return str(pod["spec"]["nodeName"]), log
+
+
+def test_the_csi_classes_work_on_real_nodes_through_the_csi_node_plugin(
+    cluster: Cluster,
+    kube: Kube,
+    product: Product,
+    served: tuple[Images, str],
+    namespace: str,
+) -> None:
+    """The provisioner's CSI classes need a CSI node plugin on a real node
+    (hack/csinode): an import through the populators into a filesystem and a block volume,
+    a clone of the filesystem one, and pods that read each volume through the plugin's
+    publish, all with the image's bytes."""
+    images, base = served
+    size = images.reference.stat().st_size
+    want = _digest(images.reference)
+    url = f"{base}/disk.qcow2"
+    kube.create(dv_path(namespace), datavolume("csi-fs", {"http": {"url": url}}, "64Mi", CSI_FS))
+    block = datavolume("csi-block", {"http": {"url": url}}, "64Mi", CSI_BLOCK, mode="Block")
+    kube.create(dv_path(namespace), block)
+    for name in ("csi-fs", "csi-block"):
+        done = wait_phase(kube, namespace, name, ("Succeeded", "Failed"), timeout=240)
+        assert done["status"]["phase"] == "Succeeded", done["status"]
+    clone = datavolume("csi-clone", {"pvc": {"namespace": namespace, "name": "csi-fs"}},
+                       "64Mi", CSI_FS)  # fmt: skip
+    kube.create(dv_path(namespace), clone)
+    done = wait_phase(kube, namespace, "csi-clone", ("Succeeded", "Failed"), timeout=240)
+    assert done["status"]["phase"] == "Succeeded", done["status"]
+    for name in ("csi-fs", "csi-clone"):
+        pv = pv_of(kube, namespace, name)
+        assert pv["spec"]["csi"]["driver"] == "loop.testkit.local"
+        same_prefix_then_zeros(volume_dir(kube, namespace, name) / "disk.img", images.reference)
+
+    readers = {
+        "read-fs": ("csi-fs", "/data/disk.img", False),
+        "read-clone": ("csi-clone", "/data/disk.img", False),
+        "read-block": ("csi-block", "/dev/xvda", True),
+    }
+    for pod, (claim, path, is_block) in readers.items():
+        kube.create(
+            ns_path(namespace, "pods"),
+            reader_pod(pod, claim, digest_script(path, size), is_block),
+        )
+    for pod, (claim, _, _) in readers.items():
+        node, log = pod_result(cluster, kube, namespace, pod)
+        assert f"sha256 {want}" in log, log[-2000:]
+        assert node == pv_node(pv_of(kube, namespace, claim))
