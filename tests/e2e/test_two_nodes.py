@@ -379,8 +379,9 @@ def test_the_csi_classes_work_on_real_nodes_through_the_csi_node_plugin(
 ) -> None:
     """The provisioner's CSI classes need a CSI node plugin on a real node
     (hack/csinode): an import through the populators into a filesystem and a block volume,
-    a clone of the filesystem one, and pods that read each volume through the plugin's
-    publish, all with the image's bytes."""
+    a CSI clone of the filesystem one (on its source's node), a DataVolume restored from a
+    VolumeSnapshot of it, and pods that read each volume through the plugin's publish, all
+    with the image's bytes."""
     images, base = served
     size = images.reference.stat().st_size
     want = _digest(images.reference)
@@ -394,9 +395,27 @@ def test_the_csi_classes_work_on_real_nodes_through_the_csi_node_plugin(
     clone = datavolume("csi-clone", {"pvc": {"namespace": namespace, "name": "csi-fs"}},
                        "64Mi", CSI_FS)  # fmt: skip
     kube.create(dv_path(namespace), clone)
-    done = wait_phase(kube, namespace, "csi-clone", ("Succeeded", "Failed"), timeout=240)
-    assert done["status"]["phase"] == "Succeeded", done["status"]
-    for name in ("csi-fs", "csi-clone"):
+    snapshots = f"/apis/snapshot.storage.k8s.io/v1/namespaces/{namespace}/volumesnapshots"
+    snapshot = {
+        "apiVersion": "snapshot.storage.k8s.io/v1",
+        "kind": "VolumeSnapshot",
+        "metadata": {"name": "snap"},
+        "spec": {"source": {"persistentVolumeClaimName": "csi-fs"}},
+    }
+    kube.create(snapshots, snapshot)
+    wait_until(
+        lambda: (kube.get(f"{snapshots}/snap").get("status") or {}).get("readyToUse"),
+        "VolumeSnapshot snap ready",
+        60,
+    )
+    restored = datavolume("restored", {"snapshot": {"namespace": namespace, "name": "snap"}},
+                          "64Mi", CSI_FS)  # fmt: skip
+    kube.create(dv_path(namespace), restored)
+    for name in ("csi-clone", "restored"):
+        done = wait_phase(kube, namespace, name, ("Succeeded", "Failed"), timeout=240)
+        assert done["status"]["phase"] == "Succeeded", done["status"]
+    assert pv_node(pv_of(kube, namespace, "csi-clone")) == pv_node(pv_of(kube, namespace, "csi-fs"))
+    for name in ("csi-fs", "csi-clone", "restored"):
         pv = pv_of(kube, namespace, name)
         assert pv["spec"]["csi"]["driver"] == "loop.testkit.local"
         same_prefix_then_zeros(volume_dir(kube, namespace, name) / "disk.img", images.reference)
@@ -404,6 +423,7 @@ def test_the_csi_classes_work_on_real_nodes_through_the_csi_node_plugin(
     readers = {
         "read-fs": ("csi-fs", "/data/disk.img", False),
         "read-clone": ("csi-clone", "/data/disk.img", False),
+        "read-restored": ("restored", "/data/disk.img", False),
         "read-block": ("csi-block", "/dev/xvda", True),
     }
     for pod, (claim, path, is_block) in readers.items():
