@@ -17,6 +17,7 @@ bash scripts/setup.sh --test
 if [[ -x hack/kube/build.sh ]]; then
   bash hack/kube/build.sh            # real kube-apiserver/etcd from Go modules (cached)
 fi
+bash hack/csinode/build.sh           # the real node's CSI node plugin (modules as above; cached)
 # The product images (build/images/oci) the real-node tests pull (tests/integration/
 # test_real_node.py): about 100 s cold, 37 s with the base layer cached.
 bash scripts/images.sh

@@ -16,6 +16,7 @@ fi
 if [[ " $* " == *" --real-node "* ]]; then
   bash scripts/setup.sh --test       # containerd, runc, CNI and the image tools
   bash hack/kube/build.sh
+  bash hack/csinode/build.sh         # the CSI node plugin of the provisioner's CSI classes
   bash scripts/images.sh             # the product images the real node pulls
 else
   bash scripts/setup.sh

@@ -138,6 +138,7 @@ class ClusterConfig:
     node: str = field(default_factory=_default_node)
     product_images: Path = DEFAULT_PRODUCT_IMAGES
     nodes: int = 1  # real nodes only: ``node_name``, ``node_name-2``, ...
+    csi_node: Path = realnode.DEFAULT_CSI_NODE  # real nodes: the CSI node plugin's binary
 
     def __post_init__(self) -> None:
         if self.node not in NODE_KINDS:
@@ -343,7 +344,9 @@ class Cluster:
         if missing:
             raise ControlPlaneMissing(f"missing {', '.join(missing)}: run hack/kube/build.sh")
         if self.config.real_node and self.config.with_node:
-            parts = realnode.missing_parts(self.config.bin_dir, self.config.product_images)
+            parts = realnode.missing_parts(
+                self.config.bin_dir, self.config.product_images, self.config.csi_node
+            )
             if parts:
                 raise realnode.RealNodeMissing("real node: missing " + "; ".join(parts))
         sweep_dead_clusters()
@@ -743,10 +746,12 @@ class Cluster:
         self._spawn("node", node, env)
 
     def _start_real_node(self) -> None:
-        """The provisioner (on the host: it only mounts and talks to the API server; its
-        volumes are the first node's), then in the namespace the registry (filled with the
-        pause and product images before any kubelet may pull), and per node containerd and
-        the kubelet; one kube-proxy serves the namespace (its iptables are the nodes')."""
+        """The provisioner (on the host: it only mounts and talks to the API server; it makes
+        the volumes of every node, each PV pinned to its node), then in the namespace the
+        registry (filled with the pause and product images before any kubelet may pull), and
+        per node containerd, the CSI node plugin of the provisioner's CSI classes
+        (hack/csinode) and the kubelet; one kube-proxy serves the namespace (its iptables are
+        the nodes')."""
         assert self.netns is not None and self.net is not None
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(
@@ -779,7 +784,7 @@ class Cluster:
                 "-m",
                 "testkit.provisioner",
                 f"--kubeconfig={self.kubeconfig}",
-                f"--node-name={first.node_name}",
+                *(f"--node-name={node.node_name}" for node in self.realnodes),
                 f"--state-dir={self.storage_dir}",
             ],
             env,
@@ -792,6 +797,10 @@ class Cluster:
         first.push_images()
         for node in self.realnodes:
             self._wait("containerd socket", node.containerd_socket.exists)
+            # Before its kubelet (whose plugin watcher then finds it at once), so that it stops
+            # after the kubelet.
+            csi = node.csi_node_argv(self.config.csi_node, self.storage_dir / "volumes")
+            self._spawn(_suffixed("csi-node", node.index), csi)
             self._spawn(_suffixed("kubelet", node.index), node.kubelet_argv())
         self._spawn("kube-proxy", first.kube_proxy_argv())
         for node in self.realnodes:

@@ -12,7 +12,11 @@ kube-controller-manager's PV binder does the binding; this process only answers 
   alone, as the CSI external-provisioner leaves it: its populator fills another claim and
   hands that claim's PV over. On the CSI classes a ``VolumeSnapshot`` data source is ours:
   the claim gets a copy of the snapshot (``testkit.snapshotter``), once it is ready.
-* WaitForFirstConsumer claims are provisioned only once the scheduler has chosen this node.
+* Every volume is local to one node (a PV with required node affinity to it). One process
+  serves every node of the cluster (``ProvisionerConfig.nodes``: the process node, or each
+  real node): WaitForFirstConsumer claims are made on the node the scheduler selected,
+  clones on their source's node, other Immediate claims on the node their class's
+  ``allowedTopologies`` admits that holds the fewest volumes (``testkit.volumeplacement``).
 * Growing ``spec.resources.requests.storage`` grows file, device and filesystem online.
 * A Released PV with reclaim policy Delete loses its backing files, then its object.
 
@@ -52,6 +56,7 @@ from testkit import storage
 from testkit.kubeclient import JSON, ApiError, Kube, ns_path
 from testkit.snapshotter import GROUP as SNAPSHOT_GROUP
 from testkit.snapshotter import Snapshotter
+from testkit.volumeplacement import PlacementRefused, choose_node, node_affinity, pv_node
 
 log = logging.getLogger("testkit.provisioner")
 
@@ -123,7 +128,7 @@ def csi_driver() -> JSON:
 @dataclass(frozen=True)
 class ProvisionerConfig:
     state_dir: Path
-    node_name: str
+    nodes: tuple[str, ...]  # the nodes whose volumes this process makes, in placement order
     poll_interval: float = 0.3
     parallel: int = 4  # volumes provisioned at once
 
@@ -140,9 +145,10 @@ class Provisioner:
         self._pool = ThreadPoolExecutor(config.parallel, thread_name_prefix="provision")
         self._lock = threading.Lock()
         self._loop_lock = threading.Lock()
-        # PV names being provisioned, or provisioned and not yet seen in a PV listing: a
-        # listing taken before the PV was created must not start the volume again.
-        self._started: set[str] = set()
+        # PV names being provisioned, or provisioned and not yet seen in a PV listing (a
+        # listing taken before the PV was created must not start the volume again), with the
+        # node each goes to (placement counts them).
+        self._started: dict[str, str] = {}
 
     # -- set-up ---------------------------------------------------------------------------
     def ensure_storage_classes(self) -> None:
@@ -179,17 +185,25 @@ class Provisioner:
             pv["metadata"]["name"]: pv for pv in self.kube.get("/api/v1/persistentvolumes")["items"]
         }
         with self._lock:
-            self._started -= self._started & pvs.keys()  # listed now: the PV guards it
+            for listed in self._started.keys() & pvs.keys():  # listed now: the PV guards it
+                del self._started[listed]
+        labels: dict[str, dict[str, str]] | None = None  # the nodes' labels, read when needed
         for pvc in self.kube.get("/api/v1/persistentvolumeclaims")["items"]:
             cls = classes.get(pvc["spec"].get("storageClassName") or "")
             if cls is None:
                 continue
             try:
                 if self._wants_volume(pvc, cls) and _pv_name(pvc) not in pvs:
-                    self._start(pvc, cls)
+                    with self._lock:
+                        started = _pv_name(pvc) in self._started
+                    if started:
+                        continue
+                    if labels is None:
+                        labels = self._node_labels()
+                    self._start(pvc, cls, self._place(pvc, cls, pvs, labels))
                 elif pvc.get("status", {}).get("phase") == "Bound":
                     self._maybe_expand(pvc, pvs.get(pvc["spec"].get("volumeName", "")))
-            except (ApiError, storage.StorageError) as e:
+            except (ApiError, storage.StorageError, PlacementRefused) as e:
                 log.warning(
                     "claim %s/%s: %s", pvc["metadata"]["namespace"], pvc["metadata"]["name"], e
                 )
@@ -209,29 +223,58 @@ class Provisioner:
         if not _own_data_source(pvc, cls):
             return False
         if cls.get("volumeBindingMode") == "WaitForFirstConsumer":
-            return ann.get(ANN_SELECTED_NODE) == self.config.node_name
+            return ann.get(ANN_SELECTED_NODE) in self.config.nodes
         return True
 
+    # -- placement ------------------------------------------------------------------------
+    def _node_labels(self) -> dict[str, dict[str, str]]:
+        """The labels of the registered nodes among ours (allowedTopologies match them)."""
+        return {
+            n["metadata"]["name"]: dict(n["metadata"].get("labels") or {})
+            for n in self.kube.get("/api/v1/nodes")["items"]
+            if n["metadata"]["name"] in self.config.nodes
+        }
+
+    def _place(
+        self, pvc: JSON, cls: JSON, pvs: dict[str, JSON], labels: dict[str, dict[str, str]]
+    ) -> str:
+        """The node for this claim's volume (``testkit.volumeplacement``)."""
+        src = pvc["spec"].get("dataSourceRef") or pvc["spec"].get("dataSource") or {}
+        source_node = None
+        if src.get("kind") == "PersistentVolumeClaim":
+            source_node = pv_node(self._clone_source(pvc, src))
+        with self._lock:
+            in_flight = list(self._started.values())
+        return choose_node(
+            wffc=cls.get("volumeBindingMode") == "WaitForFirstConsumer",
+            selected=(pvc["metadata"].get("annotations") or {}).get(ANN_SELECTED_NODE),
+            source_node=source_node,
+            cls=cls,
+            nodes=self.config.nodes,
+            labels=labels,
+            volumes_on=[*(pv_node(pv) for pv in pvs.values() if _ours(pv)), *in_flight],
+        )
+
     # -- provisioning ---------------------------------------------------------------------
-    def _start(self, pvc: JSON, cls: JSON) -> None:
-        """Provision on the pool unless this volume is already started."""
+    def _start(self, pvc: JSON, cls: JSON, node: str) -> None:
+        """Provision on ``node``, on the pool, unless this volume is already started."""
         name = _pv_name(pvc)
         with self._lock:
             if name in self._started:
                 return
-            self._started.add(name)
-        self._pool.submit(self._provision_logged, pvc, cls)
+            self._started[name] = node
+        self._pool.submit(self._provision_logged, pvc, cls, node)
 
-    def _provision_logged(self, pvc: JSON, cls: JSON) -> None:
+    def _provision_logged(self, pvc: JSON, cls: JSON, node: str) -> None:
         try:
-            self.provision(pvc, cls)
+            self.provision(pvc, cls, node)
         except Exception as e:  # retried by a later poll
             with self._lock:
-                self._started.discard(_pv_name(pvc))
+                self._started.pop(_pv_name(pvc), None)
             ns, name = pvc["metadata"]["namespace"], pvc["metadata"]["name"]
             log.warning("claim %s/%s: %s", ns, name, e)
 
-    def provision(self, pvc: JSON, cls: JSON) -> None:
+    def provision(self, pvc: JSON, cls: JSON, node: str) -> None:
         name = _pv_name(pvc)
         size = int(parse_quantity(pvc["spec"]["resources"]["requests"]["storage"]))
         block = pvc["spec"].get("volumeMode") == "Block"
@@ -254,18 +297,19 @@ class Provisioner:
             mnt = self.volumes / name
             storage.mount(device, mnt)
             path = str(mnt)
-        pv = self._pv_object(pvc, cls, name, path, image)
+        pv = self._pv_object(pvc, cls, name, path, image, node)
         try:
             self.kube.create("/api/v1/persistentvolumes", pv)
         except ApiError:
             self._discard(name)
             raise
         log.info(
-            "provisioned %s for %s/%s at %s",
+            "provisioned %s for %s/%s at %s on %s",
             name,
             pvc["metadata"]["namespace"],
             pvc["metadata"]["name"],
             path,
+            node,
         )
 
     def _fill_from_source(self, pvc: JSON, image: Path) -> bool:
@@ -295,7 +339,9 @@ class Provisioner:
             raise storage.StorageError(f"clone source {pv_name} is not a testkit volume")
         return pv
 
-    def _pv_object(self, pvc: JSON, cls: JSON, name: str, path: str, image: Path) -> JSON:
+    def _pv_object(
+        self, pvc: JSON, cls: JSON, name: str, path: str, image: Path, node: str
+    ) -> JSON:
         meta = pvc["metadata"]
         return {
             "apiVersion": "v1",
@@ -318,21 +364,7 @@ class Provisioner:
                     "uid": meta["uid"],
                 },
                 **_volume_source(cls, name, path, pvc["spec"].get("volumeMode") == "Block"),
-                "nodeAffinity": {
-                    "required": {
-                        "nodeSelectorTerms": [
-                            {
-                                "matchExpressions": [
-                                    {
-                                        "key": "kubernetes.io/hostname",
-                                        "operator": "In",
-                                        "values": [self.config.node_name],
-                                    }
-                                ]
-                            }
-                        ]
-                    }
-                },
+                "nodeAffinity": node_affinity(node),
             },
         }
 
@@ -455,7 +487,12 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kubeconfig", type=Path, required=True)
     parser.add_argument("--state-dir", type=Path, required=True)
-    parser.add_argument("--node-name", required=True)
+    parser.add_argument(
+        "--node-name",
+        action="append",
+        required=True,
+        help="a node whose volumes this process makes (repeat for each node, in order)",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     stop = threading.Event()
@@ -466,7 +503,8 @@ def main(argv: list[str] | None = None) -> None:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     prov = Provisioner(
-        Kube.from_kubeconfig(args.kubeconfig), ProvisionerConfig(args.state_dir, args.node_name)
+        Kube.from_kubeconfig(args.kubeconfig),
+        ProvisionerConfig(args.state_dir, tuple(args.node_name)),
     )
     prov.run(stop)
 

@@ -63,6 +63,9 @@ def node_pod_cidr(index: int) -> str:
 
 
 NODE_IP = node_ip(0)  # the first node's: the API server advertises it
+CSI_DRIVER = "loop.testkit.local"  # the provisioner's CSI classes (testkit.provisioner)
+# testkit's CSI node plugin for that driver, built by hack/csinode/build.sh
+DEFAULT_CSI_NODE = Path(__file__).resolve().parent.parent / "hack/csinode/_build/testkit-csi-node"
 HOST_TOOLS = ("containerd", "containerd-shim-runc-v2", "runc", "ctr", "docker-registry", "skopeo")
 
 
@@ -74,13 +77,17 @@ class RealNodeFailed(RuntimeError):
     """A real-node step (registry, image load) failed."""
 
 
-def missing_parts(bin_dir: Path, images_dir: Path | None) -> list[str]:
+def missing_parts(
+    bin_dir: Path, images_dir: Path | None, csi_node: Path = DEFAULT_CSI_NODE
+) -> list[str]:
     """What the real node needs and does not find, each with the command that provides it."""
     out = [
         f"{bin_dir / b} (run hack/kube/build.sh)"
         for b in ("kubelet", "kube-proxy", "pause")
         if not (bin_dir / b).is_file()
     ]
+    if not csi_node.is_file():
+        out.append(f"{csi_node} (run hack/csinode/build.sh)")
     out += [f"{t} (run scripts/setup.sh --test)" for t in HOST_TOOLS if shutil.which(t) is None]
     out += [
         f"{CNI_BIN_DIR / p} (run scripts/setup.sh --test: containernetworking-plugins)"
@@ -342,6 +349,19 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
             f"--hostname-override={self.node_name}",
             f"--node-ip={self.ip}",
             "--v=1",
+        ]
+
+    def csi_node_argv(self, binary: Path, volumes_dir: Path) -> list[str]:
+        """The CSI node plugin of the provisioner's CSI classes on this node: its socket under
+        the kubelet's ``plugins/``, its registration socket where the kubelet's plugin watcher
+        finds it (``plugins_registry/``)."""
+        registration = self.kubelet_dir / "plugins_registry" / f"{CSI_DRIVER}-reg.sock"
+        return [
+            str(binary),
+            f"--node-id={self.node_name}",
+            f"--endpoint={self.kubelet_dir / 'plugins' / CSI_DRIVER / 'csi.sock'}",
+            f"--registration-socket={registration}",
+            f"--volumes-dir={volumes_dir}",
         ]
 
     def kube_proxy_argv(self) -> list[str]:

@@ -74,9 +74,34 @@ def test_product_images_keep_the_names_deploy_pulls(tmp_path: Path) -> None:
 
 
 def test_missing_parts_name_the_command_that_provides_them(tmp_path: Path) -> None:
-    missing = realnode.missing_parts(tmp_path / "bin", tmp_path / "no-images")
+    missing = realnode.missing_parts(tmp_path / "bin", tmp_path / "no-images", tmp_path / "csi")
     assert f"{tmp_path / 'bin' / 'kubelet'} (run hack/kube/build.sh)" in missing
     assert f"{tmp_path / 'no-images'} (run scripts/images.sh)" in missing
+    assert f"{tmp_path / 'csi'} (run hack/csinode/build.sh)" in missing
+
+
+def test_the_csi_node_plugin_listens_where_the_kubelet_of_its_node_looks(tmp_path: Path) -> None:
+    node = realnode.RealNode(
+        state=tmp_path,
+        netns=NetNamespace("testkit-rn-unit"),
+        bin_dir=tmp_path / "bin",
+        node_name="n2",
+        kubeconfig=tmp_path / "kubeconfig",
+        ca_path=tmp_path / "ca.crt",
+        cgroup_name="testkit-rn-unit-2",
+        images_dir=None,
+        index=1,
+    )
+    argv = node.csi_node_argv(Path("/bin/plugin"), tmp_path / "storage" / "volumes")
+    kubelet = tmp_path / "realnode-2" / "kubelet"
+    assert argv == [
+        "/bin/plugin",
+        "--node-id=n2",
+        f"--endpoint={kubelet / 'plugins' / 'loop.testkit.local' / 'csi.sock'}",
+        f"--registration-socket={kubelet / 'plugins_registry' / 'loop.testkit.local-reg.sock'}",
+        f"--volumes-dir={tmp_path / 'storage' / 'volumes'}",
+    ]
+    assert f"--root-dir={kubelet}" in node.kubelet_argv()
 
 
 def test_configs_hold_the_settings_that_made_the_kubelet_run(tmp_path: Path) -> None:
