@@ -155,8 +155,17 @@ def forward(listen: tuple[str, int], netns: Path, target: tuple[str, int]) -> No
     accepted connection to ``target`` there. Runs until killed."""
     server = socket.create_server(listen, reuse_port=False)
     setns(netns)  # the process is single-threaded here: every later socket is made inside
+    _accept_and_relay(server, target)
+
+
+def _accept_and_relay(server: socket.socket, target: tuple[str, int]) -> None:
+    """Connect each connection ``server`` accepts to ``target`` (in the calling thread's
+    namespace) and pump both ways; returns when ``server`` is closed."""
     while True:
-        conn, _ = server.accept()
+        try:
+            conn, _ = server.accept()
+        except OSError:
+            return
         try:
             upstream = socket.create_connection(target, timeout=10)
         except OSError:
@@ -194,23 +203,9 @@ def expose(ns: NetNamespace, address: str, target: tuple[str, int]) -> Exposed:
     was made in); the relay threads connect from the caller's namespace, the host's."""
     server = ns.call(lambda: socket.create_server((address, 0)))
     exposed = Exposed(address, int(server.getsockname()[1]), target, server)
-
-    def accept_loop() -> None:
-        while True:
-            try:
-                conn, _ = server.accept()
-            except OSError:
-                return  # closed
-            try:
-                upstream = socket.create_connection(target, timeout=10)
-            except OSError:
-                conn.close()
-                continue
-            upstream.settimeout(None)
-            for a, b in ((conn, upstream), (upstream, conn)):
-                threading.Thread(target=_pump, args=(a, b), daemon=True).start()
-
-    threading.Thread(target=accept_loop, name=f"expose-{exposed.port}", daemon=True).start()
+    threading.Thread(
+        target=_accept_and_relay, args=(server, target), name=f"expose-{exposed.port}", daemon=True
+    ).start()
     return exposed
 
 

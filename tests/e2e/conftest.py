@@ -75,12 +75,8 @@ class Served:
 @pytest.fixture(scope="package")
 def cluster() -> Iterator[Cluster]:
     state = Path(tempfile.mkdtemp(prefix="testkit-"))
-    c = Cluster(ClusterConfig(state_dir=state, node="real", start_timeout=120))
-    c.start()
-    try:
+    with Cluster(ClusterConfig(state_dir=state, node="real", start_timeout=120)) as c:
         yield c
-    finally:
-        c.stop()
 
 
 @pytest.fixture(scope="package")
