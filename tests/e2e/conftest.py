@@ -47,7 +47,7 @@ from tests.integration.datavolumes.cdi_env import (
 CONTAINERDISK = "disks/e2e"  # repository of the containerDisk in the test registry
 CONTAINERDISK_TAG = "v1"
 # ``/crawl`` sends a sixteenth of this per second, 64 KiB/s: the 2.6 MB qcow2 takes about 40 s,
-# long enough to see an import in progress (a populator's gate, a controller crash).
+# long enough for a controller crash and the standby's takeover (15 s Lease) mid-import.
 SLOW_RATE = MiB
 
 
