@@ -19,10 +19,11 @@ Nothing is skipped: a missing part (``hack/kube/build.sh``, ``scripts/setup.sh -
 
 from __future__ import annotations
 
+import json
 import re
 import secrets
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -162,3 +163,42 @@ def namespace(kube: Kube, request: pytest.FixtureRequest) -> Iterator[str]:
     name = make_namespace(kube, f"{slug}-{secrets.token_hex(3)}")
     yield name
     kube.delete_ignore_missing(f"/api/v1/namespaces/{name}")
+
+
+def describe(kube: Kube, product: Product | None) -> str:
+    """What a failed e2e test leaves for its reader (CI shows it under the failure): every
+    DataVolume, claim and pod outside the system namespaces with their status, the events,
+    and the tail of the controller's log."""
+    out = []
+    for ns in kube.get("/api/v1/namespaces")["items"]:
+        name = ns["metadata"]["name"]
+        if name.startswith("kube-") or name == "default":
+            continue
+        for dv in kube.get(f"{DV_API}/namespaces/{name}/datavolumes")["items"]:
+            out.append(f"{name} dv/{dv['metadata']['name']}: {json.dumps(dv.get('status'))}")
+        for kind in ("persistentvolumeclaims", "pods"):
+            for obj in kube.get(f"/api/v1/namespaces/{name}/{kind}")["items"]:
+                status = {k: v for k, v in obj["status"].items() if k != "conditions"}
+                out.append(f"{name} {kind}/{obj['metadata']['name']}: {json.dumps(status)}")
+        for e in kube.get(f"/api/v1/namespaces/{name}/events")["items"]:
+            out.append(f"{name} event {e['involvedObject']['name']} {e['reason']}: {e['message']}")
+    if product is not None:
+        out.append(product.log()[-8000:])
+    return "\n".join(out)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    report = yield
+    args = getattr(item, "funcargs", {})
+    product = args.get("product")
+    kube = args.get("kube") or (product.kube if isinstance(product, Product) else None)
+    if report.failed and call.when == "call" and isinstance(kube, Kube):
+        try:
+            text = describe(kube, product if isinstance(product, Product) else None)
+        except Exception as e:  # the cluster itself may be what failed
+            text = f"could not describe the cluster: {e!r}"
+        report.sections.append(("e2e cluster state", text))
+    return report
