@@ -21,7 +21,7 @@ if [[ "$mode" == "--test" ]]; then
   apt_pkgs+=(docker-registry skopeo umoci apache2-utils xorriso)
   # The test node's VM (testkit/vm.py): qemu (TCG), Debian's kernel, busybox for the initramfs.
   apt_pkgs+=(qemu-system-x86 linux-image-amd64 busybox-static cpio)
-  # The real node (testkit/realnode.py, tests/integration/test_real_node.py): containerd + runc,
+  # The real node (testkit/realnode.py, test_real_node.py, tests/e2e): containerd + runc,
   # the CNI bridge/host-local/loopback plugins, iptables for kubelet and kube-proxy; cc for the
   # pause image (hack/kube/build.sh); and what scripts/images.sh needs for the product images.
   apt_pkgs+=(containerd runc containernetworking-plugins iptables gcc libc6-dev mmdebstrap)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install everything and run the whole test suite: lint, types, import-layer contracts, then
-# pytest (unit, component and integration tiers). This is what .ci/run calls.
+# pytest (unit, component, end-to-end and integration tiers). This is what .ci/run calls.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # The tests' own tools built from Go modules (each cached; a warm run copies them in a
@@ -19,7 +19,8 @@ if [[ -x hack/kube/build.sh ]]; then
 fi
 bash hack/csinode/build.sh           # the real node's CSI node plugin (modules as above; cached)
 # The product images (build/images/oci) the real-node tests pull (tests/integration/
-# test_real_node.py): about 100 s cold, 37 s with the base layer cached.
+# test_real_node.py and the end-to-end tier, tests/e2e): about 100 s cold, 37 s with the base
+# layer cached.
 bash scripts/images.sh
 echo "== ruff";        .venv/bin/ruff check . && .venv/bin/ruff format --check .
 echo "== mypy";        .venv/bin/mypy

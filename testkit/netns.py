@@ -11,7 +11,8 @@ Processes join it with ``nsenter --net`` (only the network namespace: the kubele
 and the provisioner must share the host's mount namespace). The harness itself reaches into it
 in two ways: :meth:`NetNamespace.call` runs a function in a thread that has joined it (sockets
 keep the namespace they were made in), and ``python -m testkit.netns forward`` listens on the
-host's loopback and forwards each connection to a port inside (the API server, for the tests).
+host's loopback and forwards each connection to a port inside (the API server, for the tests);
+:func:`expose` does the reverse in-process, so pods reach a test's loopback server.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import subprocess
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -153,8 +155,17 @@ def forward(listen: tuple[str, int], netns: Path, target: tuple[str, int]) -> No
     accepted connection to ``target`` there. Runs until killed."""
     server = socket.create_server(listen, reuse_port=False)
     setns(netns)  # the process is single-threaded here: every later socket is made inside
+    _accept_and_relay(server, target)
+
+
+def _accept_and_relay(server: socket.socket, target: tuple[str, int]) -> None:
+    """Connect each connection ``server`` accepts to ``target`` (in the calling thread's
+    namespace) and pump both ways; returns when ``server`` is closed."""
     while True:
-        conn, _ = server.accept()
+        try:
+            conn, _ = server.accept()
+        except OSError:
+            return
         try:
             upstream = socket.create_connection(target, timeout=10)
         except OSError:
@@ -163,6 +174,39 @@ def forward(listen: tuple[str, int], netns: Path, target: tuple[str, int]) -> No
         upstream.settimeout(None)
         for a, b in ((conn, upstream), (upstream, conn)):
             threading.Thread(target=_pump, args=(a, b), daemon=True).start()
+
+
+# -- the other way: a port inside the namespace -> a server on the host's loopback -------------
+@dataclass
+class Exposed:
+    """A listening socket inside a namespace whose connections are relayed to a server on the
+    host; pods reach ``address:port``. ``close()`` stops accepting (open relays finish)."""
+
+    address: str
+    port: int
+    target: tuple[str, int]
+    _server: socket.socket
+
+    def close(self) -> None:
+        try:
+            self._server.shutdown(socket.SHUT_RDWR)  # wakes the blocked accept()
+        except OSError:
+            pass
+        self._server.close()
+
+
+def expose(ns: NetNamespace, address: str, target: tuple[str, int]) -> Exposed:
+    """Listen on ``address`` (a free port) inside ``ns`` and relay every connection to
+    ``target`` here, in this process: a test's loopback server (an image server, a registry)
+    becomes reachable by the pods and nodes of a real-node cluster without moving it. The
+    listening socket is made in a thread that joined ``ns`` (a socket keeps the namespace it
+    was made in); the relay threads connect from the caller's namespace, the host's."""
+    server = ns.call(lambda: socket.create_server((address, 0)))
+    exposed = Exposed(address, int(server.getsockname()[1]), target, server)
+    threading.Thread(
+        target=_accept_and_relay, args=(server, target), name=f"expose-{exposed.port}", daemon=True
+    ).start()
+    return exposed
 
 
 def main(argv: list[str] | None = None) -> int:

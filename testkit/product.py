@@ -140,10 +140,13 @@ class Product:
     def kube(self) -> Kube:
         return self.cluster.kube()
 
-    def install(self, timeout: float = 180) -> Product:
+    def install(self, timeout: float = 180, kustomize: bool = False) -> Product:
+        """``kubectl apply -f crds/``, then ``deploy/`` with ``-f`` or, with ``kustomize``,
+        ``-k`` (through ``deploy/Kustomization``, the README's install), and wait until it
+        serves."""
         t0 = time.monotonic()
         self.apply_crds()
-        self.kubectl("apply", "-f", str(DEPLOY_DIR))
+        self.kubectl("apply", "-k" if kustomize else "-f", str(DEPLOY_DIR))
         try:
             for ns, name in deployments():
                 self.kubectl(
@@ -203,12 +206,23 @@ class Product:
 
     def kill(self, pod: str) -> None:
         """SIGKILL every container of a pod: a crash, no graceful shutdown, no lease release.
-        The node restarts them under the pod's restartPolicy, as a kubelet would."""
+        The node restarts them under the pod's restartPolicy, as a kubelet would. On a real
+        node containerd delivers the signal (``ctr tasks kill``) to the container's init
+        process; the kubelet sees it exit 137 and restarts it."""
         obj = self.kube.get(f"/api/v1/namespaces/{NAMESPACE}/pods/{pod}")
         for status in obj["status"].get("containerStatuses") or []:
             cid = str(status.get("containerID", ""))
             if cid.startswith("testkit://"):
                 os.killpg(int(cid.removeprefix("testkit://")), signal.SIGKILL)
+            elif cid.startswith("containerd://"):
+                node = next(
+                    n for n in self.cluster.realnodes if n.node_name == obj["spec"]["nodeName"]
+                )
+                argv = ["ctr", f"--address={node.containerd_socket}", "--namespace=k8s.io"]
+                argv += ["tasks", "kill", "--signal=SIGKILL", cid.removeprefix("containerd://")]
+                proc = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+                if proc.returncode:
+                    raise RuntimeError(f"{' '.join(argv)}: {proc.stderr.strip()}")
 
     def log(self, app: str = CONTROLLER) -> str:
         """Every container log of every pod the app ever had on the node, oldest first."""

@@ -201,13 +201,7 @@ class RealNode:
         for d in ("root", "state", "opt", "certs.d"):
             (ctr / d).mkdir(parents=True, exist_ok=True)
         for host in MIRRORED:
-            d = ctr / "certs.d" / host
-            d.mkdir(parents=True, exist_ok=True)
-            (d / "hosts.toml").write_text(
-                f'server = "http://{REGISTRY}"\n\n'
-                f'[host."http://{REGISTRY}"]\n'
-                '  capabilities = ["pull", "resolve"]\n'
-            )
+            self._hosts_toml(host, REGISTRY)
         cri = 'plugins."io.containerd.grpc.v1.cri"'
         (ctr / "config.toml").write_text(
             f"""version = 2
@@ -331,6 +325,21 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
             "http": {"addr": REGISTRY, "secret": "testkit-realnode"},
         }
         (self.root / "registry.yaml").write_text(yaml.safe_dump(registry))
+
+    def _hosts_toml(self, name: str, server: str) -> None:
+        d = self.root / "containerd" / "certs.d" / name
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "hosts.toml").write_text(
+            f'server = "http://{server}"\n\n'
+            f'[host."http://{server}"]\n'
+            '  capabilities = ["pull", "resolve"]\n'
+        )
+
+    def allow_plain_http(self, host: str) -> None:
+        """Let this node pull from ``host`` (``address:port``, a test's registry inside the
+        namespace) over plain http: containerd reads ``certs.d`` on every pull, so this takes
+        effect at once. Without it containerd speaks https to any host but loopback."""
+        self._hosts_toml(host, host)
 
     # -- commands (the cluster spawns them inside the namespace) -----------------------------
     def containerd_argv(self) -> list[str]:

@@ -421,6 +421,69 @@ def now() -> float:
     return time.monotonic()
 
 
+# -- the leading controller killed mid-import (process node and real node alike) ---------------
+
+
+@dataclass
+class Takeover:
+    old: str  # the leader that was SIGKILLed
+    standby: str  # the other replica at the time
+    successor: str  # who holds the Lease after
+    took: float  # seconds from the kill to the new holder
+    phase_then: str  # the DataVolume's phase when the new holder was seen
+    pods: set[str]  # uids of every pod seen in the namespace from the kill to the end
+    dv: dict[str, Any]  # the DataVolume once Succeeded or Failed
+
+
+def kill_the_leader_mid_import(
+    kube: Kube, product: Product, ns: str, name: str, url: str, timeout: float = 240
+) -> Takeover:
+    """DataVolume ``name`` importing ``url`` (a slow one); once ImportInProgress, SIGKILL the
+    controller replica holding the Lease (``Product.kill``: no Lease release), wait for
+    another holder, then for the import to end, noting every pod of ``ns`` on the way."""
+    kube.create(dv_path(ns), datavolume(name, {"http": {"url": url}}, size="64Mi"))
+    wait_phase(kube, ns, name, ("ImportInProgress",), 120)
+    pods: set[str] = set()
+
+    def note_pods() -> None:
+        for p in kube.get(f"/api/v1/namespaces/{ns}/pods")["items"]:
+            pods.add(p["metadata"]["uid"])
+
+    replicas = {p["metadata"]["name"] for p in product.pods("cdi-controller")}
+    old = product.leader()
+    assert old in replicas and len(replicas) == 2, (old, replicas)
+    (standby,) = replicas - {old}
+    lease_seconds = product.lease()["spec"]["leaseDurationSeconds"]
+    note_pods()
+    killed_at = time.monotonic()
+    product.kill(old)
+
+    def new_leader() -> str | None:
+        note_pods()
+        holder = product.leader()
+        return holder if holder != old else None
+
+    successor = wait_until(new_leader, "another replica to take the Lease", 3 * lease_seconds)
+    took = time.monotonic() - killed_at
+    phase_then = kube.get(dv_path(ns, name))["status"]["phase"]
+    print(f"takeover: {successor} leads {took:.1f} s after {old} was SIGKILLed")
+
+    def done() -> dict[str, Any] | None:
+        note_pods()
+        dv = kube.get(dv_path(ns, name))
+        return dv if dv.get("status", {}).get("phase") in ("Succeeded", "Failed") else None
+
+    dv = wait_until(done, "the import to finish after the takeover", timeout, interval=0.2)
+    return Takeover(old, standby, successor, took, phase_then, pods, dv)
+
+
+def both_replicas_ready(product: Product) -> bool:
+    pods = product.pods("cdi-controller")
+    return len(pods) == 2 and all(
+        c.get("ready") for p in pods for c in p["status"].get("containerStatuses") or [{}]
+    )
+
+
 COPY_CLASS = {"Filesystem": "copy-fs", "Block": "copy-block"}
 PROFILES = "/apis/cdi.kubevirt.io/v1beta1/storageprofiles"
 

@@ -20,10 +20,12 @@ from tests.integration.datavolumes.cdi_env import (
     Images,
     ImageServer,
     MiB,
+    both_replicas_ready,
     condition,
     datavolume,
     dv_path,
     events_for,
+    kill_the_leader_mid_import,
     pv_of,
     same_prefix_then_zeros,
     wait_phase,
@@ -274,54 +276,17 @@ def test_leader_killed_mid_import_the_standby_takes_over_within_the_lease_withou
     images: Images,
 ) -> None:
     url = image_server.url("crawl", "disk.qcow2.xz")
-    kube.create(dv_path(namespace), datavolume("crash", {"http": {"url": url}}, size="64Mi"))
-    wait_phase(kube, namespace, "crash", ("ImportInProgress",), 60)
-    uids: set[str] = set()
-
-    def note_pods() -> None:
-        for p in kube.get(f"/api/v1/namespaces/{namespace}/pods")["items"]:
-            uids.add(p["metadata"]["uid"])
-
-    old = controller.leader()
-    assert old in {p["metadata"]["name"] for p in controller.pods("cdi-controller")}
     lease_seconds = controller.lease()["spec"]["leaseDurationSeconds"]
-    note_pods()
-    killed_at = time.monotonic()
-    controller.kill(old)  # SIGKILL: the Lease is not released, the standby must wait it out
-
-    def new_leader() -> str | None:
-        note_pods()
-        holder = controller.leader()
-        return holder if holder != old else None
-
-    successor = wait_until(new_leader, "another replica to take the Lease", 3 * lease_seconds)
-    took = time.monotonic() - killed_at
-    print(f"takeover: {successor} leads {took:.1f} s after {old} was SIGKILLed")
+    t = kill_the_leader_mid_import(kube, controller, namespace, "crash", url, timeout=120)
     # The Lease expires at most 15 s after the kill (the last renewal came before it); the
     # standby looks every 2 s (--retry-period); 3 s more for a loaded 2-core machine.
-    assert took <= lease_seconds + 5, f"{successor} took over after {took:.1f} s"
-
-    def done() -> dict | None:
-        note_pods()
-        dv = kube.get(dv_path(namespace, "crash"))
-        return dv if dv.get("status", {}).get("phase") in ("Succeeded", "Failed") else None
-
-    dv = wait_until(done, "import to finish after the takeover", 120, interval=0.2)
-    assert dv["status"]["phase"] == "Succeeded", dv["status"]
-    assert dv["status"]["restartCount"] == 0
-    assert len(uids) == 1, uids  # the new leader found the pod instead of making another
+    assert t.took <= lease_seconds + 5, f"{t.successor} took over after {t.took:.1f} s"
+    assert t.dv["status"]["phase"] == "Succeeded", t.dv["status"]
+    assert t.dv["status"]["restartCount"] == 0
+    assert len(t.pods) == 1, t.pods  # the new leader found the pod instead of making another
     local = Path(pv_of(kube, namespace, "crash")["spec"]["local"]["path"])
     same_prefix_then_zeros(local / "disk.img", images.reference)
     # The killed replica is restarted by the node and stands by again.
     wait_until(
-        lambda: (
-            all(
-                c.get("ready")
-                for p in controller.pods("cdi-controller")
-                for c in p["status"].get("containerStatuses") or [{}]
-            )
-            and len(controller.pods("cdi-controller")) == 2
-        ),
-        "both controller replicas running again",
-        60,
+        lambda: both_replicas_ready(controller), "both controller replicas running again", 60
     )
