@@ -363,14 +363,17 @@ def _s3_from_env(env: Mapping[str, str]) -> S3Options:
     return s3_options(env.get(ImporterEnv.ENDPOINT, ""), credentials, http)
 
 
-GCS_EMULATOR_ENV = "STORAGE_EMULATOR_HOST"  # Google's libraries' name; set by the controller
+# Google's libraries' name, read when IMPORTER_GCS_ENDPOINT (CDIConfig spec.gcsEndpoint, what the
+# controller renders) is not set; the controller never sets it
+GCS_EMULATOR_ENV = "STORAGE_EMULATOR_HOST"
 
 
 def _gcs_from_env(env: Mapping[str, str]) -> GcsOptions:
     """``source.gcs``: the object's URL, the service-account key the Secret's
     ``credentials.json`` holds (mounted at ``/google``, named by
     ``GOOGLE_APPLICATION_CREDENTIALS`` as CDI does; none: anonymous), the endpoint gs:// URLs
-    are read from (``STORAGE_EMULATOR_HOST``, which only the pod spec sets) and the HTTP
+    are read from (``IMPORTER_GCS_ENDPOINT``, else ``STORAGE_EMULATOR_HOST``: only the pod
+    spec sets them) and the HTTP
     settings for trust, proxy, policy. A key that does not parse is refused here, before any
     connection, without quoting it."""
     plain = {k: v for k, v in env.items() if "ACCESS_KEY" not in k and "SECRET_KEY" not in k}
@@ -385,7 +388,9 @@ def _gcs_from_env(env: Mapping[str, str]) -> GcsOptions:
         if not text:
             raise InvalidConfig("GCS secretRef: the Secret has no credentials.json")
         account = service_account(text)
-    endpoint = emulator_endpoint(env.get(GCS_EMULATOR_ENV))
+    endpoint = emulator_endpoint(
+        env.get(ImporterEnv.GCS_ENDPOINT) or env.get(GCS_EMULATOR_ENV)
+    )
     return gcs_options(env.get(ImporterEnv.ENDPOINT, ""), account, http, endpoint)
 
 

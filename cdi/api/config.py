@@ -162,6 +162,9 @@ class CDIConfigSpec(ApiObject):
     import_bandwidth_limit: str | None = None
     # Not CDI (issue 28): importer pods alive at once, cluster-wide; None or 0: no limit
     max_concurrent_imports: int | None = None
+    # Not CDI (issue 27): the GCS endpoint gs:// URLs are read from (http(s)://host[:port]);
+    # None: Google's. The operator's: a tenant's URL never chooses it
+    gcs_endpoint: str | None = None
 
 
 @dataclass(frozen=True)

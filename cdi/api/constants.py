@@ -345,6 +345,9 @@ class ImporterEnv(StrEnum):
     CHECKPOINT_ATTESTED = "IMPORTER_CHECKPOINT_ATTESTED"
     # Not CDI: bytes per second a network source may read at most (issue 28, throttle.py)
     BANDWIDTH_LIMIT = "IMPORTER_BANDWIDTH_LIMIT"
+    # Not CDI (issue 27): where gs:// URLs are read, CDIConfig spec.gcsEndpoint
+    # (http(s)://host[:port]); unset: https://storage.googleapis.com
+    GCS_ENDPOINT = "IMPORTER_GCS_ENDPOINT"
     # Not CDI: a DataImportCron poller of an HTTP image or a release stream (importer/poll.py):
     # "http" or "stream"; the checksum file beside the image; the stream's architecture and
     # artifact (cdi.api.releasestream).

@@ -63,6 +63,8 @@ these environment variables (CDI's names, ``cdi.api.constants.ImporterEnv``):
 ``IMPORTER_METRICS_PORT``          metrics port, when not 8443
 ``IMPORTER_CHECKPOINT_ATTESTED``   "<offset>:<blake3>": the resume prefix the controller scraped
                                    from the previous attempt (not CDI; datapath.checkpoint)
+``IMPORTER_GCS_ENDPOINT``          gcs: where gs:// URLs are read, CDIConfig spec.gcsEndpoint
+                                   (not CDI; cdi.api.gcs); unset: Google's
 =================================  =================================================
 
 Two deliberate differences from CDI: basic-auth credentials are not env vars (CDI's
@@ -109,6 +111,7 @@ from cdi.api.constants import (
     ImporterEnv,
     VolumeMode,
 )
+from cdi.api.gcs import BadGcsEndpoint, parse_gcs_endpoint
 from cdi.api.quantity import QuantityError, parse_rate
 from cdi.api.types import DataVolume, resolve_volume_mode
 from cdi.render import RenderError
@@ -304,6 +307,8 @@ def _env(
         (ImporterEnv.CHECKPOINT_ATTESTED, _attested(config.checkpoint_attested)),
         (ImporterEnv.BANDWIDTH_LIMIT, _text(bandwidth_limit(dv, cdi))),
     ]
+    if settings.source == IMPORT_SOURCE_GCS:
+        pairs.append((ImporterEnv.GCS_ENDPOINT, gcs_endpoint(cdi)))
     if settings.cert_config_map:
         pairs.append((ImporterEnv.CERT_DIR, CERT_DIR))
     if settings.secret_ref and settings.source == IMPORT_SOURCE_GCS:
@@ -323,6 +328,19 @@ def _rate(text: str | None, where: str) -> int | None:
         return parse_rate(text)
     except QuantityError as exc:
         raise RenderError(f"{where} {exc}") from exc
+
+
+def gcs_endpoint(cdi: CDIConfig) -> str | None:
+    """CDIConfig ``spec.gcsEndpoint`` (not CDI): where this import reads ``gs://`` URLs, the
+    operator's choice only (``cdi.api.gcs``); None: Google's. A bad value is a render error
+    naming the field, so no importer starts with it."""
+    text = cdi.spec.gcs_endpoint
+    if not text:
+        return None
+    try:
+        return parse_gcs_endpoint(text)
+    except BadGcsEndpoint as exc:
+        raise RenderError(f"CDIConfig spec.gcsEndpoint {exc}") from None
 
 
 def bandwidth_limit(dv: DataVolume, cdi: CDIConfig) -> int | None:
