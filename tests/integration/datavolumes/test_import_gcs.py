@@ -2,16 +2,18 @@
 importer pod on the local node reading from a real GCS emulator on loopback (fake-gcs-server,
 ``testkit/gcsserver.py``) with a token the service account of the ``secretRef`` (its
 ``credentials.json``, mounted at ``/google`` as CDI does) got from a real OAuth token endpoint
-(``testkit.gcsserver.TokenServer``: fake-gcs-server has none). The URL is the https form with the
-emulator as its host, so the controller needs no emulator setting. The volume holds the image's
-bytes; the key appears in no event, condition or pod. A VolumeImportSource reads a public
-object without a secret."""
+(``testkit.gcsserver.TokenServer``: fake-gcs-server has none; the key's ``token_uri`` names it).
+The URL is the https form with the emulator as its host, or ``gs://bucket/object`` read from the
+endpoint the operator names in CDIConfig ``spec.gcsEndpoint`` (the emulator), which the import
+network policy still judges. The volume holds the image's bytes; the key appears in no event,
+condition or pod. A VolumeImportSource reads a public object without a secret."""
 
 from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -20,6 +22,7 @@ from testkit.gcsserver import GcsServer, ServiceAccountKey
 from testkit.kubeclient import Kube
 from testkit.product import Product
 from tests.integration.datavolumes.cdi_env import (
+    DV_API,
     Images,
     condition,
     datavolume,
@@ -116,3 +119,70 @@ def test_a_volume_import_source_with_a_public_gcs_object_populates_the_claim(
     assert pvc["metadata"]["annotations"]["cdi.kubevirt.io/storage.pod.phase"] == "Succeeded"
     same_prefix_then_zeros(volume_dir(kube, namespace, "disk") / "disk.img", images.reference)
     assert len(gcs.tokens.granted) == granted
+
+
+CONFIG = f"{DV_API}/cdiconfigs/config"
+
+
+@pytest.fixture
+def gcs_endpoint(kube: Kube) -> Iterator[Callable[[str], None]]:
+    """Sets CDIConfig ``spec.gcsEndpoint``; unset again after the test."""
+
+    def configure(endpoint: str) -> None:
+        kube.patch(CONFIG, {"spec": {"gcsEndpoint": endpoint}})
+        time.sleep(2)  # the controller reads CDIConfig from its informer cache
+
+    yield configure
+    kube.patch(CONFIG, {"spec": {"gcsEndpoint": None}})
+
+
+def test_gs_urls_are_read_from_the_operators_gcs_endpoint_with_and_without_a_secret(
+    kube: Kube,
+    namespace: str,
+    controller: Product,
+    gcs: GcsServer,
+    images: Images,
+    gcs_endpoint: Callable[[str], None],
+) -> None:
+    """``gs://bucket/object`` through the deployed controller: a private object with the
+    service account's token and a public one anonymously, both from the emulator the operator
+    named; the importer pods carry the endpoint, from CDIConfig only."""
+    gcs_endpoint(gcs.endpoint)
+    private = gcs.put("golden", "os/gs-disk.qcow2", images.path("disk.qcow2"))
+    public = gcs.put("public", "os/gs-disk.raw.gz", images.path("disk.raw.gz"))
+    assert private == "gs://golden/os/gs-disk.qcow2" and gcs.tokens is not None
+    granted = len(gcs.tokens.granted)
+    gcs_secret(kube, namespace, "gs-key", gcs.credentials_json())
+    sources = {
+        "gs-private": {"gcs": {"url": private, "secretRef": "gs-key"}},
+        "gs-public": {"gcs": {"url": public}},
+    }
+    for name, source in sources.items():
+        kube.create(dv_path(namespace), datavolume(name, source, size="64Mi"))
+    for name in sources:
+        dv = wait_phase(kube, namespace, name, ("Succeeded", "Failed"), 120)
+        assert dv["status"]["phase"] == "Succeeded", (name, dv["status"])
+        disk = Path(pv_of(kube, namespace, name)["spec"]["local"]["path"]) / "disk.img"
+        same_prefix_then_zeros(disk, images.reference)
+    assert len(gcs.tokens.granted) == granted + 1  # the private import's token only
+    key_line = gcs.account.private_pem.splitlines()[1]
+    assert key_line not in everything_a_reader_sees(kube, namespace, "gs-private")
+
+
+def test_the_import_policy_applies_to_the_operators_gcs_endpoint(
+    kube: Kube,
+    namespace: str,
+    controller: Product,
+    gcs: GcsServer,
+    gcs_endpoint: Callable[[str], None],
+) -> None:
+    """The session's policy allows 127.0.0.1/32 only: an endpoint on 127.0.0.2 is refused at
+    the dial, permanently, and named; an operator's endpoint is no way around the policy."""
+    gcs_endpoint(f"http://127.0.0.2:{gcs.port}")
+    source = {"gcs": {"url": "gs://golden/os/anything.img"}}
+    kube.create(dv_path(namespace), datavolume("gs-refused", source, size="64Mi"))
+    dv = wait_phase(kube, namespace, "gs-refused", ("Failed",), 120)
+    running = condition(dv, "Running")
+    assert running["reason"] == "SourceForbidden", running
+    assert "127.0.0.2" in running["message"] and "import policy" in running["message"], running
+    assert dv["status"].get("restartCount", 0) == 0
