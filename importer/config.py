@@ -388,9 +388,7 @@ def _gcs_from_env(env: Mapping[str, str]) -> GcsOptions:
         if not text:
             raise InvalidConfig("GCS secretRef: the Secret has no credentials.json")
         account = service_account(text)
-    endpoint = emulator_endpoint(
-        env.get(ImporterEnv.GCS_ENDPOINT) or env.get(GCS_EMULATOR_ENV)
-    )
+    endpoint = emulator_endpoint(env.get(ImporterEnv.GCS_ENDPOINT) or env.get(GCS_EMULATOR_ENV))
     return gcs_options(env.get(ImporterEnv.ENDPOINT, ""), account, http, endpoint)
 
 

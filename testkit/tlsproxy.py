@@ -4,12 +4,19 @@ destinations and forwards absolute-form GET/HEAD requests for ``http://`` ones, 
 connection. It records what it was asked for (``tunnels``, ``forwarded``), so a test can tell
 an import went through it, or never reached it.
 
+With ``tls=None`` it listens in plain http (an ``http://`` proxy). With ``credentials``
+(``user:password``) it demands them as ``Proxy-Authorization: Basic``, as an authenticating
+proxy does: any other value (or none) gets ``407 Proxy Authentication Required`` with a
+``Proxy-Authenticate`` challenge, and nothing is forwarded; every value it was sent is kept in
+``authorizations``.
+
 asyncio streams on a thread of their own; a refused handshake (the importer not trusting the
 certificate) is expected and not logged."""
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import ssl
 import threading
@@ -21,16 +28,34 @@ from testkit.registry import Tls
 
 @dataclass
 class TlsForwardProxy:
-    tls: Tls
+    tls: Tls | None
+    credentials: str | None = None  # user:password it demands
     tunnels: list[str] = field(default_factory=list)  # CONNECT targets, host:port
     forwarded: list[str] = field(default_factory=list)  # absolute-form request lines
+    authorizations: list[str | None] = field(default_factory=list)  # Proxy-Authorization seen
+    refused: int = 0  # requests answered 407
     port: int = 0
     _loop: asyncio.AbstractEventLoop | None = None
     _server: asyncio.Server | None = None
 
     @property
     def url(self) -> str:
-        return f"https://127.0.0.1:{self.port}"
+        return f"{'http' if self.tls is None else 'https'}://127.0.0.1:{self.port}"
+
+    def url_with(self, userinfo: str) -> str:
+        """The proxy's URL with ``userinfo`` (already percent-encoded) in it."""
+        return self.url.replace("://", f"://{userinfo}@", 1)
+
+    def _authorized(self, rest: bytes) -> bool:
+        found = None
+        for line in rest.split(b"\r\n"):
+            name, _, value = line.decode("latin-1").partition(":")
+            if name.strip().lower() == "proxy-authorization":
+                found = value.strip()
+        if self.credentials is None:
+            return True
+        self.authorizations.append(found)
+        return found == "Basic " + base64.b64encode(self.credentials.encode()).decode()
 
     @staticmethod
     async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -49,6 +74,17 @@ class TlsForwardProxy:
             return
         line, _, rest = head.partition(b"\r\n")
         method, target, version = line.decode().split(" ", 2)
+        if not self._authorized(rest):
+            self.refused += 1
+            writer.write(
+                b"HTTP/1.1 407 Proxy Authentication Required\r\n"
+                b'Proxy-Authenticate: Basic realm="testkit"\r\nContent-Length: 0\r\n'
+                b"Connection: close\r\n\r\n"
+            )
+            with contextlib.suppress(OSError):
+                await writer.drain()
+            writer.close()
+            return
         if method == "CONNECT":
             self.tunnels.append(target)
             host, port = target.rsplit(":", 1)
@@ -73,8 +109,10 @@ class TlsForwardProxy:
         await asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer))
 
     def start(self) -> TlsForwardProxy:
-        ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        ctx.load_cert_chain(self.tls.cert, self.tls.key)
+        ctx = None
+        if self.tls is not None:
+            ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            ctx.load_cert_chain(self.tls.cert, self.tls.key)
         ready = threading.Event()
 
         async def main() -> None:

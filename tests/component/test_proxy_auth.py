@@ -1,0 +1,127 @@
+"""Imports through a proxy that demands credentials (``Proxy-Authorization: Basic``), the way
+CDIConfig ``importProxy`` names one (``http(s)://user:password@host:port``): a real forward proxy
+on loopback (``testkit.tlsproxy``), plain http or TLS with a private CA, in front of http and
+https image servers. The right credentials reach the proxy on every request and tunnel; a wrong
+password is a permanent ``ProxyAuthenticationFailed`` naming the proxy's 407, at once (no retry
+loop), with no credential in the message and the image server never asked."""
+
+from __future__ import annotations
+
+import base64
+import ssl
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+
+from importer.sources.http import ProxyConfig
+from testkit.pki import CertificateAuthority
+from testkit.registry import Tls
+from testkit.tlsproxy import TlsForwardProxy
+from tests.component.conftest import ImageFactory, same_content
+from tests.component.helpers import import_url
+
+CREDENTIALS = "al@ice:pw-SECRET"
+USERINFO = "al%40ice:pw-SECRET"  # as it is written in a proxy URL
+
+
+@pytest.fixture(params=["http", "https"])
+def proxy(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[TlsForwardProxy]:
+    tls = None
+    if request.param == "https":
+        tls = Tls.make(tmp_path / "proxy-tls", CertificateAuthority("private-proxy-ca"))
+    server = TlsForwardProxy(tls, credentials=CREDENTIALS).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def target_tls(tmp_path: Path) -> Tls:
+    return Tls.make(tmp_path / "target-tls", CertificateAuthority("images-ca"))
+
+
+@pytest.fixture
+async def origins(
+    images: ImageFactory, target_tls: Tls
+) -> AsyncIterator[dict[str, tuple[str, list[str]]]]:
+    """scheme -> (origin, request paths seen) of an http and an https image server."""
+    found: dict[str, tuple[str, list[str]]] = {}
+    runners: list[web.AppRunner] = []
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(target_tls.cert, target_tls.key)
+    for scheme, tls in (("http", None), ("https", ctx)):
+        seen: list[str] = []
+
+        async def handler(request: web.Request, seen: list[str] = seen) -> web.StreamResponse:
+            seen.append(f"{request.method} {request.path}")
+            return web.FileResponse(images.root / request.path.lstrip("/"))
+
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", handler)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0, ssl_context=tls).start()
+        found[scheme] = (f"{scheme}://127.0.0.1:{runner.addresses[0][1]}", seen)
+        runners.append(runner)
+    yield found
+    for runner in runners:
+        await runner.cleanup()
+
+
+def _through(proxy: TlsForwardProxy, userinfo: str) -> dict[str, object]:
+    url = proxy.url_with(userinfo)
+    ca = () if proxy.tls is None else (str(proxy.tls.ca_pem),)
+    return {"proxy": ProxyConfig(http=url, https=url), "proxy_ca_files": ca}
+
+
+@pytest.mark.parametrize("destination", ["http", "https"])
+async def test_the_proxy_credentials_reach_an_authenticating_proxy(
+    destination: str,
+    proxy: TlsForwardProxy,
+    origins: dict[str, tuple[str, list[str]]],
+    target_tls: Tls,
+    images: ImageFactory,
+    tmp_path: Path,
+) -> None:
+    image = images.make("qcow2")
+    origin, seen = origins[destination]
+    result = await import_url(
+        f"{origin}/{image.path.name}",
+        tmp_path / "disk.img",
+        ca_files=(str(target_tls.ca_pem),),
+        **_through(proxy, USERINFO),
+    )
+    assert result.reason == "Completed", result
+    assert same_content(tmp_path / "disk.img", image.reference)
+    assert f"GET /{image.path.name}" in seen
+    expected = "Basic " + base64.b64encode(CREDENTIALS.encode()).decode()
+    assert proxy.authorizations and set(proxy.authorizations) == {expected}
+    assert proxy.refused == 0
+    assert (proxy.tunnels if destination == "https" else proxy.forwarded), "not through it"
+
+
+@pytest.mark.parametrize("destination", ["http", "https"])
+async def test_a_wrong_proxy_password_fails_at_once_naming_the_407_not_the_password(
+    destination: str,
+    proxy: TlsForwardProxy,
+    origins: dict[str, tuple[str, list[str]]],
+    target_tls: Tls,
+    images: ImageFactory,
+    tmp_path: Path,
+) -> None:
+    image = images.make("raw")
+    origin, seen = origins[destination]
+    result = await import_url(
+        f"{origin}/{image.path.name}",
+        tmp_path / "disk.img",
+        ca_files=(str(target_tls.ca_pem),),
+        **_through(proxy, "al%40ice:wrong-SECRET"),
+    )
+    assert result.reason == "ProxyAuthenticationFailed" and not result.transient, result
+    assert "407" in result.message and f"127.0.0.1:{proxy.port}" in result.message
+    assert "SECRET" not in result.message and "al%40ice" not in result.message
+    # the HEAD hint and the GET, each refused once: no retry loop
+    assert 1 <= proxy.refused <= 2, proxy.refused
+    assert proxy.tunnels == [] and proxy.forwarded == [] and seen == []
+    assert not (tmp_path / "disk.img").exists()
