@@ -14,9 +14,16 @@ reads the head (bounded in size and in total time), checks the ticket in
 ``Proxy-Authorization``, and sends the same head to the upstream proxy with the ticket replaced
 by the upstream's credentials (and ``Connection: close`` for a plain request, so a second
 request on the connection never reaches the upstream un-rewritten); then it copies bytes both
-ways until either side closes or both are idle for ``idle_timeout``. It never parses a response
-and never sees TLS inside a CONNECT tunnel. Refusals are short plain answers (400, 405, 407,
-431, 502, 503) that echo nothing of the request.
+ways until either side closes or both are idle for ``idle_timeout``. Of a response it reads
+only the status line, to log an upstream's 407 for the operator (the importer reports it as
+``ProxyAuthenticationFailed``); it never sees TLS inside a CONNECT tunnel. Refusals are short
+plain answers (400, 405, 407, 431, 502, 503) that echo nothing of the request.
+
+An upstream may listen with TLS (``importProxy`` ``https://user:password@proxy:port``): the
+relay then speaks TLS to it (``Upstream.tls``, verified with the system's CAs and the bundle
+of ``importProxy.trustedCAProxy``), and a CONNECT tunnel runs inside that TLS, the importer's
+own TLS to the destination inside the tunnel. Importer to relay stays plain HTTP inside the
+cluster, as for an ``http://`` upstream: an https destination is TLS end to end anyway.
 
 The upstream settings come from a callable (the process reads CDIConfig, ``serve.py``); the
 server itself touches no cluster API, so component tests run it against loopback proxies.
@@ -29,6 +36,7 @@ import base64
 import binascii
 import contextlib
 import logging
+import ssl
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -51,6 +59,7 @@ class Upstream:
     host: str
     port: int
     authorization: str | None = None
+    tls: ssl.SSLContext | None = None  # an https:// proxy: TLS to it, verified
 
 
 @dataclass(frozen=True)
@@ -183,6 +192,29 @@ async def _pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter, idle: _Idl
             await asyncio.wait_for(dst.drain(), idle.limit)
         if dst.can_write_eof():
             dst.write_eof()
+        else:  # TLS to an https:// upstream has no half-close: end it, or it waits for idle
+            dst.close()
+
+
+async def _status_line(
+    src: asyncio.StreamReader, dst: asyncio.StreamWriter, idle: _Idle, upstream: Upstream
+) -> None:
+    """Pass on the upstream's status line, logging a 407: the operator's credentials were
+    refused (the importer names the 407 to the tenant; the operator learns it here)."""
+    try:
+        line = await asyncio.wait_for(src.readuntil(b"\n"), idle.limit)
+    except asyncio.IncompleteReadError as cut:
+        line = cut.partial
+    except asyncio.LimitOverrunError:
+        raise ConnectionError("the upstream's status line is too long") from None
+    if line.split(b" ", 2)[1:2] == [b"407"]:
+        log.warning(
+            "upstream proxy %s:%d refused the credentials of CDIConfig importProxy (407)",
+            upstream.host,
+            upstream.port,
+        )
+    idle.moved()
+    dst.write(line)
 
 
 class ImportProxyRelay:
@@ -233,6 +265,31 @@ class ImportProxyRelay:
             self._slots.give(address)
             writer.close()
 
+    async def _dial(self, upstream: Upstream) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        where = f"{upstream.host}:{upstream.port}"
+        hostname = upstream.host if upstream.tls is not None else None
+        try:
+            return await asyncio.wait_for(
+                asyncio.open_connection(
+                    upstream.host,
+                    upstream.port,
+                    limit=_PIECE,
+                    ssl=upstream.tls,
+                    server_hostname=hostname,
+                ),
+                self.config.connect_timeout,
+            )
+        except ssl.SSLCertVerificationError as exc:
+            log.warning(
+                "upstream proxy %s: TLS not trusted (%s); its CA belongs in the ConfigMap "
+                "CDIConfig importProxy.trustedCAProxy names",
+                where,
+                exc.verify_message,
+            )
+        except (OSError, TimeoutError):
+            log.warning("upstream proxy %s unreachable", where)
+        raise Refusal(502, "Bad Gateway")
+
     async def _head(self, reader: asyncio.StreamReader) -> Request:
         try:
             head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), self.config.head_timeout)
@@ -244,22 +301,18 @@ class ImportProxyRelay:
         request = await self._head(reader)
         ticket = ticket_of(request, self.key, self.clock())
         upstream = _upstream_for(request, await self.upstreams())
-        try:
-            up_reader, up_writer = await asyncio.wait_for(
-                asyncio.open_connection(upstream.host, upstream.port, limit=_PIECE),
-                self.config.connect_timeout,
-            )
-        except (OSError, TimeoutError):
-            log.warning("upstream proxy %s:%d unreachable", upstream.host, upstream.port)
-            raise Refusal(502, "Bad Gateway") from None
+        up_reader, up_writer = await self._dial(upstream)
         log.info("%s for %s/%s", request.method, ticket.namespace, ticket.claim)
         try:
             up_writer.write(forwarded_head(request, upstream))
             idle = _Idle(self.config.idle_timeout)
             upward = asyncio.create_task(_pump(reader, up_writer, idle))
-            await _pump(up_reader, writer, idle)
-            upward.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await upward
+            try:
+                await _status_line(up_reader, writer, idle, upstream)
+                await _pump(up_reader, writer, idle)
+            finally:
+                upward.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await upward
         finally:
             up_writer.close()

@@ -4,8 +4,11 @@ The upstream proxies are CDIConfig ``config``'s ``importProxy`` (the status the 
 reconciler keeps, else the spec: what the controller renders importer pods from), read again
 when older than ``refresh`` seconds so an operator's change reaches new connections soon; the
 ticket key is Secret ``cdi-import-proxy-key`` (``cdi.kube.shared_key``: whichever of the
-controller and the relay starts first makes it). Read access to CDIConfig and that one Secret
-is all the relay's ServiceAccount has (``deploy/60-import-proxy.yaml``).
+controller and the relay starts first makes it). An ``https://`` upstream is verified with the
+system's CAs and the ConfigMap ``importProxy.trustedCAProxy`` names in the relay's namespace
+(CDI's place for it), read with CDIConfig. Read access to CDIConfig, ConfigMaps of its own
+namespace and that one Secret is all the relay's ServiceAccount has
+(``deploy/60-import-proxy.yaml``).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import logging
+import ssl
 import time
 from dataclasses import dataclass, field
 from urllib.parse import unquote, urlsplit
@@ -20,7 +24,7 @@ from urllib.parse import unquote, urlsplit
 from cdi.api.config import CDIConfig
 from cdi.api.constants import CDICONFIG_NAME
 from cdi.importproxy.relay import ImportProxyRelay, RelayConfig, Upstream, Upstreams
-from cdi.kube.client import CDI_CONFIGS, Kube
+from cdi.kube.client import CDI_CONFIGS, CONFIG_MAPS, Kube
 from cdi.kube.errors import KubeError
 from cdi.kube.shared_key import ensure_shared_key
 from cdi.lifecycle import run_until_stopped
@@ -39,37 +43,66 @@ class ImportProxyServeConfig:
     relay: RelayConfig = field(default_factory=RelayConfig)
 
 
-def upstream(url: str | None) -> Upstream | None:
-    """An ``http://[user:pass@]host:port`` proxy URL as the relay dials it (the importer
-    supports only http:// proxies, and so does the relay)."""
+def upstream(url: str | None, tls: ssl.SSLContext | None = None) -> Upstream | None:
+    """An ``http(s)://[user:pass@]host:port`` proxy URL as the relay dials it; an ``https://``
+    one with ``tls`` (else the system's CAs alone)."""
     if not url:
         return None
     parts = urlsplit(url if "://" in url else f"http://{url}")
-    if parts.scheme != "http" or not parts.hostname:
-        log.warning("importProxy: only http:// proxies are supported; ignored")
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        log.warning("importProxy: only http:// and https:// proxies are supported; ignored")
         return None
     auth = None
     if parts.username is not None:
         pair = f"{unquote(parts.username)}:{unquote(parts.password or '')}"
         auth = "Basic " + base64.b64encode(pair.encode()).decode("ascii")
-    return Upstream(parts.hostname, parts.port or 80, auth)
+    if parts.scheme == "http":
+        return Upstream(parts.hostname, parts.port or 80, auth)
+    return Upstream(parts.hostname, parts.port or 443, auth, tls or ssl.create_default_context())
+
+
+def proxy_tls(bundle: str) -> ssl.SSLContext:
+    """An https:// proxy's trust: the system's CAs plus ``importProxy.trustedCAProxy``'s
+    bundle (the ConfigMap's values, PEM); a bundle that does not load is logged and left out
+    (the proxy is then trusted only if a system CA signed it)."""
+    ctx = ssl.create_default_context()
+    if bundle.strip():
+        try:
+            ctx.load_verify_locations(cadata=bundle)
+        except (ssl.SSLError, ValueError) as exc:
+            log.warning("importProxy.trustedCAProxy: the bundle does not load (%s)", exc)
+    return ctx
 
 
 class CDIConfigUpstreams:
     """The upstream proxies from CDIConfig, re-read when older than ``refresh`` seconds (1 s
     while there are none); the last good answer is kept while the API server cannot be read."""
 
-    def __init__(self, kube: Kube, refresh: float) -> None:
-        self.kube, self.refresh = kube, refresh
+    def __init__(self, kube: Kube, refresh: float, namespace: str = "cdi") -> None:
+        self.kube, self.refresh, self.namespace = kube, refresh, namespace
         self.value, self.read_at = Upstreams(), float("-inf")
         self._lock = asyncio.Lock()
+        self._tls: tuple[str, ssl.SSLContext] | None = None  # (bundle, its context)
 
     def _read(self) -> Upstreams:
         found = self.kube.get_or_none(CDI_CONFIGS, CDICONFIG_NAME)
         proxy = CDIConfig.from_dict(found or {}).import_proxy
         if proxy is None:
             return Upstreams()
-        return Upstreams(upstream(proxy.http_proxy), upstream(proxy.https_proxy))
+        tls = self._tls_for(proxy.trusted_ca_proxy)
+        return Upstreams(upstream(proxy.http_proxy, tls), upstream(proxy.https_proxy, tls))
+
+    def _tls_for(self, config_map: str | None) -> ssl.SSLContext:
+        """The context for https:// upstreams, built again only when the bundle changes."""
+        bundle = ""
+        if config_map:
+            found = self.kube.get_or_none(CONFIG_MAPS, config_map, self.namespace) or {}
+            bundle = "\n".join(str(v) for v in (found.get("data") or {}).values())
+            if not found:
+                log.warning("importProxy.trustedCAProxy: no ConfigMap %s", config_map)
+        if self._tls is None or self._tls[0] != bundle:
+            self._tls = (bundle, proxy_tls(bundle))
+        return self._tls[1]
 
     async def __call__(self) -> Upstreams:
         async with self._lock:
@@ -86,7 +119,8 @@ class CDIConfigUpstreams:
 
 async def serve_import_proxy(kube: Kube, config: ImportProxyServeConfig) -> None:
     key = await asyncio.to_thread(ensure_shared_key, kube, config.namespace, config.key_secret)
-    relay = ImportProxyRelay(key, CDIConfigUpstreams(kube, config.refresh), config.relay)
+    upstreams = CDIConfigUpstreams(kube, config.refresh, config.namespace)
+    relay = ImportProxyRelay(key, upstreams, config.relay)
     port = await relay.start(config.host, config.port)
     log.info("relaying on %s:%d", config.host, port)
 

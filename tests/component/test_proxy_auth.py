@@ -3,18 +3,27 @@ CDIConfig ``importProxy`` names one (``http(s)://user:password@host:port``): a r
 on loopback (``testkit.tlsproxy``), plain http or TLS with a private CA, in front of http and
 https image servers. The right credentials reach the proxy on every request and tunnel; a wrong
 password is a permanent ``ProxyAuthenticationFailed`` naming the proxy's 407, at once (no retry
-loop), with no credential in the message and the image server never asked."""
+loop), with no credential in the message and the image server never asked.
+
+The same through the import proxy relay (``cdi.importproxy``), as the controller wires a
+credentialed importProxy: the importer holds only a ticket, the relay dials the proxy (with TLS
+for an ``https://`` one, trusted by the ``trustedCAProxy`` bundle) and adds the credentials."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import ssl
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 from aiohttp import web
 
+from cdi.importproxy.relay import ImportProxyRelay, Upstreams
+from cdi.importproxy.serve import proxy_tls, upstream
+from cdi.importproxy.ticket import issue
 from importer.sources.http import ProxyConfig
 from testkit.pki import CertificateAuthority
 from testkit.registry import Tls
@@ -98,7 +107,7 @@ async def test_the_proxy_credentials_reach_an_authenticating_proxy(
     expected = "Basic " + base64.b64encode(CREDENTIALS.encode()).decode()
     assert proxy.authorizations and set(proxy.authorizations) == {expected}
     assert proxy.refused == 0
-    assert (proxy.tunnels if destination == "https" else proxy.forwarded), "not through it"
+    assert proxy.tunnels if destination == "https" else proxy.forwarded, "not through it"
 
 
 @pytest.mark.parametrize("destination", ["http", "https"])
@@ -125,3 +134,109 @@ async def test_a_wrong_proxy_password_fails_at_once_naming_the_407_not_the_passw
     assert 1 <= proxy.refused <= 2, proxy.refused
     assert proxy.tunnels == [] and proxy.forwarded == [] and seen == []
     assert not (tmp_path / "disk.img").exists()
+
+
+KEY = b"relay-key" * 4
+
+
+async def _relay(proxy: TlsForwardProxy, userinfo: str, bundle: str) -> ImportProxyRelay:
+    """The relay in front of ``proxy`` as ``cdi import-proxy`` reads CDIConfig: both
+    importProxy URLs are ``proxy`` with ``userinfo``, its CA ``bundle`` (trustedCAProxy)."""
+    target = upstream(proxy.url_with(userinfo), proxy_tls(bundle))
+    assert target is not None and (target.tls is not None) == (proxy.tls is not None)
+
+    async def upstreams() -> Upstreams:
+        return Upstreams(http=target, https=target)
+
+    return ImportProxyRelay(KEY, upstreams)
+
+
+def _ticketed(port: int) -> ProxyConfig:
+    url = f"http://{issue('vms', 'disk', time.time(), 600).userinfo(KEY)}@127.0.0.1:{port}"
+    return ProxyConfig(http=url, https=url)
+
+
+def _bundle(proxy: TlsForwardProxy) -> str:
+    return "" if proxy.tls is None else proxy.tls.ca_pem.read_text()
+
+
+@pytest.mark.parametrize("destination", ["http", "https"])
+async def test_through_the_relay_the_proxy_gets_its_credentials_and_the_importer_a_ticket(
+    destination: str,
+    proxy: TlsForwardProxy,
+    origins: dict[str, tuple[str, list[str]]],
+    target_tls: Tls,
+    images: ImageFactory,
+    tmp_path: Path,
+) -> None:
+    relay = await _relay(proxy, USERINFO, _bundle(proxy))
+    port = await relay.start("127.0.0.1", 0)
+    try:
+        image = images.make("qcow2")
+        origin, seen = origins[destination]
+        result = await import_url(
+            f"{origin}/{image.path.name}",
+            tmp_path / "disk.img",
+            ca_files=(str(target_tls.ca_pem),),
+            proxy=_ticketed(port),
+        )
+    finally:
+        await relay.stop()
+    assert result.reason == "Completed", result
+    assert same_content(tmp_path / "disk.img", image.reference)
+    assert f"GET /{image.path.name}" in seen
+    expected = "Basic " + base64.b64encode(CREDENTIALS.encode()).decode()
+    assert proxy.authorizations and set(proxy.authorizations) == {expected}
+
+
+async def test_through_the_relay_a_wrong_password_fails_at_once_naming_the_407(
+    proxy: TlsForwardProxy,
+    origins: dict[str, tuple[str, list[str]]],
+    target_tls: Tls,
+    images: ImageFactory,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    relay = await _relay(proxy, "al%40ice:wrong-SECRET", _bundle(proxy))
+    port = await relay.start("127.0.0.1", 0)
+    try:
+        image = images.make("raw")
+        origin, seen = origins["https"]
+        result = await import_url(
+            f"{origin}/{image.path.name}",
+            tmp_path / "disk.img",
+            ca_files=(str(target_tls.ca_pem),),
+            proxy=_ticketed(port),
+        )
+    finally:
+        await relay.stop()
+    assert result.reason == "ProxyAuthenticationFailed" and not result.transient, result
+    assert "SECRET" not in result.message and "vms~disk" not in result.message
+    assert 1 <= proxy.refused <= 2 and seen == []
+    assert "refused the credentials of CDIConfig importProxy (407)" in caplog.text
+    assert "SECRET" not in caplog.text
+
+
+async def test_the_relay_refuses_an_https_proxy_it_cannot_verify(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """No trustedCAProxy bundle: the TLS handshake fails, the relay answers 502 and logs
+    why; the proxy never reads a request (so never sees the credentials)."""
+    tls = Tls.make(tmp_path / "proxy-tls", CertificateAuthority("private-proxy-ca"))
+    proxy = TlsForwardProxy(tls, credentials=CREDENTIALS).start()
+    relay = await _relay(proxy, USERINFO, "")
+    port = await relay.start("127.0.0.1", 0)
+    try:
+        ticket = issue("vms", "disk", time.time(), 600).userinfo(KEY)
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        auth = base64.b64encode(ticket.encode()).decode()
+        head = f"CONNECT images.example:443 HTTP/1.1\r\nProxy-Authorization: Basic {auth}\r\n"
+        writer.write(head.encode() + b"\r\n")
+        answer = await asyncio.wait_for(reader.read(), 10)
+        writer.close()
+    finally:
+        await relay.stop()
+        proxy.stop()
+    assert answer.startswith(b"HTTP/1.1 502 ")
+    assert proxy.authorizations == [] and proxy.tunnels == []
+    assert "trustedCAProxy" in caplog.text
