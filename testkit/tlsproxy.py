@@ -21,6 +21,7 @@ import contextlib
 import ssl
 import threading
 from dataclasses import dataclass, field
+from pathlib import Path
 from urllib.parse import urlsplit
 
 from testkit.registry import Tls
@@ -41,6 +42,13 @@ class TlsForwardProxy:
     @property
     def url(self) -> str:
         return f"{'http' if self.tls is None else 'https'}://127.0.0.1:{self.port}"
+
+    @property
+    def ca_pem(self) -> Path:
+        """The CA that signed a TLS proxy's certificate (what trustedCAProxy holds)."""
+        if self.tls is None:
+            raise ValueError("a plain http proxy has no CA")
+        return self.tls.ca_pem
 
     def url_with(self, userinfo: str) -> str:
         """The proxy's URL with ``userinfo`` (already percent-encoded) in it."""

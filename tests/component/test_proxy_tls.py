@@ -89,7 +89,7 @@ async def test_an_import_through_an_https_proxy_trusted_by_its_private_ca(
         tmp_path / "disk.img",
         ca_files=(str(target_tls.ca_pem),),
         proxy=ProxyConfig(http=proxy.url, https=proxy.url),
-        proxy_ca_files=(str(proxy.tls.ca_pem),),
+        proxy_ca_files=(str(proxy.ca_pem),),
     )
     assert result.reason == "Completed", result
     assert same_content(tmp_path / "disk.img", image.reference)

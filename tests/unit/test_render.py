@@ -425,7 +425,7 @@ def test_cdiconfig_gcs_endpoint_reaches_gcs_importers_only(written: str, rendere
 )
 def test_a_bad_cdiconfig_gcs_endpoint_is_a_render_error_naming_the_field(bad: str) -> None:
     config = _gcs_endpoint_config(bad)
-    with pytest.raises(RenderError, match="CDIConfig spec.gcsEndpoint") as raised:
+    with pytest.raises(RenderError, match=r"CDIConfig spec\.gcsEndpoint") as raised:
         pod_for({"source": {"gcs": {"url": "gs://b/o.img"}}, **storage()}, config=config)
     assert "SECRET" not in str(raised.value)
 
