@@ -57,13 +57,6 @@ def add_controller_parser(sub: argparse._SubParsersAction) -> None:  # type: ign
         help="a pod, service or node range of the cluster (repeatable): imports may not reach "
         "it unless CDIConfig importPolicy.allowedSourceCIDRs allows it",
     )
-    p.add_argument(
-        "--gcs-endpoint",
-        default=None,
-        metavar="URL",
-        help="where importers read gs:// URLs (http(s)://host[:port]: a private endpoint or an "
-        "emulator); default https://storage.googleapis.com",
-    )
     p.add_argument("--leader-elect", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--lease-namespace", default="cdi")
     p.add_argument("--lease-name", default="cdi-controller-leader-election-helper")
@@ -245,7 +238,6 @@ def cmd_controller(a: argparse.Namespace) -> int:
             policy=FailurePolicy(a.max_attempts, a.retry_base_delay, a.retry_max_delay),
             progress_interval=a.progress_interval,
             cluster_cidrs=tuple(a.cluster_cidr),
-            gcs_endpoint=a.gcs_endpoint or None,
             upload=UploadSettings(
                 image=a.uploadserver_image,
                 pull_policy=a.pull_policy,

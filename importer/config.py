@@ -365,15 +365,17 @@ def _s3_from_env(env: Mapping[str, str]) -> S3Options:
     return s3_options(env.get(ImporterEnv.ENDPOINT, ""), credentials, http)
 
 
-GCS_EMULATOR_ENV = "STORAGE_EMULATOR_HOST"  # Google's libraries' name (IMPORTER_GCS_ENDPOINT wins)
+# Google's libraries' name, read when IMPORTER_GCS_ENDPOINT (CDIConfig spec.gcsEndpoint, what the
+# controller renders) is not set; the controller never sets it
+GCS_EMULATOR_ENV = "STORAGE_EMULATOR_HOST"
 
 
 def _gcs_from_env(env: Mapping[str, str]) -> GcsOptions:
     """``source.gcs``: the object's URL, the service-account key the Secret's
     ``credentials.json`` holds (mounted at ``/google``, named by
     ``GOOGLE_APPLICATION_CREDENTIALS`` as CDI does; none: anonymous), the endpoint gs:// URLs
-    are read from (``IMPORTER_GCS_ENDPOINT``, the controller's ``--gcs-endpoint``, else
-    ``STORAGE_EMULATOR_HOST``; only the pod spec sets either, never tenant input) and the HTTP
+    are read from (``IMPORTER_GCS_ENDPOINT``, else ``STORAGE_EMULATOR_HOST``: only the pod
+    spec sets them) and the HTTP
     settings for trust, proxy, policy. A key that does not parse is refused here, before any
     connection, without quoting it."""
     plain = {k: v for k, v in env.items() if "ACCESS_KEY" not in k and "SECRET_KEY" not in k}

@@ -2,8 +2,13 @@
 with TLS (a certificate of the test's private CA), opens CONNECT tunnels for ``https://``
 destinations and forwards absolute-form GET/HEAD requests for ``http://`` ones, one request per
 connection. It records what it was asked for (``tunnels``, ``forwarded``), so a test can tell
-an import went through it, or never reached it. With ``credentials`` ("user:password") it
-demands them as Basic ``Proxy-Authorization`` and answers 407 otherwise (``refused``).
+an import went through it, or never reached it.
+
+With ``tls=None`` it listens in plain http (an ``http://`` proxy). With ``credentials``
+(``user:password``) it demands them as ``Proxy-Authorization: Basic``, as an authenticating
+proxy does: any other value (or none) gets ``407 Proxy Authentication Required`` with a
+``Proxy-Authenticate`` challenge, and nothing is forwarded; every value it was sent is kept in
+``authorizations``.
 
 asyncio streams on a thread of their own; a refused handshake (the importer not trusting the
 certificate) is expected and not logged."""
@@ -16,6 +21,7 @@ import contextlib
 import ssl
 import threading
 from dataclasses import dataclass, field
+from pathlib import Path
 from urllib.parse import urlsplit
 
 from testkit.registry import Tls
@@ -23,19 +29,41 @@ from testkit.registry import Tls
 
 @dataclass
 class TlsForwardProxy:
-    tls: Tls
+    tls: Tls | None
+    credentials: str | None = None  # user:password it demands
     tunnels: list[str] = field(default_factory=list)  # CONNECT targets, host:port
-    # "user:password" the proxy demands (Basic, 407 otherwise); None: no authentication
-    credentials: str | None = None
-    refused: int = 0  # requests answered 407
     forwarded: list[str] = field(default_factory=list)  # absolute-form request lines
+    authorizations: list[str | None] = field(default_factory=list)  # Proxy-Authorization seen
+    refused: int = 0  # requests answered 407
     port: int = 0
     _loop: asyncio.AbstractEventLoop | None = None
     _server: asyncio.Server | None = None
 
     @property
     def url(self) -> str:
-        return f"https://127.0.0.1:{self.port}"
+        return f"{'http' if self.tls is None else 'https'}://127.0.0.1:{self.port}"
+
+    @property
+    def ca_pem(self) -> Path:
+        """The CA that signed a TLS proxy's certificate (what trustedCAProxy holds)."""
+        if self.tls is None:
+            raise ValueError("a plain http proxy has no CA")
+        return self.tls.ca_pem
+
+    def url_with(self, userinfo: str) -> str:
+        """The proxy's URL with ``userinfo`` (already percent-encoded) in it."""
+        return self.url.replace("://", f"://{userinfo}@", 1)
+
+    def _authorized(self, rest: bytes) -> bool:
+        found = None
+        for line in rest.split(b"\r\n"):
+            name, _, value = line.decode("latin-1").partition(":")
+            if name.strip().lower() == "proxy-authorization":
+                found = value.strip()
+        if self.credentials is None:
+            return True
+        self.authorizations.append(found)
+        return found == "Basic " + base64.b64encode(self.credentials.encode()).decode()
 
     @staticmethod
     async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -46,16 +74,6 @@ class TlsForwardProxy:
         with contextlib.suppress(OSError, RuntimeError):
             writer.close()
 
-    def _authorized(self, headers: bytes) -> bool:
-        assert self.credentials is not None
-        wanted = b"basic " + base64.b64encode(self.credentials.encode())
-        for line in headers.split(b"\r\n"):
-            name, _, value = line.partition(b":")
-            if name.strip().lower() == b"proxy-authorization":
-                scheme, _, token = value.strip().partition(b" ")
-                return scheme.lower() + b" " + token == wanted
-        return False
-
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             head = await reader.readuntil(b"\r\n\r\n")
@@ -64,12 +82,15 @@ class TlsForwardProxy:
             return
         line, _, rest = head.partition(b"\r\n")
         method, target, version = line.decode().split(" ", 2)
-        if self.credentials is not None and not self._authorized(rest):
+        if not self._authorized(rest):
             self.refused += 1
             writer.write(
                 b"HTTP/1.1 407 Proxy Authentication Required\r\n"
-                b'Proxy-Authenticate: Basic realm="testkit"\r\nContent-Length: 0\r\n\r\n'
+                b'Proxy-Authenticate: Basic realm="testkit"\r\nContent-Length: 0\r\n'
+                b"Connection: close\r\n\r\n"
             )
+            with contextlib.suppress(OSError):
+                await writer.drain()
             writer.close()
             return
         if method == "CONNECT":
@@ -96,8 +117,10 @@ class TlsForwardProxy:
         await asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer))
 
     def start(self) -> TlsForwardProxy:
-        ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        ctx.load_cert_chain(self.tls.cert, self.tls.key)
+        ctx = None
+        if self.tls is not None:
+            ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            ctx.load_cert_chain(self.tls.cert, self.tls.key)
         ready = threading.Event()
 
         async def main() -> None:

@@ -164,6 +164,9 @@ class CDIConfigSpec(ApiObject):
     max_concurrent_imports: int | None = None
     # Not CDI (issue 28): every import, upload and clone reads its volume back and compares
     verify_volumes: bool | None = None
+    # Not CDI (issue 27): the GCS endpoint gs:// URLs are read from (http(s)://host[:port]);
+    # None: Google's. The operator's: a tenant's URL never chooses it
+    gcs_endpoint: str | None = None
 
 
 @dataclass(frozen=True)

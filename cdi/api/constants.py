@@ -354,6 +354,10 @@ class ImporterEnv(StrEnum):
     BANDWIDTH_LIMIT = "IMPORTER_BANDWIDTH_LIMIT"
     # Not CDI: "true" reads the target back after the import and compares (issue 28, verify.py)
     VERIFY = "IMPORTER_VERIFY"
+    # Not CDI (issue 27): where gs:// URLs are read, CDIConfig spec.gcsEndpoint
+    # (http(s)://host[:port]); unset: https://storage.googleapis.com. Google's libraries read
+    # STORAGE_EMULATOR_HOST, which the importer also takes (a CLI user's); this one wins.
+    GCS_ENDPOINT = "IMPORTER_GCS_ENDPOINT"
     # Not CDI: a DataImportCron poller of an HTTP image or a release stream (importer/poll.py):
     # "http" or "stream"; the checksum file beside the image; the stream's architecture and
     # artifact (cdi.api.releasestream).
@@ -365,10 +369,6 @@ class ImporterEnv(StrEnum):
     # importer measures this image's virtual size instead of importing (clone size detection,
     # importer/size_detection.py); args are not the controller's to set (admission policy N9).
     SIZE_DETECTION_PATH = "IMPORTER_SIZE_DETECTION_PATH"
-    # Not CDI: where gs:// URLs are read from (the controller's --gcs-endpoint: a private GCS
-    # endpoint or an emulator; unset: storage.googleapis.com). Google's libraries read
-    # STORAGE_EMULATOR_HOST, which the importer also takes (a CLI user's); this one wins.
-    GCS_ENDPOINT = "IMPORTER_GCS_ENDPOINT"
 
 
 IMPORTER_EXTRA_HEADER_PREFIX: Final = "IMPORTER_EXTRA_HEADER_"  # + index: "Name: value"

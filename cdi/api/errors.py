@@ -44,6 +44,15 @@ class SourceForbidden(WorkerError):
     transient = False
 
 
+class ProxyAuthenticationFailed(WorkerError):
+    """The import proxy answered 407: it refused the proxy credentials (CDIConfig
+    ``importProxy``'s userinfo, or the relay's ticket). Asking again with the same ones cannot
+    help; the message names the proxy (without its userinfo) and the 407, never a credential."""
+
+    reason = "ProxyAuthenticationFailed"
+    transient = False
+
+
 class ChecksumMismatch(WorkerError):
     reason = "ChecksumMismatch"
 
@@ -141,6 +150,7 @@ ALL_ERRORS: tuple[type[WorkerError], ...] = (
     SourceUnavailable,
     SourceNotFound,
     SourceForbidden,
+    ProxyAuthenticationFailed,
     ChecksumMismatch,
     UnsupportedFormat,
     UnsafeImage,

@@ -170,7 +170,6 @@ class ControllerConfig:
     policy: FailurePolicy = field(default_factory=FailurePolicy)
     progress_interval: float = 2.0
     cluster_cidrs: tuple[str, ...] = ()  # pod/service/node ranges imports may not reach
-    gcs_endpoint: str | None = None  # where importers read gs:// URLs (None: Google's)
     requester_key: bytes | None = None  # checks the webhook's requester record (clones)
     upload: UploadSettings = field(default_factory=UploadSettings)
 
@@ -186,7 +185,6 @@ def import_settings(config: ControllerConfig) -> ImportSettings:
         policy=config.policy,
         progress_interval=config.progress_interval,
         relay=RelaySettings(namespace=config.upload.namespace),
-        gcs_endpoint=config.gcs_endpoint,
     )
 
 

@@ -7,12 +7,6 @@ tenant with ``edit``, who may read Secrets and exec into pods. So the password s
 importer's proxy userinfo is a ticket (``cdi.importproxy.ticket``) worth only GET, HEAD and
 CONNECT through the proxy until it expires.
 
-The upstream may be an ``http://`` proxy or an ``https://`` one (``Upstream.tls``): then the
-relay's leg to it is TLS, verified against the system's CAs and the operator's
-``trustedCAProxy`` bundle, and a CONNECT tunnel's destination TLS (the importer's) runs inside
-it; the importer itself still speaks plain HTTP to the relay, so no TLS-in-TLS is needed on
-either side.
-
 One request per connection, as an HTTP/1.1 forward proxy sees it from the importer
 (``importer/sources/http_client.py``): ``GET``/``HEAD`` of an absolute ``http://`` URL (the
 importer's ``http_proxy``), or ``CONNECT host:port`` for https (its ``https_proxy``). The relay
@@ -20,9 +14,16 @@ reads the head (bounded in size and in total time), checks the ticket in
 ``Proxy-Authorization``, and sends the same head to the upstream proxy with the ticket replaced
 by the upstream's credentials (and ``Connection: close`` for a plain request, so a second
 request on the connection never reaches the upstream un-rewritten); then it copies bytes both
-ways until either side closes or both are idle for ``idle_timeout``. It never parses a response
-and never sees TLS inside a CONNECT tunnel. Refusals are short plain answers (400, 405, 407,
-431, 502, 503) that echo nothing of the request.
+ways until either side closes or both are idle for ``idle_timeout``. Of a response it reads
+only the status line, to log an upstream's 407 for the operator (the importer reports it as
+``ProxyAuthenticationFailed``); it never sees TLS inside a CONNECT tunnel. Refusals are short
+plain answers (400, 405, 407, 431, 502, 503) that echo nothing of the request.
+
+An upstream may listen with TLS (``importProxy`` ``https://user:password@proxy:port``): the
+relay then speaks TLS to it (``Upstream.tls``, verified with the system's CAs and the bundle
+of ``importProxy.trustedCAProxy``), and a CONNECT tunnel runs inside that TLS, the importer's
+own TLS to the destination inside the tunnel. Importer to relay stays plain HTTP inside the
+cluster, as for an ``http://`` upstream: an https destination is TLS end to end anyway.
 
 The upstream settings come from a callable (the process reads CDIConfig, ``serve.py``); the
 server itself touches no cluster API, so component tests run it against loopback proxies.
@@ -193,6 +194,29 @@ async def _pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter, idle: _Idl
             await asyncio.wait_for(dst.drain(), idle.limit)
         if dst.can_write_eof():
             dst.write_eof()
+        else:  # TLS to an https:// upstream has no half-close: end it, or it waits for idle
+            dst.close()
+
+
+async def _status_line(
+    src: asyncio.StreamReader, dst: asyncio.StreamWriter, idle: _Idle, upstream: Upstream
+) -> None:
+    """Pass on the upstream's status line, logging a 407: the operator's credentials were
+    refused (the importer names the 407 to the tenant; the operator learns it here)."""
+    try:
+        line = await asyncio.wait_for(src.readuntil(b"\n"), idle.limit)
+    except asyncio.IncompleteReadError as cut:
+        line = cut.partial
+    except asyncio.LimitOverrunError:
+        raise ConnectionError("the upstream's status line is too long") from None
+    if line.split(b" ", 2)[1:2] == [b"407"]:
+        log.warning(
+            "upstream proxy %s:%d refused the credentials of CDIConfig importProxy (407)",
+            upstream.host,
+            upstream.port,
+        )
+    idle.moved()
+    dst.write(line)
 
 
 class ImportProxyRelay:
@@ -243,6 +267,35 @@ class ImportProxyRelay:
             self._slots.give(address)
             writer.close()
 
+    async def _dial(self, upstream: Upstream) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        where = f"{upstream.host}:{upstream.port}"
+        hostname = upstream.host if upstream.tls is not None else None
+        try:
+            return await asyncio.wait_for(
+                asyncio.open_connection(
+                    upstream.host,
+                    upstream.port,
+                    limit=_PIECE,
+                    ssl=upstream.tls,
+                    server_hostname=hostname,
+                ),
+                self.config.connect_timeout,
+            )
+        except ssl.SSLCertVerificationError as exc:
+            log.warning(
+                "upstream proxy %s: TLS not trusted (%s); its CA belongs in the ConfigMap "
+                "CDIConfig importProxy.trustedCAProxy names",
+                where,
+                exc.verify_message,
+            )
+        except ssl.SSLError as exc:  # a handshake that fails otherwise (protocol, alert ...)
+            log.warning(
+                "upstream proxy %s: TLS failed (%s)", where, exc.reason or type(exc).__name__
+            )
+        except (OSError, TimeoutError):
+            log.warning("upstream proxy %s unreachable", where)
+        raise Refusal(502, "Bad Gateway")
+
     async def _head(self, reader: asyncio.StreamReader) -> Request:
         try:
             head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), self.config.head_timeout)
@@ -254,37 +307,18 @@ class ImportProxyRelay:
         request = await self._head(reader)
         ticket = ticket_of(request, self.key, self.clock())
         upstream = _upstream_for(request, await self.upstreams())
-        tls = upstream.tls
-        try:
-            up_reader, up_writer = await asyncio.wait_for(
-                asyncio.open_connection(
-                    upstream.host,
-                    upstream.port,
-                    limit=_PIECE,
-                    ssl=tls,
-                    server_hostname=upstream.host if tls is not None else None,
-                ),
-                self.config.connect_timeout,
-            )
-        except ssl.SSLError as exc:  # the proxy's certificate: not trusted, wrong name ...
-            log.warning(
-                "upstream proxy %s:%d: TLS failed (%s); is its CA in importProxy.trustedCAProxy?",
-                upstream.host,
-                upstream.port,
-                exc.reason or type(exc).__name__,
-            )
-            raise Refusal(502, "Bad Gateway") from None
-        except (OSError, TimeoutError):
-            log.warning("upstream proxy %s:%d unreachable", upstream.host, upstream.port)
-            raise Refusal(502, "Bad Gateway") from None
+        up_reader, up_writer = await self._dial(upstream)
         log.info("%s for %s/%s", request.method, ticket.namespace, ticket.claim)
         try:
             up_writer.write(forwarded_head(request, upstream))
             idle = _Idle(self.config.idle_timeout)
             upward = asyncio.create_task(_pump(reader, up_writer, idle))
-            await _pump(up_reader, writer, idle)
-            upward.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await upward
+            try:
+                await _status_line(up_reader, writer, idle, upstream)
+                await _pump(up_reader, writer, idle)
+            finally:
+                upward.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await upward
         finally:
             up_writer.close()

@@ -4,10 +4,11 @@ The upstream proxies are CDIConfig ``config``'s ``importProxy`` (the status the 
 reconciler keeps, else the spec: what the controller renders importer pods from), read again
 when older than ``refresh`` seconds so an operator's change reaches new connections soon; the
 ticket key is Secret ``cdi-import-proxy-key`` (``cdi.kube.shared_key``: whichever of the
-controller and the relay starts first makes it). An ``https://`` proxy's certificate is
-verified with the system's CAs plus the ConfigMap CDIConfig ``importProxy.trustedCAProxy``
-names in the relay's namespace. Read access to CDIConfig, that one Secret and the ConfigMaps of
-``cdi`` is all the relay's ServiceAccount has (``deploy/60-import-proxy.yaml``).
+controller and the relay starts first makes it). An ``https://`` upstream is verified with the
+system's CAs and the ConfigMap ``importProxy.trustedCAProxy`` names in the relay's namespace
+(CDI's place for it), read with CDIConfig. Read access to CDIConfig, ConfigMaps of its own
+namespace and that one Secret is all the relay's ServiceAccount has
+(``deploy/60-import-proxy.yaml``).
 """
 
 from __future__ import annotations
@@ -42,11 +43,10 @@ class ImportProxyServeConfig:
     relay: RelayConfig = field(default_factory=RelayConfig)
 
 
-def upstream(url: str | None, trusted_ca: str | None = None) -> Upstream | None:
-    """An ``http://`` or ``https://`` ``[user:pass@]host:port`` proxy URL as the relay dials
-    it. An https proxy's certificate is verified against the system's CAs plus ``trusted_ca``
-    (PEM: CDIConfig ``importProxy.trustedCAProxy``'s bundle); the credentials are only ever in
-    the ``Proxy-Authorization`` value, never in a message."""
+def upstream(url: str | None, tls: ssl.SSLContext | None = None) -> Upstream | None:
+    """An ``http(s)://[user:pass@]host:port`` proxy URL as the relay dials it; an ``https://``
+    one with ``tls`` (``proxy_tls``; else the system's CAs alone). The credentials are only
+    ever in the ``Proxy-Authorization`` value, never in a message or a repr."""
     if not url:
         return None
     parts = urlsplit(url if "://" in url else f"http://{url}")
@@ -57,16 +57,22 @@ def upstream(url: str | None, trusted_ca: str | None = None) -> Upstream | None:
     if parts.username is not None:
         pair = f"{unquote(parts.username)}:{unquote(parts.password or '')}"
         auth = "Basic " + base64.b64encode(pair.encode()).decode("ascii")
-    tls = None
-    if parts.scheme == "https":
-        tls = ssl.create_default_context()
-        if trusted_ca:
-            try:
-                tls.load_verify_locations(cadata=trusted_ca)
-            except (ssl.SSLError, ValueError):
-                log.warning("importProxy.trustedCAProxy holds no usable certificate; ignored")
-    default_port = 443 if parts.scheme == "https" else 80
-    return Upstream(parts.hostname, parts.port or default_port, auth, tls)
+    if parts.scheme == "http":
+        return Upstream(parts.hostname, parts.port or 80, auth)
+    return Upstream(parts.hostname, parts.port or 443, auth, tls or ssl.create_default_context())
+
+
+def proxy_tls(bundle: str) -> ssl.SSLContext:
+    """An https:// proxy's trust: the system's CAs plus ``importProxy.trustedCAProxy``'s
+    bundle (the ConfigMap's values, PEM); a bundle that does not load is logged and left out
+    (the proxy is then trusted only if a system CA signed it)."""
+    ctx = ssl.create_default_context()
+    if bundle.strip():
+        try:
+            ctx.load_verify_locations(cadata=bundle)
+        except (ssl.SSLError, ValueError) as exc:
+            log.warning("importProxy.trustedCAProxy: the bundle does not load (%s)", exc)
+    return ctx
 
 
 class CDIConfigUpstreams:
@@ -77,24 +83,28 @@ class CDIConfigUpstreams:
         self.kube, self.refresh, self.namespace = kube, refresh, namespace
         self.value, self.read_at = Upstreams(), float("-inf")
         self._lock = asyncio.Lock()
+        self._tls: tuple[str, ssl.SSLContext] | None = None  # (bundle, its context)
 
     def _read(self) -> Upstreams:
         found = self.kube.get_or_none(CDI_CONFIGS, CDICONFIG_NAME)
         proxy = CDIConfig.from_dict(found or {}).import_proxy
         if proxy is None:
             return Upstreams()
-        ca = self._trusted_ca(proxy.trusted_ca_proxy)
-        return Upstreams(upstream(proxy.http_proxy, ca), upstream(proxy.https_proxy, ca))
+        tls = self._tls_for(proxy.trusted_ca_proxy)
+        return Upstreams(upstream(proxy.http_proxy, tls), upstream(proxy.https_proxy, tls))
 
-    def _trusted_ca(self, name: str | None) -> str | None:
-        """The PEM bundle of ConfigMap ``name`` in the relay's namespace (CDI's
-        ``trustedCAProxy``: every value, as the importer reads the copy it mounts)."""
-        if not name:
-            return None
-        found = self.kube.get_or_none(CONFIG_MAPS, name, self.namespace)
-        data = (found or {}).get("data") or {}
-        bundle = "\n".join(str(v) for v in data.values() if "-----BEGIN" in str(v))
-        return bundle or None
+    def _tls_for(self, config_map: str | None) -> ssl.SSLContext:
+        """The context for https:// upstreams, built again only when the bundle changes."""
+        bundle = ""
+        if config_map:
+            found = self.kube.get_or_none(CONFIG_MAPS, config_map, self.namespace) or {}
+            values = (str(v) for v in (found.get("data") or {}).values())
+            bundle = "\n".join(v for v in values if "-----BEGIN" in v)  # PEM values only
+            if not found:
+                log.warning("importProxy.trustedCAProxy: no ConfigMap %s", config_map)
+        if self._tls is None or self._tls[0] != bundle:
+            self._tls = (bundle, proxy_tls(bundle))
+        return self._tls[1]
 
     async def __call__(self) -> Upstreams:
         async with self._lock:

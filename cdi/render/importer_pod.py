@@ -61,9 +61,10 @@ these environment variables (CDI's names, ``cdi.api.constants.ImporterEnv``):
 ``CACHE_MODE``                     "TRYNONE": try O_DIRECT (set after an OOM kill)
 ``IMPORTER_METRICS_ADDR``          metrics bind address: the pod IP (downward API), when asked
 ``IMPORTER_METRICS_PORT``          metrics port, when not 8443
-``IMPORTER_GCS_ENDPOINT``          gcs: where gs:// URLs are read (controller --gcs-endpoint)
 ``IMPORTER_CHECKPOINT_ATTESTED``   "<offset>:<blake3>": the resume prefix the controller scraped
                                    from the previous attempt (not CDI; datapath.checkpoint)
+``IMPORTER_GCS_ENDPOINT``          gcs: where gs:// URLs are read, CDIConfig spec.gcsEndpoint
+                                   (not CDI; cdi.api.gcs); unset: Google's
 =================================  =================================================
 
 Two deliberate differences from CDI: basic-auth credentials are not env vars (CDI's
@@ -111,6 +112,7 @@ from cdi.api.constants import (
     ImporterEnv,
     VolumeMode,
 )
+from cdi.api.gcs import BadGcsEndpoint, parse_gcs_endpoint
 from cdi.api.quantity import QuantityError, parse_rate
 from cdi.api.types import DataVolume, resolve_volume_mode
 from cdi.render import RenderError
@@ -162,7 +164,6 @@ class ImporterPodConfig(WorkerPod):
     proxy_auth_secret: str | None = None  # the per-import Secret of importProxy credentials
     direct_io: bool = False  # retry after an OOM kill with O_DIRECT
     checkpoint_attested: tuple[int, str] | None = None  # scraped from the previous attempt
-    gcs_endpoint: str | None = None  # the controller's --gcs-endpoint, for gs:// URLs
 
 
 def render_importer_pod(
@@ -309,10 +310,10 @@ def _env(
         (ImporterEnv.BANDWIDTH_LIMIT, _text(bandwidth_limit(dv, cdi))),
         (ImporterEnv.VERIFY, _verify(dv.annotations.get(ANN_VERIFY), cdi)),
     ]
+    if settings.source == IMPORT_SOURCE_GCS:
+        pairs.append((ImporterEnv.GCS_ENDPOINT, gcs_endpoint(cdi)))
     if settings.cert_config_map:
         pairs.append((ImporterEnv.CERT_DIR, CERT_DIR))
-    if settings.source == IMPORT_SOURCE_GCS and config.gcs_endpoint:
-        pairs.append((ImporterEnv.GCS_ENDPOINT, config.gcs_endpoint))
     if settings.secret_ref and settings.source == IMPORT_SOURCE_GCS:
         credentials = f"{GOOGLE_CREDENTIALS_DIR}/{GOOGLE_CREDENTIALS_KEY}"
         pairs.append((ImporterEnv.GOOGLE_APPLICATION_CREDENTIALS, credentials))
@@ -330,6 +331,19 @@ def _rate(text: str | None, where: str) -> int | None:
         return parse_rate(text)
     except QuantityError as exc:
         raise RenderError(f"{where} {exc}") from exc
+
+
+def gcs_endpoint(cdi: CDIConfig) -> str | None:
+    """CDIConfig ``spec.gcsEndpoint`` (not CDI): where this import reads ``gs://`` URLs, the
+    operator's choice only (``cdi.api.gcs``); None: Google's. A bad value is a render error
+    naming the field, so no importer starts with it."""
+    text = cdi.spec.gcs_endpoint
+    if not text:
+        return None
+    try:
+        return parse_gcs_endpoint(text)
+    except BadGcsEndpoint as exc:
+        raise RenderError(f"CDIConfig spec.gcsEndpoint {exc}") from None
 
 
 def bandwidth_limit(dv: DataVolume, cdi: CDIConfig) -> int | None:

@@ -8,8 +8,9 @@ body, every format and compression, proxies, the import network policy on every 
 URL forms, as CDI documents them:
 
 * ``gs://bucket/object``: on the endpoint, ``https://storage.googleapis.com`` unless the
-  importer's configuration names another (``STORAGE_EMULATOR_HOST``, the variable Google's
-  client libraries read, set by the controller and never by a tenant);
+  importer's configuration names another (``IMPORTER_GCS_ENDPOINT``, rendered from CDIConfig
+  ``spec.gcsEndpoint`` by the controller and never from tenant input, or, for ``cdi import``,
+  ``STORAGE_EMULATOR_HOST``, the variable Google's client libraries read);
 * ``https://storage.googleapis.com/bucket/object`` (and the browser host
   ``storage.cloud.google.com``, which only redirects to a sign-in page for a program, so it is
   read from ``storage.googleapis.com``), or any ``http(s)://host[:port]/bucket/object``: the
@@ -38,7 +39,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from urllib.parse import quote, urlencode, urlsplit, urlunsplit
+from urllib.parse import quote, urlencode, urlsplit
 
 from cdi.api.errors import (
     InvalidConfig,
@@ -47,11 +48,12 @@ from cdi.api.errors import (
     SourceUnavailable,
     WorkerError,
 )
+from cdi.api.gcs import DEFAULT_GCS_ENDPOINT, BadGcsEndpoint, parse_gcs_endpoint
 from cdi.api.redact import redact_url
 from importer.sources.http import HttpOptions, HttpSource
 from importer.sources.http_client import Dialer, Exchange, Resolver, system_resolver
 
-DEFAULT_ENDPOINT = "https://storage.googleapis.com"
+DEFAULT_ENDPOINT = DEFAULT_GCS_ENDPOINT
 DEFAULT_TOKEN_URI = "https://oauth2.googleapis.com/token"
 READ_SCOPE = "https://www.googleapis.com/auth/devstorage.read_only"
 JWT_BEARER = "urn:ietf:params:oauth:grant-type:jwt-bearer"
@@ -73,14 +75,14 @@ class GcsLocation:
 
 
 def emulator_endpoint(host: str | None) -> str:
-    """``STORAGE_EMULATOR_HOST`` as Google's libraries read it: ``host:port`` means http."""
-    if not host:
-        return DEFAULT_ENDPOINT
-    endpoint = host if "://" in host else f"http://{host}"
-    parts = urlsplit(endpoint)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise InvalidConfig(f"GCS endpoint {redact_url(host)} is not http(s)://host[:port]")
-    return urlunsplit((parts.scheme, parts.netloc.rpartition("@")[2], "", "", ""))
+    """The endpoint gs:// URLs are read from: CDIConfig ``spec.gcsEndpoint`` as the pod env
+    carries it (``IMPORTER_GCS_ENDPOINT``), or ``STORAGE_EMULATOR_HOST`` as Google's libraries
+    read it (``host:port`` means http); ``InvalidConfig`` for anything else
+    (``cdi.api.gcs.parse_gcs_endpoint``)."""
+    try:
+        return parse_gcs_endpoint(host)
+    except BadGcsEndpoint as exc:
+        raise InvalidConfig(f"GCS endpoint {redact_url(host or '')} {exc}") from None
 
 
 def parse_gcs_url(url: str, endpoint: str = DEFAULT_ENDPOINT) -> GcsLocation:

@@ -9,8 +9,9 @@ from the socket with the GIL released: the same bytes cost one kernel copy. The 
 runs one request at a time per connection, so a thread per connection is cheap.
 
 What is handled here, once: proxies (absolute-form requests for ``http://``, a CONNECT tunnel
-for ``https://``; an ``https://`` proxy gets TLS of its own, ``importer.sources.proxy_tls``),
-TLS with the caller's context, redirects (at most ``MAX_REDIRECTS``) with the
+for ``https://``; an ``https://`` proxy gets TLS of its own, ``importer.sources.proxy_tls``; a
+proxy's 407, to a CONNECT or to a forwarded request, is a permanent ``ProxyAuthenticationFailed``
+naming the proxy), TLS with the caller's context, redirects (at most ``MAX_REDIRECTS``) with the
 ``Authorization`` header sent only to the origin the user named, timeouts for connect and for
 each read. Retries, ranges and resumption are the source's business (``importer.sources.http``).
 
@@ -39,11 +40,16 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from urllib.parse import unquote, urljoin, urlsplit, urlunsplit
 
-from cdi.api.errors import InvalidConfig, SourceForbidden, SourceUnavailable
+from cdi.api.errors import (
+    InvalidConfig,
+    ProxyAuthenticationFailed,
+    SourceForbidden,
+    SourceUnavailable,
+)
 from cdi.api.netpolicy import Address, NetPolicy, parse_address
 from cdi.api.redact import redact_url
 from datapath.streams import CHUNK_SIZE
-from importer.sources.proxy_tls import ProxyTlsConnection
+from importer.sources.proxy_tls import ProxyTlsConnection, TunnelRefused, TypedTunnel
 
 MAX_REDIRECTS = 10
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
@@ -88,6 +94,16 @@ RequestSigner = Callable[[str, str], Mapping[str, str]]
 def system_resolver(host: str, port: int) -> list[str]:
     infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     return list(dict.fromkeys(str(info[4][0]) for info in infos))
+
+
+def proxy_auth_refused(proxy: str) -> ProxyAuthenticationFailed:
+    """The one message for a proxy's 407, to a CONNECT or to a forwarded request: the proxy
+    without its userinfo, never the credentials."""
+    return ProxyAuthenticationFailed(
+        f"the import proxy {redact_url(proxy)} answered 407 Proxy Authentication Required: "
+        "it refused the proxy credentials (the user and password of CDIConfig importProxy, "
+        "or --proxy)"
+    )
 
 
 def policy_refusal(origin: str, why: str) -> SourceForbidden:
@@ -242,6 +258,15 @@ class Client:
             if self.signer is not None:
                 headers.update(self.signer(method, url))
         key, target = self._route(url, headers)
+        exchange = self._dispatch(key, method, target, headers, url)
+        if exchange.status == 407 and key[3] is not None and key[0] == "http":
+            exchange.close()  # the proxy itself answered the absolute-form request
+            raise proxy_auth_refused(key[3])
+        return exchange
+
+    def _dispatch(
+        self, key: RouteKey, method: str, target: str, headers: dict[str, str], url: str
+    ) -> Exchange:
         idle = self.pool.take(key) if self.pool is not None else None
         if idle is not None:
             try:
@@ -255,6 +280,11 @@ class Client:
             conn.connect()
             assert conn.sock is not None
             conn.sock.settimeout(self.read_timeout)
+        except TunnelRefused as exc:
+            conn.close()
+            if exc.status == 407 and key[3] is not None:
+                raise proxy_auth_refused(key[3]) from None
+            raise
         except BaseException:
             conn.close()
             raise
@@ -330,9 +360,12 @@ class Client:
         return http.client.HTTPConnection(proxy_host, proxy_port, timeout=self.connect_timeout)
 
     def _https(self, host: str, port: int) -> http.client.HTTPSConnection:
-        return http.client.HTTPSConnection(
-            host, port, timeout=self.connect_timeout, context=self.tls()
-        )
+        return _HttpsConnection(host, port, timeout=self.connect_timeout, context=self.tls())
+
+
+class _HttpsConnection(TypedTunnel, http.client.HTTPSConnection):
+    """An https connection whose CONNECT tunnel (through an http:// proxy) reports a refusal
+    with its status (``TunnelRefused``)."""
 
 
 def _bracket(host: str) -> str:

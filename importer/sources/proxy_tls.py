@@ -16,6 +16,11 @@ The proxy is always verified, with the system's CAs plus the trustedCAProxy bund
 ``insecureSkipVerify`` is about its own source, never about the operator's proxy. An untrusted
 proxy certificate is a permanent ``SourceUnavailable`` that names the proxy and the setting that
 fixes it; it is not the destination's certificate, so the certConfigMap advice would mislead.
+
+Both kinds of proxy open their CONNECT tunnels with ``TypedTunnel``: ``http.client`` reports a
+refused CONNECT as an ``OSError`` whose only trace of the status is its text, and a 407 (the
+proxy refused the credentials) must become a permanent ``ProxyAuthenticationFailed`` without
+reading an error message; ``TunnelRefused`` carries the status.
 """
 
 from __future__ import annotations
@@ -29,6 +34,44 @@ import threading
 from cdi.api.errors import SourceUnavailable
 from cdi.api.redact import redact_url
 from wire.tlsstream import TlsStream
+
+_MAX_LINE = 65536
+
+
+class TunnelRefused(OSError):
+    """The proxy answered a CONNECT with ``status`` (not 200). An ``OSError``, as
+    ``http.client``'s own, so every status but 407 stays a transient connection failure."""
+
+    def __init__(self, status: int, text: str) -> None:
+        super().__init__(f"Tunnel connection failed: {status} {text}")
+        self.status = status
+
+
+class TypedTunnel(http.client.HTTPConnection):
+    """``http.client``'s CONNECT exchange (same request, same header skipping), raising
+    ``TunnelRefused`` with the status instead of an untyped ``OSError``."""
+
+    def _tunnel(self) -> None:
+        host = str(self._tunnel_host)  # type: ignore[attr-defined]
+        port = int(self._tunnel_port)  # type: ignore[attr-defined]
+        lines = [f"CONNECT {host}:{port} HTTP/1.0\r\n".encode("ascii")]
+        headers = self._tunnel_headers.items()  # type: ignore[attr-defined]
+        lines += [f"{name}: {value}\r\n".encode("latin-1") for name, value in headers]
+        self.send(b"".join([*lines, b"\r\n"]))
+        response = self.response_class(self.sock, method=self._method)  # type: ignore[attr-defined]
+        try:
+            _, status, text = response._read_status()  # type: ignore[attr-defined]
+            if status != http.HTTPStatus.OK:
+                self.close()
+                raise TunnelRefused(int(status), str(text).strip()[:80])
+            while True:  # the rest of the head
+                line = response.fp.readline(_MAX_LINE + 1)
+                if len(line) > _MAX_LINE:
+                    raise http.client.LineTooLong("header line")
+                if line in (b"\r\n", b"\n", b""):
+                    break
+        finally:
+            response.close()
 
 
 class TunnelSocket:
@@ -97,7 +140,7 @@ class _TunnelReader(io.RawIOBase):
             self.sock.reader_closed()
 
 
-class ProxyTlsConnection(http.client.HTTPConnection):
+class ProxyTlsConnection(TypedTunnel):
     """A connection to an ``https://`` proxy; ``set_tunnel`` (an ``https://`` destination)
     adds the CONNECT tunnel and the destination's TLS with ``target_tls``."""
 

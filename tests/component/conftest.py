@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import ssl
 import subprocess
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
@@ -14,6 +15,8 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
+from testkit.pki import CertificateAuthority
+from testkit.registry import Tls
 from tests.component.badserver import Recorder, make_app
 
 MiB = 1024 * 1024
@@ -199,3 +202,47 @@ def same_content(a: Path, b: Path, length: int | None = None) -> bool:
                 return False
             if not x or (remaining is not None and (remaining := remaining - n) <= 0):
                 return True
+
+
+# image servers behind a proxy (test_proxy_tls.py, test_proxy_auth.py)
+@pytest.fixture
+def target_tls(tmp_path: Path) -> Tls:
+    return Tls.make(tmp_path / "target-tls", CertificateAuthority("images-ca"))
+
+
+@pytest.fixture
+async def origins(
+    images: ImageFactory, target_tls: Tls
+) -> AsyncIterator[dict[str, tuple[str, list[str]]]]:
+    """kind -> (origin, request paths seen) of an http and an https image server, and of an
+    https one that closes each connection after its answer (``Connection: close``: the
+    response is read after ``http.client`` closed the connection, through its reader)."""
+    found: dict[str, tuple[str, list[str]]] = {}
+    runners: list[web.AppRunner] = []
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(target_tls.cert, target_tls.key)
+    for kind, tls in (("http", None), ("https", ctx), ("https-close", ctx)):
+        seen: list[str] = []
+
+        async def handler(
+            request: web.Request, seen: list[str] = seen, close: bool = kind == "https-close"
+        ) -> web.StreamResponse:
+            seen.append(f"{request.method} {request.path}")
+            response = web.FileResponse(images.root / request.path.lstrip("/"))
+            if close:
+                response.force_close()
+            return response
+
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", handler)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=tls)
+        await site.start()
+        port = runner.addresses[0][1]
+        scheme = "http" if tls is None else "https"
+        found[kind] = (f"{scheme}://127.0.0.1:{port}", seen)
+        runners.append(runner)
+    yield found
+    for runner in runners:
+        await runner.cleanup()

@@ -85,10 +85,10 @@ async def test_a_public_object_imports_without_a_secret(
     assert len(gcs.tokens.granted) == granted  # anonymous: no token asked for
 
 
-async def test_the_controllers_gcs_endpoint_wins_over_storage_emulator_host(
+async def test_the_operators_gcs_endpoint_wins_over_storage_emulator_host(
     gcs: GcsServer, images: ImageFactory, tmp_path: Path
 ) -> None:
-    """``IMPORTER_GCS_ENDPOINT`` (the controller's ``--gcs-endpoint``) is where gs:// URLs are
+    """``IMPORTER_GCS_ENDPOINT`` (CDIConfig ``spec.gcsEndpoint``) is where gs:// URLs are
     read, whatever ``STORAGE_EMULATOR_HOST`` says (here: a port nothing listens on)."""
     image = images.make("qcow2")
     url = gcs.put(BUCKET, "endpoint/disk.qcow2", image.path)

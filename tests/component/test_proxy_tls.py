@@ -7,12 +7,10 @@ and the proxy opens nothing."""
 
 from __future__ import annotations
 
-import ssl
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from aiohttp import web
 
 from importer.sources.http import ProxyConfig
 from testkit.pki import CertificateAuthority
@@ -28,49 +26,6 @@ def proxy(tmp_path: Path) -> Iterator[TlsForwardProxy]:
     server = TlsForwardProxy(tls).start()
     yield server
     server.stop()
-
-
-@pytest.fixture
-def target_tls(tmp_path: Path) -> Tls:
-    return Tls.make(tmp_path / "target-tls", CertificateAuthority("images-ca"))
-
-
-@pytest.fixture
-async def origins(
-    images: ImageFactory, target_tls: Tls
-) -> AsyncIterator[dict[str, tuple[str, list[str]]]]:
-    """kind -> (origin, request paths seen) of an http and an https image server, and of an
-    https one that closes each connection after its answer (``Connection: close``: the
-    response is read after ``http.client`` closed the connection, through its reader)."""
-    found: dict[str, tuple[str, list[str]]] = {}
-    runners: list[web.AppRunner] = []
-    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    ctx.load_cert_chain(target_tls.cert, target_tls.key)
-    for kind, tls in (("http", None), ("https", ctx), ("https-close", ctx)):
-        seen: list[str] = []
-
-        async def handler(
-            request: web.Request, seen: list[str] = seen, close: bool = kind == "https-close"
-        ) -> web.StreamResponse:
-            seen.append(f"{request.method} {request.path}")
-            response = web.FileResponse(images.root / request.path.lstrip("/"))
-            if close:
-                response.force_close()
-            return response
-
-        app = web.Application()
-        app.router.add_route("*", "/{tail:.*}", handler)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=tls)
-        await site.start()
-        port = runner.addresses[0][1]
-        scheme = "http" if tls is None else "https"
-        found[kind] = (f"{scheme}://127.0.0.1:{port}", seen)
-        runners.append(runner)
-    yield found
-    for runner in runners:
-        await runner.cleanup()
 
 
 @pytest.mark.parametrize("kind", ["https", "https-close", "http"])
@@ -89,7 +44,7 @@ async def test_an_import_through_an_https_proxy_trusted_by_its_private_ca(
         tmp_path / "disk.img",
         ca_files=(str(target_tls.ca_pem),),
         proxy=ProxyConfig(http=proxy.url, https=proxy.url),
-        proxy_ca_files=(str(proxy.tls.ca_pem),),
+        proxy_ca_files=(str(proxy.ca_pem),),
     )
     assert result.reason == "Completed", result
     assert same_content(tmp_path / "disk.img", image.reference)

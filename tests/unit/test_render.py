@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from cdi.api.config import CDIConfig, StorageProfile
+from cdi.api.config import CDIConfig, CDIConfigSpec, StorageProfile
 from cdi.api.quantity import scratch_ceiling
 from cdi.api.types import DataVolume
 from cdi.render import RenderError
@@ -400,6 +400,38 @@ def test_a_public_gcs_object_mounts_no_secret() -> None:
     pod = pod_for({"source": {"gcs": {"url": "gs://b/o.img"}}, **storage()})
     assert "GOOGLE_APPLICATION_CREDENTIALS" not in env_of(pod)
     assert not any("secret" in v for v in pod["spec"]["volumes"])
+    assert "IMPORTER_GCS_ENDPOINT" not in env_of(pod)  # Google's endpoint
+
+
+def _gcs_endpoint_config(endpoint: str) -> ImporterPodConfig:
+    spec = CDIConfigSpec(gcs_endpoint=endpoint)
+    return ImporterPodConfig(image="importer:dev", cdi_config=CDIConfig(spec=spec))
+
+
+@pytest.mark.parametrize(
+    ("written", "rendered"),
+    [
+        ("http://127.0.0.1:4443", "http://127.0.0.1:4443"),
+        ("https://gcs.corp.example/", "https://gcs.corp.example"),
+        ("gcs.corp.example:8080", "http://gcs.corp.example:8080"),
+    ],
+)
+def test_cdiconfig_gcs_endpoint_reaches_gcs_importers_only(written: str, rendered: str) -> None:
+    config = _gcs_endpoint_config(written)
+    gcs = pod_for({"source": {"gcs": {"url": "gs://b/o.img"}}, **storage()}, config=config)
+    assert env_of(gcs)["IMPORTER_GCS_ENDPOINT"] == rendered
+    http = pod_for(storage(), config=config)
+    assert "IMPORTER_GCS_ENDPOINT" not in env_of(http)
+
+
+@pytest.mark.parametrize(
+    "bad", ["ftp://h", "http://user:pw-SECRET@h", "http://h/path", "http://h?x=1", "http://"]
+)
+def test_a_bad_cdiconfig_gcs_endpoint_is_a_render_error_naming_the_field(bad: str) -> None:
+    config = _gcs_endpoint_config(bad)
+    with pytest.raises(RenderError, match=r"CDIConfig spec\.gcsEndpoint") as raised:
+        pod_for({"source": {"gcs": {"url": "gs://b/o.img"}}, **storage()}, config=config)
+    assert "SECRET" not in str(raised.value)
 
 
 def test_cluster_config_flows_into_the_pod() -> None:
@@ -559,14 +591,3 @@ def test_attempt_labels_and_metrics_are_inputs_of_the_final_pod() -> None:
 def test_default_metrics_add_no_environment() -> None:
     env = env_of(pod_for(storage()))
     assert "IMPORTER_METRICS_ADDR" not in env and "IMPORTER_METRICS_PORT" not in env
-
-
-def test_a_gcs_import_pod_gets_the_controllers_gcs_endpoint_and_others_do_not() -> None:
-    config = ImporterPodConfig(image="importer:dev", gcs_endpoint="http://10.0.0.5:4443")
-    gcs_spec = {**storage(), "source": {"gcs": {"url": "gs://b/disk.img"}}}
-    gcs = pod_for(gcs_spec, config=config)
-    assert env_of(gcs)["IMPORTER_GCS_ENDPOINT"] == "http://10.0.0.5:4443"
-    http = pod_for(storage(), config=config)
-    assert "IMPORTER_GCS_ENDPOINT" not in env_of(http)
-    plain = pod_for(gcs_spec)
-    assert "IMPORTER_GCS_ENDPOINT" not in env_of(plain)

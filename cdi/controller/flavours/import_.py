@@ -113,7 +113,6 @@ class ImportSettings:
     progress_interval: float = 2.0
     metrics: Metrics = field(default_factory=lambda: Metrics(on_pod_ip=True))
     relay: RelaySettings = field(default_factory=RelaySettings)  # credentialed importProxy
-    gcs_endpoint: str | None = None  # --gcs-endpoint: where gs:// URLs are read from
 
 
 def parse_time(text: str | None) -> float | None:
@@ -297,7 +296,6 @@ class ImportFlavour(FlavourDefaults):
                 proxy_auth_secret=proxy_auth_secret,
                 proxy_ca_config_map=proxy_ca,
                 checkpoint_attested=self._attested.get(self._claim_uid(claim)),
-                gcs_endpoint=settings.gcs_endpoint,
                 scratch_pvc_name=scratch.claim_name,
                 scratch_empty_dir=scratch.empty_dir,
             )

@@ -2,17 +2,18 @@
 importer pod on the local node reading from a real GCS emulator on loopback (fake-gcs-server,
 ``testkit/gcsserver.py``) with a token the service account of the ``secretRef`` (its
 ``credentials.json``, mounted at ``/google`` as CDI does) got from a real OAuth token endpoint
-(``testkit.gcsserver.TokenServer``: fake-gcs-server has none). The URL is mostly the https form
-with the emulator as its host; a ``gs://`` URL needs the controller's ``--gcs-endpoint`` (its
-test rolls the deployed controller out with it, and back). The volume holds the image's
-bytes; the key appears in no event, condition or pod. A VolumeImportSource reads a public
-object without a secret."""
+(``testkit.gcsserver.TokenServer``: fake-gcs-server has none; the key's ``token_uri`` names it).
+The URL is the https form with the emulator as its host, or ``gs://bucket/object`` read from the
+endpoint the operator names in CDIConfig ``spec.gcsEndpoint`` (the emulator), which the import
+network policy still judges. The volume holds the image's bytes; the key appears in no event,
+condition or pod. A VolumeImportSource reads a public object without a secret."""
 
 from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -20,8 +21,8 @@ import pytest
 from testkit.gcsserver import GcsServer, ServiceAccountKey
 from testkit.kubeclient import Kube
 from testkit.product import Product
-from testkit.waiting import wait_until
 from tests.integration.datavolumes.cdi_env import (
+    DV_API,
     Images,
     condition,
     datavolume,
@@ -120,53 +121,68 @@ def test_a_volume_import_source_with_a_public_gcs_object_populates_the_claim(
     assert len(gcs.tokens.granted) == granted
 
 
-def _controller_args(product: Product) -> list[str]:
-    deployment = product.kube.get("/apis/apps/v1/namespaces/cdi/deployments/cdi-controller")
-    return list(deployment["spec"]["template"]["spec"]["containers"][0]["args"])
-
-
-def _roll_controller(product: Product, args: list[str]) -> None:
-    """The deployed controller with ``args``, rolled out, a new pod leading."""
-    patch = [{"op": "replace", "path": "/spec/template/spec/containers/0/args", "value": args}]
-    product.kubectl(
-        "-n", "cdi", "patch", "deployment", "cdi-controller", "--type=json",
-        f"-p={json.dumps(patch)}",
-    )  # fmt: skip
-    product.kubectl(
-        "-n", "cdi", "rollout", "status", "deployment/cdi-controller", "--timeout=180s",
-        timeout=200,
-    )  # fmt: skip
-
-    def new_leader() -> bool:
-        pods = {p["metadata"]["name"] for p in product.pods("cdi-controller")
-                if p["spec"]["containers"][0]["args"] == args
-                and not p["metadata"].get("deletionTimestamp")}  # fmt: skip
-        return product.leader() in pods
-
-    wait_until(new_leader, "a controller with the new flags leading", 120)
+CONFIG = f"{DV_API}/cdiconfigs/config"
 
 
 @pytest.fixture
-def gcs_endpoint_controller(product: Product, gcs: GcsServer) -> Iterator[Product]:
-    """The deployed controller rolled out with ``--gcs-endpoint`` (the emulator), and back."""
-    before = _controller_args(product)
-    _roll_controller(product, [*before, f"--gcs-endpoint={gcs.endpoint}"])
-    try:
-        yield product
-    finally:
-        _roll_controller(product, before)
+def gcs_endpoint(kube: Kube) -> Iterator[Callable[[str], None]]:
+    """Sets CDIConfig ``spec.gcsEndpoint``; unset again after the test."""
+
+    def configure(endpoint: str) -> None:
+        kube.patch(CONFIG, {"spec": {"gcsEndpoint": endpoint}})
+        time.sleep(2)  # the controller reads CDIConfig from its informer cache
+
+    yield configure
+    kube.patch(CONFIG, {"spec": {"gcsEndpoint": None}})
 
 
-def test_a_gs_url_is_read_from_the_deployed_controllers_gcs_endpoint(
-    kube: Kube, namespace: str, gcs_endpoint_controller: Product, gcs: GcsServer, images: Images
+def test_gs_urls_are_read_from_the_operators_gcs_endpoint_with_and_without_a_secret(
+    kube: Kube,
+    namespace: str,
+    controller: Product,
+    gcs: GcsServer,
+    images: Images,
+    gcs_endpoint: Callable[[str], None],
 ) -> None:
-    """``gs://bucket/object`` through the deployed controller: its ``--gcs-endpoint`` reaches
-    the importer pod (``IMPORTER_GCS_ENDPOINT``), which reads the object from there."""
-    url = gcs.put("golden", "gs-form/disk.qcow2", images.path("disk.qcow2"))
-    assert url.startswith("gs://golden/")
-    gcs_secret(kube, namespace, "gcs-key", gcs.credentials_json())
-    source = {"gcs": {"url": url, "secretRef": "gcs-key"}}
-    kube.create(dv_path(namespace), datavolume("fromgs", source, size="64Mi"))
-    dv = wait_phase(kube, namespace, "fromgs", ("Succeeded", "Failed"), 120)
-    assert dv["status"]["phase"] == "Succeeded", dv["status"]
-    same_prefix_then_zeros(volume_dir(kube, namespace, "fromgs") / "disk.img", images.reference)
+    """``gs://bucket/object`` through the deployed controller: a private object with the
+    service account's token and a public one anonymously, both from the emulator the operator
+    named; the importer pods carry the endpoint, from CDIConfig only."""
+    gcs_endpoint(gcs.endpoint)
+    private = gcs.put("golden", "os/gs-disk.qcow2", images.path("disk.qcow2"))
+    public = gcs.put("public", "os/gs-disk.raw.gz", images.path("disk.raw.gz"))
+    assert private == "gs://golden/os/gs-disk.qcow2" and gcs.tokens is not None
+    granted = len(gcs.tokens.granted)
+    gcs_secret(kube, namespace, "gs-key", gcs.credentials_json())
+    sources = {
+        "gs-private": {"gcs": {"url": private, "secretRef": "gs-key"}},
+        "gs-public": {"gcs": {"url": public}},
+    }
+    for name, source in sources.items():
+        kube.create(dv_path(namespace), datavolume(name, source, size="64Mi"))
+    for name in sources:
+        dv = wait_phase(kube, namespace, name, ("Succeeded", "Failed"), 120)
+        assert dv["status"]["phase"] == "Succeeded", (name, dv["status"])
+        disk = Path(pv_of(kube, namespace, name)["spec"]["local"]["path"]) / "disk.img"
+        same_prefix_then_zeros(disk, images.reference)
+    assert len(gcs.tokens.granted) == granted + 1  # the private import's token only
+    key_line = gcs.account.private_pem.splitlines()[1]
+    assert key_line not in everything_a_reader_sees(kube, namespace, "gs-private")
+
+
+def test_the_import_policy_applies_to_the_operators_gcs_endpoint(
+    kube: Kube,
+    namespace: str,
+    controller: Product,
+    gcs: GcsServer,
+    gcs_endpoint: Callable[[str], None],
+) -> None:
+    """The session's policy allows 127.0.0.1/32 only: an endpoint on 127.0.0.2 is refused at
+    the dial, permanently, and named; an operator's endpoint is no way around the policy."""
+    gcs_endpoint(f"http://127.0.0.2:{gcs.port}")
+    source = {"gcs": {"url": "gs://golden/os/anything.img"}}
+    kube.create(dv_path(namespace), datavolume("gs-refused", source, size="64Mi"))
+    dv = wait_phase(kube, namespace, "gs-refused", ("Failed",), 120)
+    running = condition(dv, "Running")
+    assert running["reason"] == "SourceForbidden", running
+    assert "127.0.0.2" in running["message"] and "import policy" in running["message"], running
+    assert dv["status"].get("restartCount", 0) == 0

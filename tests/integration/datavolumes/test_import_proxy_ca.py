@@ -5,7 +5,13 @@ private CA signed. The operator keeps that CA in a ConfigMap of the CDI namespac
 in ``importProxy.trustedCAProxy``; the controller copies it beside the import as
 ``import-proxy-cm-<claim>`` and the importer trusts it for the proxy (TLS in TLS through the
 tunnel). Without the setting the import fails at once with a reason that names it, and neither
-the proxy nor the image server is asked for anything."""
+the proxy nor the image server is asked for anything.
+
+The same proxy demanding credentials (``HTTPSProxy: https://user:password@proxy``, as CDI
+accepts it): the deployed import proxy relay holds them and speaks TLS to the proxy, trusting
+the same ConfigMap; the tenant's namespace (pod spec, Secrets, ConfigMaps, events, the
+DataVolume) holds only a ticket; a wrong password fails the import at once with
+``ProxyAuthenticationFailed``."""
 
 from __future__ import annotations
 
@@ -15,6 +21,7 @@ import http.server
 import json
 import ssl
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import partial
@@ -136,7 +143,7 @@ def test_https_through_a_proxy_with_a_private_ca_imports_with_trusted_ca_proxy(
     tls_proxy: TlsForwardProxy,
     proxy_config: None,
 ) -> None:
-    ca = tls_proxy.tls.ca_pem.read_text()
+    ca = tls_proxy.ca_pem.read_text()
     kube.create(
         f"/api/v1/namespaces/{CDI_NAMESPACE}/configmaps",
         {"metadata": {"name": PROXY_CA_MAP}, "data": {"ca.pem": ca}},
@@ -207,57 +214,95 @@ def test_a_trusted_ca_proxy_that_names_no_configmap_waits_and_says_so(
     assert not [p for p in pods if p["metadata"]["name"].startswith("importer-")]
     kube.create(
         f"/api/v1/namespaces/{CDI_NAMESPACE}/configmaps",
-        {"metadata": {"name": PROXY_CA_MAP}, "data": {"ca.pem": tls_proxy.tls.ca_pem.read_text()}},
+        {"metadata": {"name": PROXY_CA_MAP}, "data": {"ca.pem": tls_proxy.ca_pem.read_text()}},
     )
     dv = wait_phase(kube, namespace, "waits-for-ca", ("Succeeded", "Failed"), 180)
     assert dv["status"]["phase"] == "Succeeded", dv["status"]
 
 
+CREDENTIALS = "al@ice:pw-SECRET"
+
+
 @pytest.fixture
-def auth_tls_proxy(tmp_path: Path) -> Iterator[TlsForwardProxy]:
+def auth_proxy(tmp_path: Path) -> Iterator[TlsForwardProxy]:
     tls = Tls.make(tmp_path / "proxy-tls", CertificateAuthority("private-proxy-ca"))
-    proxy = TlsForwardProxy(tls, credentials=f"{PROXY_USER}:{PROXY_PASSWORD}").start()
+    proxy = TlsForwardProxy(tls, credentials=CREDENTIALS).start()
     yield proxy
     proxy.stop()
 
 
-PROXY_USER, PROXY_PASSWORD = "al@ice", "pw-SECRET-https"
+def _credentialed(kube: Kube, proxy: TlsForwardProxy, userinfo: str) -> None:
+    kube.create(
+        f"/api/v1/namespaces/{CDI_NAMESPACE}/configmaps",
+        {"metadata": {"name": PROXY_CA_MAP}, "data": {"ca.pem": proxy.ca_pem.read_text()}},
+    )
+    _configure(kube, {"HTTPSProxy": proxy.url_with(userinfo), "trustedCAProxy": PROXY_CA_MAP})
+    time.sleep(6)  # the relay reads CDIConfig again every 5 s (an earlier test's proxy)
 
 
-def test_an_https_proxy_with_credentials_is_reached_through_the_relay(
+def _namespace_holds(kube: Kube, namespace: str) -> str:
+    """Everything a tenant reads in the namespace, Secret values decoded, and the DataVolumes."""
+    seen = []
+    for kind in ("secrets", "pods", "configmaps", "events", "persistentvolumeclaims"):
+        items = kube.get(f"/api/v1/namespaces/{namespace}/{kind}")["items"]
+        seen.append(json.dumps(items))
+        if kind == "secrets":
+            seen += [base64.b64decode(v).decode(errors="replace") for s in items
+                     for v in (s.get("data") or {}).values()]  # fmt: skip
+    seen.append(json.dumps(kube.get(dv_path(namespace))["items"]))
+    return "\n".join(seen)
+
+
+def test_an_https_proxy_with_credentials_is_reached_through_the_relay_with_them(
     kube: Kube,
     namespace: str,
     controller: Product,
     images: Images,
     https_images: HttpsImages,
-    auth_tls_proxy: TlsForwardProxy,
+    auth_proxy: TlsForwardProxy,
     proxy_config: None,
 ) -> None:
-    """CDI's ``HTTPSProxy: https://user:password@proxy`` with ``trustedCAProxy``: the deployed
-    import proxy relay (``cdi/cdi-import-proxy``) dials the proxy over TLS with the private CA
-    and adds the password; the importer holds only a ticket; the proxy demands the credentials
-    (407 otherwise) and tunnels to the https image server."""
-    ca = auth_tls_proxy.tls.ca_pem.read_text()
-    kube.create(
-        f"/api/v1/namespaces/{CDI_NAMESPACE}/configmaps",
-        {"metadata": {"name": PROXY_CA_MAP}, "data": {"ca.pem": ca}},
-    )
-    url = f"https://al%40ice:{PROXY_PASSWORD}@127.0.0.1:{auth_tls_proxy.port}"
-    _configure(kube, {"HTTPSProxy": url, "trustedCAProxy": PROXY_CA_MAP})
+    _credentialed(kube, auth_proxy, "al%40ice:pw-SECRET")
     source = _target_ca(kube, namespace, https_images)
-    kube.create(dv_path(namespace), datavolume("relayed", source, size="64Mi"))
+    kube.create(dv_path(namespace), datavolume("auth-proxy", source, size="64Mi"))
 
-    dv = wait_phase(kube, namespace, "relayed", ("Succeeded", "Failed"), 180)
+    dv = wait_phase(kube, namespace, "auth-proxy", ("Succeeded", "Failed"), 180)
     assert dv["status"]["phase"] == "Succeeded", dv["status"]
-    assert auth_tls_proxy.tunnels and auth_tls_proxy.refused == 0
-    assert set(auth_tls_proxy.tunnels) == {f"127.0.0.1:{https_images.port}"}
-    disk = Path(pv_of(kube, namespace, "relayed")["spec"]["local"]["path"]) / "disk.img"
+    assert dv["status"]["restartCount"] == 0
+    expected = "Basic " + base64.b64encode(CREDENTIALS.encode()).decode()
+    assert auth_proxy.authorizations and set(auth_proxy.authorizations) == {expected}
+    assert set(auth_proxy.tunnels) == {f"127.0.0.1:{https_images.port}"}
+    disk = Path(pv_of(kube, namespace, "auth-proxy")["spec"]["local"]["path"]) / "disk.img"
     same_prefix_then_zeros(disk, images.reference)
-    # the tenant's namespace holds a ticket, never the password
-    secrets = kube.get(f"/api/v1/namespaces/{namespace}/secrets")["items"]
-    ours = [s for s in secrets if s["metadata"]["name"].startswith("import-proxy-auth-")]
-    assert len(ours) == 1
-    ticket = base64.b64decode(ours[0]["data"]["https"]).decode()
-    assert ticket.startswith(f"{namespace}~relayed~") and PROXY_PASSWORD not in ticket
-    pods = json.dumps(kube.get(f"/api/v1/namespaces/{namespace}/pods")["items"])
-    assert PROXY_PASSWORD not in pods and PROXY_PASSWORD not in json.dumps(dv["status"])
+    # the tenant's namespace: a ticket for the relay, never the password (CDI would have put
+    # the whole URL into the importer's env); the pod dials the relay, not the proxy
+    seen = _namespace_holds(kube, namespace)
+    assert "import-proxy-auth-" in seen and f"{namespace}~auth-proxy~" in seen
+    assert "pw-SECRET" not in seen and "al%40ice" not in seen and "al@ice" not in seen
+    assert base64.b64encode(CREDENTIALS.encode()).decode() not in seen
+    assert f"127.0.0.1:{auth_proxy.port}" not in seen
+
+
+def test_a_wrong_https_proxy_password_fails_at_once_with_proxy_authentication_failed(
+    kube: Kube,
+    namespace: str,
+    controller: Product,
+    https_images: HttpsImages,
+    auth_proxy: TlsForwardProxy,
+    proxy_config: None,
+) -> None:
+    _credentialed(kube, auth_proxy, "al%40ice:wrong-SECRET")
+    source = _target_ca(kube, namespace, https_images)
+    asked_before = list(https_images.requests)
+    kube.create(dv_path(namespace), datavolume("wrong-proxy-pw", source, size="64Mi"))
+
+    dv = wait_phase(kube, namespace, "wrong-proxy-pw", ("Succeeded", "Failed"), 180)
+    ready = condition(dv, "Ready")
+    assert dv["status"]["phase"] == "Failed", dv["status"]
+    assert ready["reason"] == "ProxyAuthenticationFailed", ready
+    assert "407" in ready["message"], ready
+    assert dv["status"]["restartCount"] == 0  # permanent: no retry loop
+    assert auth_proxy.refused >= 1 and auth_proxy.tunnels == []
+    assert https_images.requests == asked_before
+    seen = _namespace_holds(kube, namespace)
+    assert "SECRET" not in seen and "al@ice" not in seen
