@@ -162,6 +162,9 @@ class CDIConfigSpec(ApiObject):
     import_bandwidth_limit: str | None = None
     # Not CDI (issue 28): importer pods alive at once, cluster-wide; None or 0: no limit
     max_concurrent_imports: int | None = None
+    # Not CDI (issue 28): importer pods on one node at once, kept by the scheduler through the
+    # extended resource cdi.kubevirt.io/import-slots; None or 0: no limit
+    max_concurrent_imports_per_node: int | None = None
 
 
 @dataclass(frozen=True)
