@@ -6,8 +6,12 @@ With TLS (``--metrics-tls``, as ``deploy/`` runs it; CDI serves its metrics over
 - the serving certificate is kept, with its own CA, in Secret
   ``cdi-controller-metrics-server-cert`` by a ``cdi.pki.store.CertStore`` (the one the webhook,
   the token API and the upload proxy use: compare-and-swap on the Secret, so two replicas never
-  fork the CA; rotated by ``cdi.pki.certs`` rules, checked every ``check_interval``), issued for
-  the Service ``cdi-controller-metrics``. Its CA certificate alone is published in ConfigMap
+  fork the CA; rotated by ``cdi.pki.certs`` rules, checked every ``check_interval`` or a quarter
+  of the CA rotation's stage if sooner), issued for the Service ``cdi-controller-metrics``. Its
+  CA lives as the CDI resource's ``certConfig.ca`` says (CDIConfig's status carries it, read
+  every 5 s with the TLS profile) and is replaced in stages: published beside the old one
+  first, signing only a stage later, the old one dropped a stage after that. Its CA
+  certificate alone is published in ConfigMap
   ``cdi-controller-metrics-signer-bundle`` (``ProxyCertStore``'s way, the upload proxy's), and
   Prometheus verifies it with that and the name (the ServiceMonitor's ``tlsConfig``,
   ``deploy/optional/monitoring.yaml``), never reading the Secret with the CA's key;
@@ -25,18 +29,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 import logging
 import ssl
+import time
 from dataclasses import dataclass
 from functools import partial
 
 from aiohttp import web
 
+from cdi.api.cdiresource import DEFAULT_CA, lifetimes
+from cdi.api.config import CDIConfig
 from cdi.api.tlsprofile import apply as apply_profile
 from cdi.controller.metrics import ControllerMetrics, Guard, serve_metrics
 from cdi.kube.client import Kube
 from cdi.kube.errors import KubeError
-from cdi.pki.certs import Bundle
+from cdi.pki.certs import Bundle, stage_of
 from cdi.pki.contexts import load_pair, serving_context
 from cdi.pki.profile import FollowedProfile, following
 from cdi.pki.store import CertStore, ServingCertConfig
@@ -48,6 +56,7 @@ METRICS_SERVICE = "cdi-controller-metrics"
 METRICS_CERT_SECRET = "cdi-controller-metrics-server-cert"
 # the CA certificate alone (key ca-bundle.crt), for the ServiceMonitor's tlsConfig
 METRICS_CA_BUNDLE = "cdi-controller-metrics-signer-bundle"
+TICK = 5.0  # seconds between looks at the check's due time (no API call)
 
 
 def metrics_cert_config(namespace: str) -> ServingCertConfig:
@@ -70,6 +79,7 @@ class MetricsServer:
         self.kube, self.metrics, self.guard, self.serving = kube, metrics, guard, serving
         self.runner: web.AppRunner | None = None
         self._task: asyncio.Task[None] | None = None
+        self._ca_life = DEFAULT_CA
 
     async def start(self) -> None:
         """Plain HTTP: listening when this returns (a taken port fails here). TLS: in the
@@ -99,16 +109,36 @@ class MetricsServer:
         except Exception:
             log.exception("the metrics server stopped")
 
+    def _took_config(self, config: CDIConfig) -> None:
+        """Every CDIConfig read (``FollowedProfile``, every 5 s): the CA lifetime in force."""
+        self._ca_life = lifetimes(config.cert_config).ca
+
+    def _check_every(self, bundle: Bundle) -> float:
+        """The hourly check, or sooner: a quarter of the rotation's stage, so every replica
+        serves a re-issued certificate long before the old CA leaves the bundle, and a quarter
+        of what is left of the CA's life (a short-lived CA from a certConfig since lifted)."""
+        stage = stage_of(self._ca_life).total_seconds()
+        try:
+            left = (bundle.ca.cert.not_valid_after_utc - dt.datetime.now(dt.UTC)).total_seconds()
+        except ValueError:
+            left = 0.0
+        return max(1.0, min(self.serving.check_interval, stage / 4, left / 4))
+
     async def _run(self, tls: ServingCertConfig) -> None:
-        store = ProxyCertStore(self.kube, tls, METRICS_CA_BUNDLE)  # publishes the CA alone
+        profile = FollowedProfile(self.kube, on_config=self._took_config)
+        first = await profile.first()
+        # publishes the CA alone; certConfig.ca's lifetime, staged rotation (cdi.pki.certs)
+        store = ProxyCertStore(self.kube, tls, METRICS_CA_BUNDLE, lambda: self._ca_life)
         bundle = await self._first_bundle(store)
-        profile = FollowedProfile(self.kube)
-        ctx = serving_context(bundle.serving, profile=await profile.first())
+        ctx = serving_context(bundle.serving, profile=first)
         await self._listen(ctx)
         async with following(profile, partial(apply_profile, ctx)):
-            while True:
-                await asyncio.sleep(self.serving.check_interval)
-                bundle = await self._refresh(store, bundle, ctx)
+            checked = time.monotonic()
+            while True:  # a tick every few seconds: a new certConfig.ca shortens the wait
+                await asyncio.sleep(min(TICK, self._check_every(bundle)))
+                if time.monotonic() - checked >= self._check_every(bundle):
+                    bundle = await self._refresh(store, bundle, ctx)
+                    checked = time.monotonic()
 
     async def _first_bundle(self, store: CertStore) -> Bundle:
         while True:
