@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime as dt
 import logging
 import ssl
 import time
@@ -38,16 +37,14 @@ from functools import partial
 
 from aiohttp import web
 
-from cdi.api.cdiresource import DEFAULT_CA, lifetimes
-from cdi.api.config import CDIConfig
 from cdi.api.tlsprofile import apply as apply_profile
 from cdi.controller.metrics import ControllerMetrics, Guard, serve_metrics
 from cdi.kube.client import Kube
 from cdi.kube.errors import KubeError
-from cdi.pki.certs import Bundle, stage_of
+from cdi.pki.certs import Bundle
 from cdi.pki.contexts import load_pair, serving_context
 from cdi.pki.profile import FollowedProfile, following
-from cdi.pki.store import CertStore, ServingCertConfig
+from cdi.pki.store import CALife, CertStore, ServingCertConfig
 from cdi.upload.kubestore import ProxyCertStore
 
 log = logging.getLogger(__name__)
@@ -79,7 +76,7 @@ class MetricsServer:
         self.kube, self.metrics, self.guard, self.serving = kube, metrics, guard, serving
         self.runner: web.AppRunner | None = None
         self._task: asyncio.Task[None] | None = None
-        self._ca_life = DEFAULT_CA
+        self.ca_life = CALife()  # certConfig.ca, from the CDIConfig reads of the TLS profile
 
     async def start(self) -> None:
         """Plain HTTP: listening when this returns (a taken port fails here). TLS: in the
@@ -109,34 +106,20 @@ class MetricsServer:
         except Exception:
             log.exception("the metrics server stopped")
 
-    def _took_config(self, config: CDIConfig) -> None:
-        """Every CDIConfig read (``FollowedProfile``, every 5 s): the CA lifetime in force."""
-        self._ca_life = lifetimes(config.cert_config).ca
-
-    def _check_every(self, bundle: Bundle) -> float:
-        """The hourly check, or sooner: a quarter of the rotation's stage, so every replica
-        serves a re-issued certificate long before the old CA leaves the bundle, and a quarter
-        of what is left of the CA's life (a short-lived CA from a certConfig since lifted)."""
-        stage = stage_of(self._ca_life).total_seconds()
-        try:
-            left = (bundle.ca.cert.not_valid_after_utc - dt.datetime.now(dt.UTC)).total_seconds()
-        except ValueError:
-            left = 0.0
-        return max(1.0, min(self.serving.check_interval, stage / 4, left / 4))
-
     async def _run(self, tls: ServingCertConfig) -> None:
-        profile = FollowedProfile(self.kube, on_config=self._took_config)
+        profile = FollowedProfile(self.kube, on_config=self.ca_life.took)
         first = await profile.first()
         # publishes the CA alone; certConfig.ca's lifetime, staged rotation (cdi.pki.certs)
-        store = ProxyCertStore(self.kube, tls, METRICS_CA_BUNDLE, lambda: self._ca_life)
+        store = ProxyCertStore(self.kube, tls, METRICS_CA_BUNDLE, self.ca_life)
         bundle = await self._first_bundle(store)
         ctx = serving_context(bundle.serving, profile=first)
         await self._listen(ctx)
         async with following(profile, partial(apply_profile, ctx)):
             checked = time.monotonic()
             while True:  # a tick every few seconds: a new certConfig.ca shortens the wait
-                await asyncio.sleep(min(TICK, self._check_every(bundle)))
-                if time.monotonic() - checked >= self._check_every(bundle):
+                every = self.ca_life.check_every(bundle, self.serving.check_interval)
+                await asyncio.sleep(min(TICK, every))
+                if time.monotonic() - checked >= every:
                     bundle = await self._refresh(store, bundle, ctx)
                     checked = time.monotonic()
 

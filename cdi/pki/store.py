@@ -21,10 +21,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from cdi.api.cdiresource import DEFAULT_CA, Lifetime
+from cdi.api.cdiresource import DEFAULT_CA, Lifetime, lifetimes
+from cdi.api.config import CDIConfig
 from cdi.kube.client import JSON_PATCH, SECRETS, Kube, Resource
 from cdi.kube.errors import Conflict, Invalid, KubeError, NotFound
-from cdi.pki.certs import Bundle, KeyPair, plan_rotation, rotate, service_names
+from cdi.pki.certs import Bundle, KeyPair, plan_rotation, rotate, service_names, stage_of
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +38,38 @@ class ServingCertConfig:
     service: str
     cert_secret: str
     extra_sans: tuple[str, ...] = ()
+
+
+class CALife:
+    """The CA lifetime in force in one process: the CDI resource's ``certConfig.ca`` as
+    CDIConfig's status carries it, taken from the CDIConfig read the process makes anyway for
+    its TLS profile (``took``: ``FollowedProfile``'s ``on_config``, every 5 s). A
+    ``CertStore`` asks it (``ca_life``) at every check; ``check_every`` says how soon the next
+    check is due."""
+
+    def __init__(self) -> None:
+        self.current = DEFAULT_CA
+
+    def took(self, config: CDIConfig) -> None:
+        self.current = lifetimes(config.cert_config).ca
+
+    def __call__(self) -> Lifetime:
+        return self.current
+
+    def check_every(self, bundle: Bundle | None, interval: float) -> float:
+        """``interval`` (the hourly check), or sooner: a quarter of the rotation's stage, so
+        every replica serves a re-issued certificate long before the old CA leaves the
+        bundle, and a quarter of what is left of the CA's life (a short-lived CA from a
+        certConfig since lifted)."""
+        stage = stage_of(self.current).total_seconds()
+        left = interval * 4
+        if bundle is not None:
+            try:
+                end = bundle.ca.cert.not_valid_after_utc
+                left = (end - dt.datetime.now(dt.UTC)).total_seconds()
+            except ValueError:
+                left = 0.0
+        return max(1.0, min(interval, stage / 4, left / 4))
 
 
 PUBLISH_ATTEMPTS = 5  # replicas racing to publish one CA settle in one or two

@@ -262,8 +262,14 @@ class ApiServiceCertStore(CertStore):
     """A serving certificate rotated in a Secret, its CA bundle written into our APIService
     so the kube-apiserver verifies us (no ``insecureSkipTLSVerify``)."""
 
-    def __init__(self, kube: Kube, config: ServingCertConfig, api_service: str) -> None:
-        super().__init__(kube, config)
+    def __init__(
+        self,
+        kube: Kube,
+        config: ServingCertConfig,
+        api_service: str,
+        ca_life: Callable[[], Lifetime] = lambda: DEFAULT_CA,
+    ) -> None:
+        super().__init__(kube, config, ca_life)
         self.api_service = api_service
 
     def publish(self, ca_bundle: bytes) -> None:
