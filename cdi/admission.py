@@ -33,7 +33,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
@@ -42,6 +42,7 @@ from typing import Any
 
 from aiohttp import web
 
+from cdi.api.cdiresource import DEFAULT_CA, Lifetime
 from cdi.api.cloneauth import AccessCheck, access_review_body
 from cdi.api.codec import SchemaError
 from cdi.api.config import CDIConfig
@@ -66,7 +67,7 @@ from cdi.lifecycle import LogVerbosity, run_until_stopped
 from cdi.pki.certs import Bundle
 from cdi.pki.contexts import TLSFiles, required_client_context
 from cdi.pki.profile import FollowedProfile, following
-from cdi.pki.store import CertStore, ServingCertConfig, b64
+from cdi.pki.store import CALife, CertStore, ServingCertConfig, b64
 from cdi.webhooks.callers import ApiServerCaller
 from cdi.webhooks.claims import CachedClaims, ClaimCache
 from cdi.webhooks.fairness import FairLookups
@@ -152,8 +153,13 @@ class WebhookCertStore(CertStore):
     """The webhook's serving certificate (``CertStore``), its CA bundle written into our
     Validating/MutatingWebhookConfigurations so the API server verifies us."""
 
-    def __init__(self, kube: Kube, config: WebhookConfig) -> None:
-        super().__init__(kube, config.serving_cert())
+    def __init__(
+        self,
+        kube: Kube,
+        config: WebhookConfig,
+        ca_life: Callable[[], Lifetime] = lambda: DEFAULT_CA,
+    ) -> None:
+        super().__init__(kube, config.serving_cert(), ca_life)
         self.webhooks = config
 
     def publish(self, ca_bundle: bytes) -> None:
@@ -224,14 +230,22 @@ async def serve_webhook(kube: Kube, config: WebhookConfig) -> None:
     async def run_blocking(fn: Any, *args: Any) -> Any:
         return await loop.run_in_executor(pool, partial(fn, *args))
 
-    store = WebhookCertStore(kube, config)
+    # one CDIConfig read every 5 s: the TLS profile, logVerbosity and certConfig.ca
+    ca_life, verbosity = CALife(), LogVerbosity()
+
+    def took(config: CDIConfig) -> None:
+        verbosity.apply(config)
+        ca_life.took(config)
+
+    profile = FollowedProfile(kube, on_config=took)
+    first_profile = await profile.first()
+    store = WebhookCertStore(kube, config, ca_life)
     bundle: Bundle = await run_blocking(store.ensure)
     trust = ApiServerTrust(kube, config) if config.client_auth == "certificate" else None
     client_ca, names = await run_blocking(trust.read) if trust else (None, ())
     caller = ApiServerCaller(names) if trust else None
     files = TLSFiles()
-    profile = FollowedProfile(kube, on_config=LogVerbosity().apply)
-    ctx = required_client_context(bundle.serving, files, client_ca, await profile.first())
+    ctx = required_client_context(bundle.serving, files, client_ca, first_profile)
 
     # the existing-claim check of every DataVolume create, answered from a claim informer
     claims = keys_cache(kube, PVCS)  # asked only whether a claim exists
@@ -274,7 +288,9 @@ async def serve_webhook(kube: Kube, config: WebhookConfig) -> None:
 
     try:
         async with following(profile, partial(apply_profile, ctx)):
-            await run_until_stopped(config.cert_check_interval, rotate)
+            await run_until_stopped(
+                lambda: ca_life.check_every(bundle, config.cert_check_interval), rotate
+            )
     finally:
         claims.stop()
         for runner in runners:

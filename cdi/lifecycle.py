@@ -19,19 +19,34 @@ from cdi.api.config import CDIConfig
 log = logging.getLogger(__name__)
 
 
-async def run_until_stopped(interval: float, periodic: Callable[[], Awaitable[None]]) -> None:
+async def run_until_stopped(
+    interval: float | Callable[[], float],
+    periodic: Callable[[], Awaitable[None]],
+    tick: float = 5.0,
+) -> None:
     """Call ``periodic`` every ``interval`` seconds until SIGTERM or SIGINT arrives; a failed
-    call is logged and retried at the next interval."""
+    call is logged and retried at the next interval. A callable ``interval`` is asked again
+    every ``tick`` seconds (a shorter one, e.g. a new CA lifetime, takes effect then)."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
+    if callable(interval):
+        due, ticking = interval, True
+    else:
+        fixed = float(interval)
+        due, ticking = (lambda: fixed), False
+    last = loop.time()
     while not stop.is_set():
+        wait = min(tick, due()) if ticking else due()
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), interval)
+            await asyncio.wait_for(stop.wait(), wait)
         if stop.is_set():
             break
+        if ticking and loop.time() - last < due():
+            continue
+        last = loop.time()
         try:
             await periodic()
         except Exception as exc:  # keep serving with what we have; retry later

@@ -167,6 +167,9 @@ class CDIConfigSpec(ApiObject):
     # Not CDI (issue 27): the GCS endpoint gs:// URLs are read from (http(s)://host[:port]);
     # None: Google's. The operator's: a tenant's URL never chooses it
     gcs_endpoint: str | None = None
+    # Not CDI (issue 28): importer pods on one node at once, kept by the scheduler through the
+    # extended resource cdi.kubevirt.io/import-slots; None or 0: no limit
+    max_concurrent_imports_per_node: int | None = None
 
 
 @dataclass(frozen=True)

@@ -301,6 +301,10 @@ IMPORTER_CONTAINER_NAME: Final = "importer"
 NODE_PULL_CONTAINER_NAME: Final = "server"
 NODE_PULL_SHARED_DIR: Final = "/shared"
 NODE_PULL_HOLDER: Final = "/shared/cdi-holder"
+# Not CDI (issue 28, CDIConfig maxConcurrentImportsPerNode): the extended resource the controller
+# advertises in each node's status and every importer pod requests one of, so the scheduler
+# keeps at most that many importers on a node (cdi/controller/nodeslots.py).
+IMPORT_SLOTS_RESOURCE: Final = "cdi.kubevirt.io/import-slots"
 QEMU_UID: Final = 107  # qemu user/group in KubeVirt images; disk.img is 0660 group 107
 SECRET_KEY_ACCESS_KEY_ID: Final = "accessKeyId"
 SECRET_KEY_SECRET_KEY: Final = "secretKey"

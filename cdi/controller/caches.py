@@ -12,7 +12,8 @@ DataVolumes whole but bounded (their labels and annotations are copied to the cl
 reconciler reads a partial one fresh), claims and DataSources only the keys the controller
 reads of them, DataImportCrons their keys, conditions and template class (the reconciler
 GETs the cron; the metrics read the rest, ``metrics.cron_view``). Pods only the worker pods
-the controller follows (importers and upload servers), by label.
+the controller follows (importers and upload servers), by label. Nodes only their name and
+import slots (``cdi.controller.nodeslots``).
 """
 
 from __future__ import annotations
@@ -23,9 +24,11 @@ from dataclasses import dataclass
 from cdi.api.constants import ANN_SELECTED_NODE, LABEL_COMPONENT
 from cdi.controller.dataimportcron_desired import DATAIMPORTCRONS
 from cdi.controller.metrics import cron_view
+from cdi.controller.nodeslots import node_view
 from cdi.kube.client import (
     DATA_SOURCES,
     DATAVOLUMES,
+    NODES,
     PODS,
     PVCS,
     Kube,
@@ -56,6 +59,7 @@ SHAPES: dict[Resource, Shape] = {
     PODS: Shape(label_selector=WORKER_PODS),
     DATAIMPORTCRONS: Shape(transform=cron_view, page_size=SLIM_PAGE),
     DATA_SOURCES: Shape(transform=Slim(CLAIM_KEYS), page_size=SLIM_PAGE),
+    NODES: Shape(transform=node_view, page_size=SLIM_PAGE),  # name and import slots only
 }
 
 

@@ -15,6 +15,17 @@ cluster), so a new leader counts the imports already running and a deleted DataV
 frees its slot when it goes; only two things are kept in memory: the pods admitted in the last
 ``RECENT`` seconds that the cache may not show yet, and the queue of waiters, each dropped when
 its reconcile stops asking for ``WAIT_TTL`` seconds (a deleted DataVolume's place is not kept).
+
+Per node, CDIConfig ``spec.maxConcurrentImportsPerNode`` (not in CDI either) is kept by the
+scheduler, not here: which node an importer lands on is known only once the scheduler has
+bound it, and a count kept by the controller could not stop the scheduler from putting a
+second importer on a node. So every node advertises the extended resource
+``cdi.kubevirt.io/import-slots`` (``cdi.controller.nodeslots``), every importer pod requests
+one (``cdi.render.importer_pod``), and the pods beyond it stay Pending, Unschedulable, in the
+scheduler's queue (priority, then the time each entered it: the order they were created).
+This module only tells such a waiter apart from a pod that cannot be placed at all
+(``node_queued``): it is Unschedulable, it requests a slot, and some node has every slot
+taken, counted from the same informer; its DataVolume then shows ``ImportQueued`` too.
 """
 
 from __future__ import annotations
@@ -24,7 +35,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from cdi.api.constants import LABEL_COMPONENT
+from cdi.api.constants import IMPORT_SLOTS_RESOURCE, LABEL_COMPONENT
 
 RECENT = 15.0  # seconds an admitted pod counts before the informer shows it
 WAIT_TTL = 20.0  # seconds a waiter keeps its place without asking again
@@ -51,6 +62,54 @@ def alive_importers(pods: Iterable[Mapping[str, Any]]) -> set[Key]:
             continue
         alive.add((str(meta.get("namespace") or ""), str(meta.get("name") or "")))
     return alive
+
+
+def requests_slot(pod: Mapping[str, Any]) -> bool:
+    """The pod asks the scheduler for one of a node's import slots."""
+    for container in (pod.get("spec") or {}).get("containers") or []:
+        if IMPORT_SLOTS_RESOURCE in ((container.get("resources") or {}).get("requests") or {}):
+            return True
+    return False
+
+
+def full_nodes(pods: Iterable[Mapping[str, Any]], limit: int) -> set[str]:
+    """The nodes on which ``limit`` or more slot-holding importer pods are alive."""
+    listed = list(pods)
+    alive = alive_importers(listed)
+    held: dict[str, int] = {}
+    for pod in listed:
+        meta = pod.get("metadata") or {}
+        node = (pod.get("spec") or {}).get("nodeName")
+        key = (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
+        if node and key in alive and requests_slot(pod):
+            held[str(node)] = held.get(str(node), 0) + 1
+    return {node for node, n in held.items() if n >= limit}
+
+
+def node_queued(
+    pod: Mapping[str, Any], limit: int, pods: Iterable[Mapping[str, Any]]
+) -> tuple[str, str] | None:
+    """(reason, message) of the Running condition for an importer pod waiting in the scheduler
+    for a node's import slot; None when it is not one (the pod's own problem stands)."""
+    if not limit or limit <= 0 or not requests_slot(pod):
+        return None
+    scheduled = None
+    for cond in (pod.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == "PodScheduled":
+            scheduled = cond
+    if scheduled is None or scheduled.get("status") != "False":
+        return None
+    if scheduled.get("reason") != "Unschedulable":
+        return None
+    full = full_nodes(pods, limit)
+    if not full:
+        return None
+    said = str(scheduled.get("message") or "")[:256]
+    return QUEUED_REASON, (
+        f"waiting for an import slot on a node: at most {limit} imports run on a node at once "
+        f"(CDIConfig spec.maxConcurrentImportsPerNode), {len(full)} node(s) have none free; "
+        f"the scheduler: {said}"
+    )
 
 
 @dataclass

@@ -8,7 +8,7 @@ for their caches, then run each reconciler's workers off its own queue (a key is
 Wiring: what wakes a reconciler is declared beside it (``cdi.kube.watches``: ``For``, ``Owns``,
 ``Maps``; ``watches``/``WATCHES`` in ``cdi.controller.datavolume``, ``uploadpvc``,
 ``populators``, ``dataimportcron``, ``storageprofile``, ``cdiconfig``, ``cdiresource``,
-``datasource``). Here
+``datasource``, ``nodeslots``). Here
 each reconciler is built with its declaration, one informer is made per kind that a reconciler
 reads or watches (``cdi.controller.caches``: shared by all of them), and each declared watch
 becomes one handler on its kind's informer that adds the keys it maps an object to to that
@@ -79,6 +79,7 @@ from cdi.controller.flavours.upload import UploadWorker
 from cdi.controller.metrics import ControllerMetrics, Sources
 from cdi.controller.metrics_auth import MetricsGuard
 from cdi.controller.metrics_serving import MetricsServer, MetricsServing, metrics_cert_config
+from cdi.controller.nodeslots import NodeSlotsReconciler
 from cdi.controller.populators.clone import ClonePopulator
 from cdi.controller.populators.handover import PrimePopulator
 from cdi.controller.populators.import_ import ImportPopulator
@@ -94,6 +95,7 @@ from cdi.kube.client import (
     CDIS,
     DATA_SOURCES,
     DATAVOLUMES,
+    NODES,
     PODS,
     PVCS,
     STORAGE_CLASSES,
@@ -260,6 +262,7 @@ class Manager:
         cdi_resources = CDIResourceReconciler(self.kube, i[CDIS], cfg.namespace, cfg.config_recheck)
         # a source in another namespace is read only for a creator the webhook signed (N7)
         datasources = DataSourceReconciler(self.kube, utc_now, cfg.requester_key)
+        node_slots = NodeSlotsReconciler(self.kube, i[NODES], datavolumes.cdi_config)
         claims = i[PVCS].get
         return [
             Controller(
@@ -285,6 +288,7 @@ class Manager:
                 "storageprofile", profiles.reconcile, storageprofile.watches(i[STORAGE_CLASSES])
             ),
             Controller("cdiconfig", cdi_config.reconcile, cdiconfig.WATCHES),
+            Controller("nodeslots", node_slots.reconcile, node_slots.watches()),
             Controller("cdi", cdi_resources.reconcile, cdiresource.watches(i[CDIS])),
             Controller(
                 "datasource",

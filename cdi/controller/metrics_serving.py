@@ -6,8 +6,12 @@ With TLS (``--metrics-tls``, as ``deploy/`` runs it; CDI serves its metrics over
 - the serving certificate is kept, with its own CA, in Secret
   ``cdi-controller-metrics-server-cert`` by a ``cdi.pki.store.CertStore`` (the one the webhook,
   the token API and the upload proxy use: compare-and-swap on the Secret, so two replicas never
-  fork the CA; rotated by ``cdi.pki.certs`` rules, checked every ``check_interval``), issued for
-  the Service ``cdi-controller-metrics``. Its CA certificate alone is published in ConfigMap
+  fork the CA; rotated by ``cdi.pki.certs`` rules, checked every ``check_interval`` or a quarter
+  of the CA rotation's stage if sooner), issued for the Service ``cdi-controller-metrics``. Its
+  CA lives as the CDI resource's ``certConfig.ca`` says (CDIConfig's status carries it, read
+  every 5 s with the TLS profile) and is replaced in stages: published beside the old one
+  first, signing only a stage later, the old one dropped a stage after that. Its CA
+  certificate alone is published in ConfigMap
   ``cdi-controller-metrics-signer-bundle`` (``ProxyCertStore``'s way, the upload proxy's), and
   Prometheus verifies it with that and the name (the ServiceMonitor's ``tlsConfig``,
   ``deploy/optional/monitoring.yaml``), never reading the Secret with the CA's key;
@@ -27,6 +31,7 @@ import asyncio
 import contextlib
 import logging
 import ssl
+import time
 from dataclasses import dataclass
 from functools import partial
 
@@ -39,7 +44,7 @@ from cdi.kube.errors import KubeError
 from cdi.pki.certs import Bundle
 from cdi.pki.contexts import load_pair, serving_context
 from cdi.pki.profile import FollowedProfile, following
-from cdi.pki.store import CertStore, ServingCertConfig
+from cdi.pki.store import CALife, CertStore, ServingCertConfig
 from cdi.upload.kubestore import ProxyCertStore
 
 log = logging.getLogger(__name__)
@@ -48,6 +53,7 @@ METRICS_SERVICE = "cdi-controller-metrics"
 METRICS_CERT_SECRET = "cdi-controller-metrics-server-cert"
 # the CA certificate alone (key ca-bundle.crt), for the ServiceMonitor's tlsConfig
 METRICS_CA_BUNDLE = "cdi-controller-metrics-signer-bundle"
+TICK = 5.0  # seconds between looks at the check's due time (no API call)
 
 
 def metrics_cert_config(namespace: str) -> ServingCertConfig:
@@ -70,6 +76,7 @@ class MetricsServer:
         self.kube, self.metrics, self.guard, self.serving = kube, metrics, guard, serving
         self.runner: web.AppRunner | None = None
         self._task: asyncio.Task[None] | None = None
+        self.ca_life = CALife()  # certConfig.ca, from the CDIConfig reads of the TLS profile
 
     async def start(self) -> None:
         """Plain HTTP: listening when this returns (a taken port fails here). TLS: in the
@@ -100,15 +107,21 @@ class MetricsServer:
             log.exception("the metrics server stopped")
 
     async def _run(self, tls: ServingCertConfig) -> None:
-        store = ProxyCertStore(self.kube, tls, METRICS_CA_BUNDLE)  # publishes the CA alone
+        profile = FollowedProfile(self.kube, on_config=self.ca_life.took)
+        first = await profile.first()
+        # publishes the CA alone; certConfig.ca's lifetime, staged rotation (cdi.pki.certs)
+        store = ProxyCertStore(self.kube, tls, METRICS_CA_BUNDLE, self.ca_life)
         bundle = await self._first_bundle(store)
-        profile = FollowedProfile(self.kube)
-        ctx = serving_context(bundle.serving, profile=await profile.first())
+        ctx = serving_context(bundle.serving, profile=first)
         await self._listen(ctx)
         async with following(profile, partial(apply_profile, ctx)):
-            while True:
-                await asyncio.sleep(self.serving.check_interval)
-                bundle = await self._refresh(store, bundle, ctx)
+            checked = time.monotonic()
+            while True:  # a tick every few seconds: a new certConfig.ca shortens the wait
+                every = self.ca_life.check_every(bundle, self.serving.check_interval)
+                await asyncio.sleep(min(TICK, every))
+                if time.monotonic() - checked >= every:
+                    bundle = await self._refresh(store, bundle, ctx)
+                    checked = time.monotonic()
 
     async def _first_bundle(self, store: CertStore) -> Bundle:
         while True:

@@ -87,6 +87,7 @@ class Resource:
 
 
 PODS = Resource("", "v1", "pods", "Pod")
+NODES = Resource("", "v1", "nodes", "Node", namespaced=False)
 PVCS = Resource("", "v1", "persistentvolumeclaims", "PersistentVolumeClaim")
 EVENTS = Resource("", "v1", "events", "Event")
 SECRETS = Resource("", "v1", "secrets", "Secret")

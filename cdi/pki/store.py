@@ -1,6 +1,9 @@
 """A serving certificate kept in a Secret, so every replica of a server serves the same one.
 
-``CertStore.ensure`` reads the Secret (``ca.crt``, ``ca.key``, ``tls.crt``, ``tls.key``,
+``CertStore.ensure`` takes one step of rotation at a time (``cdi.pki.certs``: a new CA is staged
+in the bundle before it signs, the old one dropped after) with the CA lifetime ``ca_life`` gives
+(the CDI resource's ``certConfig.ca`` where the process knows it). It reads the Secret
+(``ca.crt``, ``ca.key``, ``tls.crt``, ``tls.key``,
 ``ca-previous.crt``), rotates the bundle when ``certs.plan_rotation`` says so (compare-and-swap
 on the Secret's resourceVersion, so two replicas never fork the CA) and publishes the CA bundle
 with ``publish``: nowhere here (the upload proxy: its clients reach it through an
@@ -18,9 +21,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from cdi.api.cdiresource import DEFAULT_CA, Lifetime, lifetimes
+from cdi.api.config import CDIConfig
 from cdi.kube.client import JSON_PATCH, SECRETS, Kube, Resource
 from cdi.kube.errors import Conflict, Invalid, KubeError, NotFound
-from cdi.pki.certs import Bundle, KeyPair, rotate, service_names
+from cdi.pki.certs import Bundle, KeyPair, plan_rotation, rotate, service_names, stage_of
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +40,38 @@ class ServingCertConfig:
     extra_sans: tuple[str, ...] = ()
 
 
+class CALife:
+    """The CA lifetime in force in one process: the CDI resource's ``certConfig.ca`` as
+    CDIConfig's status carries it, taken from the CDIConfig read the process makes anyway for
+    its TLS profile (``took``: ``FollowedProfile``'s ``on_config``, every 5 s). A
+    ``CertStore`` asks it (``ca_life``) at every check; ``check_every`` says how soon the next
+    check is due."""
+
+    def __init__(self) -> None:
+        self.current = DEFAULT_CA
+
+    def took(self, config: CDIConfig) -> None:
+        self.current = lifetimes(config.cert_config).ca
+
+    def __call__(self) -> Lifetime:
+        return self.current
+
+    def check_every(self, bundle: Bundle | None, interval: float) -> float:
+        """``interval`` (the hourly check), or sooner: a quarter of the rotation's stage, so
+        every replica serves a re-issued certificate long before the old CA leaves the
+        bundle, and a quarter of what is left of the CA's life (a short-lived CA from a
+        certConfig since lifted)."""
+        stage = stage_of(self.current).total_seconds()
+        left = interval * 4
+        if bundle is not None:
+            try:
+                end = bundle.ca.cert.not_valid_after_utc
+                left = (end - dt.datetime.now(dt.UTC)).total_seconds()
+            except ValueError:
+                left = 0.0
+        return max(1.0, min(interval, stage / 4, left / 4))
+
+
 PUBLISH_ATTEMPTS = 5  # replicas racing to publish one CA settle in one or two
 
 
@@ -45,10 +82,17 @@ def b64(data: bytes) -> str:
 class CertStore:
     KEYS = ("ca.crt", "ca.key", "tls.crt", "tls.key", "ca-previous.crt")
 
-    def __init__(self, kube: Kube, config: ServingCertConfig) -> None:
+    def __init__(
+        self,
+        kube: Kube,
+        config: ServingCertConfig,
+        ca_life: Callable[[], Lifetime] = lambda: DEFAULT_CA,
+    ) -> None:
         self.kube = kube
         self.config = config
         self.names = service_names(config.service, config.namespace, config.extra_sans)
+        # the CA's lifetime in force (the CDI resource's certConfig.ca), asked at every check
+        self.ca_life = ca_life
 
     def _read(self) -> tuple[Bundle | None, dict[str, Any] | None]:
         secret = self.kube.get_or_none(SECRETS, self.config.cert_secret, self.config.namespace)
@@ -90,7 +134,8 @@ class CertStore:
         """The current bundle, rotated if due, stored, and published (``publish``)."""
         for _ in range(5):
             bundle, secret = self._read()
-            fresh = rotate(bundle, self.names, now or dt.datetime.now(dt.UTC))
+            at, life = now or dt.datetime.now(dt.UTC), self.ca_life()
+            fresh = rotate(bundle, self.names, at, ca_life=life)
             if fresh is None:
                 assert bundle is not None
                 self.publish(bundle.ca_bundle)
@@ -99,7 +144,8 @@ class CertStore:
                 self._write(fresh, secret)
             except Conflict:
                 continue  # another replica rotated first: use theirs
-            log.info("webhook certificate %s", "created" if bundle is None else "rotated")
+            step = "created" if bundle is None else plan_rotation(bundle, self.names, at, life)
+            log.info("certificate %s/%s: %s", self.config.namespace, self.config.cert_secret, step)
             self.publish(fresh.ca_bundle)
             return fresh
         raise RuntimeError("could not store the webhook certificate (conflicts)")

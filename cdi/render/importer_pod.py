@@ -96,6 +96,7 @@ from cdi.api.constants import (
     EXTRA_HEADERS_DIR,
     GOOGLE_CREDENTIALS_DIR,
     GOOGLE_CREDENTIALS_KEY,
+    IMPORT_SLOTS_RESOURCE,
     IMPORT_SOURCE_GCS,
     IMPORTER_CONTAINER_NAME,
     IMPORTER_EXTRA_HEADER_PREFIX,
@@ -164,6 +165,9 @@ class ImporterPodConfig(WorkerPod):
     proxy_auth_secret: str | None = None  # the per-import Secret of importProxy credentials
     direct_io: bool = False  # retry after an OOM kill with O_DIRECT
     checkpoint_attested: tuple[int, str] | None = None  # scraped from the previous attempt
+    # CDIConfig maxConcurrentImportsPerNode is set: the importer requests one of the node's
+    # import slots (``IMPORT_SLOTS_RESOURCE``), which the scheduler counts; a cron's poller not
+    import_slot: bool = False
 
 
 def render_importer_pod(
@@ -267,7 +271,7 @@ def _container(
         **image_fields(config),
         "env": _env(dv, pvc_spec, block, settings, config),
         "ports": metrics_ports(config),
-        "resources": worker_resources(config.cdi_config),
+        "resources": _resources(config),
         "terminationMessagePath": TERMINATION_LOG_PATH,
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "securityContext": container_security_context(),
@@ -276,6 +280,16 @@ def _container(
     if block:
         container["volumeDevices"] = [{"name": DATA_VOLUME, "devicePath": BLOCK_DEVICE_PATH}]
     return container
+
+
+def _resources(config: ImporterPodConfig) -> dict[str, Any]:
+    """CDIConfig's worker resources, and with a per-node limit one import slot: an extended
+    resource is never overcommitted, so its request and limit are the same."""
+    resources = worker_resources(config.cdi_config)
+    if config.import_slot:
+        for kind in ("requests", "limits"):
+            resources[kind] = {**(resources.get(kind) or {}), IMPORT_SLOTS_RESOURCE: "1"}
+    return resources
 
 
 def _env(

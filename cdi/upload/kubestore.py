@@ -28,9 +28,10 @@ import base64
 import datetime as dt
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
+from cdi.api.cdiresource import DEFAULT_CA, Lifetime
 from cdi.kube.client import (
     PVCS,
     SECRETS,
@@ -230,8 +231,14 @@ class ProxyCertStore(CertStore):
     controller's metrics certificate is kept the same way (``cdi.controller.metrics_serving``:
     ``cdi-controller-metrics-signer-bundle``, for Prometheus)."""
 
-    def __init__(self, kube: Kube, config: ServingCertConfig, config_map: str) -> None:
-        super().__init__(kube, config)
+    def __init__(
+        self,
+        kube: Kube,
+        config: ServingCertConfig,
+        config_map: str,
+        ca_life: Callable[[], Lifetime] = lambda: DEFAULT_CA,
+    ) -> None:
+        super().__init__(kube, config, ca_life)
         self.config_map = config_map
 
     def publish(self, ca_bundle: bytes) -> None:
@@ -255,8 +262,14 @@ class ApiServiceCertStore(CertStore):
     """A serving certificate rotated in a Secret, its CA bundle written into our APIService
     so the kube-apiserver verifies us (no ``insecureSkipTLSVerify``)."""
 
-    def __init__(self, kube: Kube, config: ServingCertConfig, api_service: str) -> None:
-        super().__init__(kube, config)
+    def __init__(
+        self,
+        kube: Kube,
+        config: ServingCertConfig,
+        api_service: str,
+        ca_life: Callable[[], Lifetime] = lambda: DEFAULT_CA,
+    ) -> None:
+        super().__init__(kube, config, ca_life)
         self.api_service = api_service
 
     def publish(self, ca_bundle: bytes) -> None:

@@ -30,6 +30,7 @@ from functools import partial
 
 from aiohttp import web
 
+from cdi.api.config import CDIConfig
 from cdi.api.tlsprofile import TLSProfile
 from cdi.api.tlsprofile import apply as apply_profile
 from cdi.kube.client import AsyncKube, Kube
@@ -38,7 +39,7 @@ from cdi.lifecycle import LogVerbosity, run_until_stopped
 from cdi.pki.certs import Bundle, KeyPair
 from cdi.pki.contexts import load_pair, serving_context, upstream_context
 from cdi.pki.profile import FollowedProfile, following
-from cdi.pki.store import CertStore, ServingCertConfig
+from cdi.pki.store import CALife, CertStore, ServingCertConfig
 from cdi.pki.upload import PROXY_CA_BUNDLE, PROXY_CLIENT_SECRET, SERVER_CA_BUNDLE
 from cdi.upload.apiserver import make_api_app
 from cdi.upload.errors import UploadNotReady
@@ -103,18 +104,30 @@ def _cert_config(plane: UploadPlaneConfig, service: str, secret: str) -> Serving
     return ServingCertConfig(plane.namespace, service, secret, plane.extra_sans)
 
 
+def _followed(kube: Kube) -> tuple[FollowedProfile, CALife]:
+    """One CDIConfig read every 5 s for the TLS profile, logVerbosity and certConfig.ca."""
+    ca_life, verbosity = CALife(), LogVerbosity()
+
+    def took(config: CDIConfig) -> None:
+        verbosity.apply(config)
+        ca_life.took(config)
+
+    return FollowedProfile(kube, on_config=took), ca_life
+
+
 async def _serve(
     app: web.Application,
     plane: UploadPlaneConfig,
     ctx: ssl.SSLContext,
     periodic: Callable[[], Awaitable[None]],
+    interval: Callable[[], float],
 ) -> None:
     runner = web.AppRunner(app)
     await runner.setup()
     await web.TCPSite(runner, plane.host, plane.port, ssl_context=ctx).start()
     log.info("serving on %s:%d", plane.host, plane.port)
     try:
-        await run_until_stopped(plane.check_interval, periodic)
+        await run_until_stopped(interval, periodic)
     finally:
         await runner.cleanup()
 
@@ -156,12 +169,13 @@ async def serve_upload_api(kube: Kube, config: ApiServerConfig) -> None:
         ca_found, rh_found = await asyncio.to_thread(requestheader_settings, kube)
         ca, requestheader = ca or ca_found, requestheader or rh_found
     await rotate_ring()
+    profile, ca_life = _followed(kube)
+    first_profile = await profile.first()
     cert_store = ApiServiceCertStore(
-        kube, _cert_config(plane, config.service, config.cert_secret), config.api_service
+        kube, _cert_config(plane, config.service, config.cert_secret), config.api_service, ca_life
     )
     serving = _ServingCert(cert_store)
-    profile = FollowedProfile(kube, on_config=LogVerbosity().apply)
-    ctx = serving_context(await serving.refresh(), client_ca=ca, profile=await profile.first())
+    ctx = serving_context(await serving.refresh(), client_ca=ca, profile=first_profile)
     async_kube = AsyncKube(kube)
     targets = KubeUploadTargets(async_kube, for_proxy=False)
     api = TokenApi(KubeAccessReviewer(async_kube), targets, current_ring)
@@ -172,7 +186,11 @@ async def serve_upload_api(kube: Kube, config: ApiServerConfig) -> None:
 
     try:
         async with following(profile, partial(apply_profile, ctx)):
-            await _serve(make_api_app(api, requestheader), plane, ctx, periodic)
+
+            def every() -> float:
+                return ca_life.check_every(serving.bundle, plane.check_interval)
+
+            await _serve(make_api_app(api, requestheader), plane, ctx, periodic, every)
     finally:
         async_kube.close()
 
@@ -227,12 +245,13 @@ async def serve_upload_proxy(kube: Kube, config: UploadProxyConfig) -> None:
     plane = config.plane
     credentials = _Upstream(kube, config)
     upstream = await credentials.first()
+    profile, ca_life = _followed(kube)
+    first_profile = await profile.first()
     cert_store = ProxyCertStore(
-        kube, _cert_config(plane, config.service, config.cert_secret), config.ca_config_map
+        kube, _cert_config(plane, config.service, config.cert_secret), config.ca_config_map, ca_life
     )
     serving = _ServingCert(cert_store)
-    profile = FollowedProfile(kube, on_config=LogVerbosity().apply)
-    ctx = serving_context(await serving.refresh(), profile=await profile.first())
+    ctx = serving_context(await serving.refresh(), profile=first_profile)
     async_kube = AsyncKube(kube)
 
     async def keys() -> Mapping[str, bytes]:
@@ -266,7 +285,9 @@ async def serve_upload_proxy(kube: Kube, config: UploadProxyConfig) -> None:
         log.info("serving on %s:%d", plane.host, port)
         try:
             async with following(profile, reprofile):
-                await run_until_stopped(plane.check_interval, periodic)
+                await run_until_stopped(
+                    lambda: ca_life.check_every(serving.bundle, plane.check_interval), periodic
+                )
         finally:
             await proxy.stop()
     finally:

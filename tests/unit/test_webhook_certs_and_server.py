@@ -12,6 +12,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec
 
+from cdi.api.cdiresource import Lifetime
 from cdi.pki.certs import Bundle, Rotation, plan_rotation, rotate, service_names
 from cdi.webhooks.server import make_app
 from cdi.webhooks.validation import StaticLookup
@@ -42,23 +43,69 @@ def test_first_bundle_is_a_ca_and_a_serving_cert_it_signed_for_the_service_names
     assert bundle.ca_bundle == bundle.ca.cert_pem
 
 
-def test_rotation_plan_keeps_renews_serving_or_replaces_the_ca() -> None:
+def test_rotation_plan_keeps_renews_serving_or_stages_a_new_ca() -> None:
     bundle = fresh()
     assert plan_rotation(bundle, NAMES, NOW + dt.timedelta(days=1)) == Rotation.KEEP
     assert rotate(bundle, NAMES, NOW + dt.timedelta(days=1)) is None
     assert plan_rotation(bundle, NAMES, NOW + dt.timedelta(days=25)) == Rotation.SERVING
     assert plan_rotation(bundle, (*NAMES, "new.example"), NOW) == Rotation.SERVING
-    assert plan_rotation(bundle, NAMES, NOW + dt.timedelta(days=300)) == Rotation.CA
+    # the CA is due (73 days before its end): a new one is staged, never issued at once
+    renewed = rotate(bundle, NAMES, NOW + dt.timedelta(days=295))  # the serving one first
+    assert renewed is not None and renewed.ca == bundle.ca
+    assert plan_rotation(renewed, NAMES, NOW + dt.timedelta(days=300)) == Rotation.STAGE
+    assert plan_rotation(bundle, NAMES, NOW + dt.timedelta(days=366)) == Rotation.CA  # expired
 
 
-def test_serving_renewal_keeps_the_ca_and_ca_renewal_publishes_both_cas() -> None:
+def test_serving_renewal_keeps_the_ca() -> None:
     bundle = fresh()
     renewed = rotate(bundle, NAMES, NOW + dt.timedelta(days=25))
     assert renewed is not None
     assert renewed.ca == bundle.ca and renewed.serving != bundle.serving
-    replaced = rotate(bundle, NAMES, NOW + dt.timedelta(days=300))
-    assert replaced is not None and replaced.ca != bundle.ca
-    assert replaced.ca_bundle == replaced.ca.cert_pem + bundle.ca.cert_pem  # overlap
+
+
+def test_a_new_ca_is_in_the_bundle_before_it_signs_and_the_old_one_leaves_after() -> None:
+    """certConfig.ca: 4 minutes, renewed 2 minutes before its end; the stage is 1 minute."""
+    life = Lifetime(dt.timedelta(minutes=4), dt.timedelta(minutes=2))
+    old = fresh()  # a year-long CA: longer than asked, so a rotation starts at once
+    t = NOW + dt.timedelta(days=1)
+    staged = rotate(old, NAMES, t, ca_life=life)
+    assert staged is not None and staged.ca != old.ca
+    assert staged.serving == old.serving  # the new CA signs nothing yet
+    assert staged.ca_bundle == staged.ca.cert_pem + old.ca.cert_pem  # both trusted
+    assert staged.ca.cert.not_valid_after_utc - t == dt.timedelta(minutes=4)
+    assert rotate(staged, NAMES, t + dt.timedelta(seconds=50), ca_life=life) is None
+    switched = rotate(staged, NAMES, t + dt.timedelta(seconds=61), ca_life=life)
+    assert switched is not None and switched.ca == staged.ca
+    switched.serving.cert.verify_directly_issued_by(staged.ca.cert)  # the new CA signs it
+    aki = switched.serving.cert.extensions.get_extension_for_class(x509.AuthorityKeyIdentifier)
+    ski = staged.ca.cert.extensions.get_extension_for_class(x509.SubjectKeyIdentifier)
+    assert aki.value.key_identifier == ski.value.digest  # a verifier tells the two CAs apart
+    assert switched.ca_bundle == staged.ca_bundle  # the old CA still trusted
+    u = t + dt.timedelta(seconds=61)
+    assert rotate(switched, NAMES, u + dt.timedelta(seconds=50), ca_life=life) is None
+    dropped = rotate(switched, NAMES, u + dt.timedelta(seconds=61), ca_life=life)
+    assert dropped is not None and dropped.ca_bundle == staged.ca.cert_pem
+    assert dropped.serving == switched.serving
+    # and the new CA, due 2 minutes before its end, starts the next rotation the same way
+    again = rotate(dropped, NAMES, t + dt.timedelta(minutes=2, seconds=1), ca_life=life)
+    assert again is not None and again.serving == dropped.serving
+    assert again.ca_bundle == again.ca.cert_pem + staged.ca.cert_pem
+
+
+def test_a_ca_due_on_its_own_is_staged_and_gone_from_the_bundle_by_its_end() -> None:
+    life = Lifetime(dt.timedelta(minutes=10), dt.timedelta(minutes=4))
+    old = rotate(None, NAMES, NOW, ca_life=life)
+    assert old is not None
+    assert rotate(old, NAMES, NOW + dt.timedelta(minutes=5), ca_life=life) is None
+    staged = rotate(old, NAMES, NOW + dt.timedelta(minutes=6, seconds=1), ca_life=life)
+    assert staged is not None and staged.previous_ca_pem == old.ca.cert_pem
+    assert staged.serving == old.serving
+    bundle, t = staged, NOW + dt.timedelta(minutes=6, seconds=1)
+    while t < NOW + dt.timedelta(minutes=10, seconds=1):  # checked every 15 s
+        t += dt.timedelta(seconds=15)
+        bundle = rotate(bundle, NAMES, t, ca_life=life) or bundle
+    assert bundle.ca == staged.ca and bundle.ca_bundle == staged.ca.cert_pem
+    bundle.serving.cert.verify_directly_issued_by(staged.ca.cert)
 
 
 def review(op: str, obj: dict[str, Any], old: dict[str, Any] | None = None) -> dict[str, Any]:

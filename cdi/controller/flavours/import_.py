@@ -45,7 +45,7 @@ from cdi.api.constants import (
     Phase,
 )
 from cdi.controller.flavours import JSON, Claim, FlavourDefaults, FlavourDeps, PhaseEvent
-from cdi.controller.importslots import QUEUED_REASON, ImportSlots
+from cdi.controller.importslots import QUEUED_REASON, ImportSlots, node_queued
 from cdi.controller.importslots import REQUEUE as SLOT_REQUEUE
 from cdi.controller.policy import (
     Decision,
@@ -175,7 +175,9 @@ class ImportFlavour(FlavourDefaults):
         view = dataclasses.replace(view, pod_phase=pod_phase)
         outcome = seen.outcome
         if outcome is None:
-            view = dataclasses.replace(view, pod_problem=pod_problem(pod))
+            per_node = claim.cdi_config.spec.max_concurrent_imports_per_node or 0
+            problem = node_queued(pod, per_node, self.deps.worker_pods()) or pod_problem(pod)
+            view = dataclasses.replace(view, pod_problem=problem)
             if pod_phase != "Running":
                 if claim.record.requires_scratch and _has_scratch(pod):
                     pending = await self.scratch.pending(claim)
@@ -298,6 +300,7 @@ class ImportFlavour(FlavourDefaults):
                 checkpoint_attested=self._attested.get(self._claim_uid(claim)),
                 scratch_pvc_name=scratch.claim_name,
                 scratch_empty_dir=scratch.empty_dir,
+                import_slot=(cdi_config.spec.max_concurrent_imports_per_node or 0) > 0,
             )
             pod = render_importer_pod(dv, pvc, config)
         except RenderError as exc:
