@@ -10,8 +10,10 @@ imports (DataVolumes, claims and snapshots labelled ``cdi.kubevirt.io/dataImport
 DataSource map back to it by that label (``watches``; StorageProfiles and StorageClasses to the
 crons importing into them), so tampering (the DataSource repointed or deleted, the last
 import deleted) is repaired by the next reconcile, which simply makes the world match
-``dataimportcron_desired`` again. A pvc source needs no pod: the controller reads the claim,
-in the cron's own namespace only. The
+``dataimportcron_desired`` again. A pvc source needs no pod: the controller reads the claim; one in
+another namespace only once CDI's clone authorization allows the cron namespace's ``default``
+ServiceAccount to clone it, and the import then carries a signed on-behalf record
+(``cdi.api.onbehalf``) that the clone authorization checks again. The
 poller pod is trusted only by the UID recorded on the cron when it was created, by the engine
 every worker pod goes through (``cdi.controller.workerpod``), so a pod a tenant names like it
 cannot choose the digest that gets imported: it is deleted by its UID, never read.
@@ -26,6 +28,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from cdi.api import onbehalf
+from cdi.api.cloneauth import authorized, clone_checks, denial_message
 from cdi.api.codec import SchemaError
 from cdi.api.config import CDIConfig
 from cdi.api.constants import CDICONFIG_NAME
@@ -50,6 +54,7 @@ from cdi.controller.dataimportcron_desired import (
     Cron,
 )
 from cdi.controller.metrics import ANN_DEFAULT_CLASS, ANN_DEFAULT_VIRT_CLASS
+from cdi.controller.source_reads import access_allowed
 from cdi.controller.workerpod import Trust, assess, create_pod, remove_impostor
 from cdi.kube.client import (
     CDI_CONFIGS,
@@ -148,11 +153,15 @@ class DataImportCronReconciler:
         settings: CronSettings,
         datavolumes: Store,
         clock: Callable[[], dt.datetime] = _now,
+        requester_key: bytes | None = None,
     ) -> None:
+        """``requester_key``: signs the on-behalf record of a cross-namespace pvc source's
+        imports (None: no cross-namespace pvc source is imported)."""
         self.kube = kube
         self.settings = settings
         self.datavolumes = datavolumes
         self.clock = clock
+        self.requester_key = requester_key
 
     async def reconcile(self, key: str) -> Result:
         namespace, _, name = key.partition("/")
@@ -188,10 +197,11 @@ class DataImportCronReconciler:
 
     async def _poll_claim(self, cron: Cron, obj: JSON, now: dt.datetime) -> JSON:
         """A pvc source (CDI's ``updatePvcDesiredDigest``): no poller pod, the controller reads
-        the source claim and its identity is ``uid:<its UID>``. Only a claim in the cron's own
-        namespace is read (the webhook refuses another; a cron written past it gets
-        ``NotAuthorized`` here): the import is a clone made by the controller, so it must not
-        reach a namespace the cron's owner cannot."""
+        the source claim and its identity is ``uid:<its UID>``. A claim in another namespace
+        is read only when CDI's clone authorization (#3970/#3971) allows the cron namespace's
+        ``default`` ServiceAccount to clone it (``_clone_denial``, asked before the claim is
+        read, so a refusal tells nothing of the claim); refused, the cron says
+        ``NotAuthorized`` and polls again on its schedule, not sooner."""
         if not desired.poll_due(cron, now):
             return obj
         namespace, name = cron.source_claim
@@ -200,24 +210,42 @@ class DataImportCronReconciler:
             ANN_LAST_CRON_TIME: desired.rfc3339(now),
             ANN_NEXT_CRON_TIME: desired.rfc3339(nxt) if nxt else None,
         }
-        claim = None
-        if namespace == cron.namespace:
-            claim = await self.kube.get_or_none(PVCS, name, namespace)
+        denial = await self._clone_denial(cron)
+        if denial is not None:
+            error = {"reason": desired.NOT_AUTHORIZED[1], "message": denial}
+            changes[ANN_POLL_ERROR] = json.dumps(error, sort_keys=True)
+            return await self._annotate(cron, changes)
+        claim = await self.kube.get_or_none(PVCS, name, namespace)
         if claim is not None and not claim["metadata"].get("deletionTimestamp"):
             changes[ANN_DESIRED_DIGEST] = desired.pvc_digest(str(claim["metadata"]["uid"]))
             changes[ANN_POLL_ERROR] = None
             return await self._annotate(cron, changes)
-        if namespace != cron.namespace:
-            error = {
-                "reason": desired.NOT_AUTHORIZED[1],
-                "message": f"a DataImportCron clones only from its own namespace "
-                f"{cron.namespace}, not {namespace}",
-            }
-        else:  # it may be made later: looked for again soon
-            error = {"reason": "SourcePVCNotFound", "message": f"PVC {namespace}/{name} not found"}
-            changes[ANN_NEXT_CRON_TIME] = desired.rfc3339(now + POLL_RETRY)
+        # it may be made later: looked for again soon
+        error = {"reason": "SourcePVCNotFound", "message": f"PVC {namespace}/{name} not found"}
+        changes[ANN_NEXT_CRON_TIME] = desired.rfc3339(now + POLL_RETRY)
         changes[ANN_POLL_ERROR] = json.dumps(error, sort_keys=True)
         return await self._annotate(cron, changes)
+
+    async def _clone_denial(self, cron: Cron) -> str | None:
+        """None when the cron may clone its pvc source; else why not (CDI's wording). The
+        same namespace needs nothing; another needs a signing key (for the on-behalf record)
+        and CDI's SubjectAccessReviews for the namespace's ``default`` ServiceAccount."""
+        namespace, name = cron.source_claim
+        if namespace == cron.namespace:
+            return None
+        user = onbehalf.default_service_account(cron.namespace)
+        prefix = "Not authorized to clone the source PVC"
+        if not self.requester_key:
+            return f"{prefix}: no requester signing key is configured"
+        alternatives = clone_checks(False, name)
+        answers = {
+            check: await access_allowed(self.kube, user, namespace, check)
+            for checks in alternatives
+            for check in checks
+        }
+        if authorized(answers.__getitem__, alternatives):
+            return None
+        return f"{prefix}: {denial_message(user.username, namespace)}"
 
     async def _poll(
         self, cron: Cron, obj: JSON, now: dt.datetime, config: CDIConfig
@@ -358,6 +386,22 @@ class DataImportCronReconciler:
                 refused = (False, exc.reason, exc.message)
                 conds = desired.cron_conditions(previous, stamp, desired.NO_IMPORT, refused)
                 return {**old, "conditions": conds}, False
+            if cron.kind == KIND_PVC and cron.source_claim[0] != ns:
+                denial = await self._clone_denial(cron)  # asked again: rights may be revoked
+                if denial is not None or not self.requester_key:
+                    refused = (False, desired.NOT_AUTHORIZED[1], denial or "")
+                    conds = desired.cron_conditions(previous, stamp, desired.NO_IMPORT, refused)
+                    return {**old, "conditions": conds}, False
+                want["metadata"]["annotations"].update(
+                    onbehalf.signed_annotations(
+                        self.requester_key,
+                        ns,
+                        name,
+                        onbehalf.default_service_account(ns),
+                        cron.source_claim,
+                        self.clock(),
+                    )
+                )
             dv = await self.kube.create(DATAVOLUMES, want)
         current: JSON = {"dataVolumeName": name, "Digest": digest}
         if release.get("release"):

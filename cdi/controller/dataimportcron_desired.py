@@ -36,6 +36,7 @@ from typing import Any
 from croniter import croniter
 
 from cdi.api.constants import ANN_IMMEDIATE_BINDING, LABEL_COMPONENT, ImporterEnv
+from cdi.api.onbehalf import ON_BEHALF_KEYS
 from cdi.api.releasestream import KIND_REGISTRY, StreamRelease
 from cdi.api.types import DataVolume
 from cdi.kube.client import Resource
@@ -308,12 +309,15 @@ def desired_import(
     labels = {**(meta_in.get("labels") or {}), **release_labels(release), LABEL_CRON: cron.name}
     if cron.retention == RETAIN_NONE:
         labels[LABEL_CLEANUP] = "true"
+    # the on-behalf record is the controller's to write, after its own check (onbehalf)
+    given = meta_in.get("annotations") or {}
+    written = {k: v for k, v in given.items() if k not in ON_BEHALF_KEYS}
     meta: JSON = {
         "name": import_name(cron.managed, digest),
         "namespace": cron.namespace,
         "labels": labels,
         "annotations": {
-            **(meta_in.get("annotations") or {}),
+            **written,
             **release_annotations(release),
             ANN_DESIRED_DIGEST: digest,
             ANN_IMMEDIATE_BINDING: "true",

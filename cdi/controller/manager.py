@@ -254,6 +254,8 @@ class Manager:
             self.kube,
             CronSettings(settings.importer_image, settings.pull_policy, settings.cluster_cidrs),
             i[DATAVOLUMES],
+            # signs the on-behalf record of a cross-namespace pvc source (cdi.api.onbehalf)
+            requester_key=cfg.requester_key,
         )
         profiles = StorageProfileReconciler(self.kube, utc_now)
         cdi_config = CDIConfigReconciler(

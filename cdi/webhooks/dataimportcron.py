@@ -2,8 +2,8 @@
 (``pkg/apiserver/webhooks/dataimportcron-validate.go``).
 
 Pure, like the DataVolume rules: a function of the new and old objects. The template must
-import from a registry or clone a PVC (CDI's two sources; a PVC only in the cron's own
-namespace here, see ``_pvc_causes``), may not set the fields the cron
+import from a registry or clone a PVC (CDI's two sources; a PVC in any namespace, authorized by
+the controller, see ``_pvc_causes``), may not set the fields the cron
 owns, the schedule must parse (croniter: the parser the controller uses, so what is admitted
 is what runs), ``importsToKeep`` may not be negative, ``garbageCollect`` is ``Outdated`` or
 ``Never``, ``managedDataSource`` names something, and the spec never changes after creation.
@@ -68,11 +68,7 @@ def _spec_causes(spec: Mapping[str, Any], namespace: str) -> Causes:
         "http": _http_causes,
         "stream": _stream_causes,
     }
-    causes = (
-        _pvc_causes(template, namespace)
-        if kinds[0] == "pvc"
-        else kind_causes[kinds[0]](spec, template)
-    )
+    causes = _pvc_causes(template) if kinds[0] == "pvc" else kind_causes[kinds[0]](spec, template)
     if causes:
         return causes
     if spec.get("httpPoll") is not None and kinds[0] != "http":
@@ -105,12 +101,11 @@ def _registry_causes(spec: Mapping[str, Any], template: Mapping[str, Any]) -> Ca
     return []
 
 
-def _pvc_causes(template: Mapping[str, Any], namespace: str) -> Causes:
-    """A claim to clone (CDI #3617), named as a DataVolume's pvc source is. Only in the cron's
-    own namespace: the clone is made by the controller on each change, long after admission,
-    and CDI's answer (a SubjectAccessReview for the cron's ``serviceAccountName``) would need
-    the import to carry a requester record the webhook did not sign. Same namespace needs no
-    authorization (the cron's owner may read it there)."""
+def _pvc_causes(template: Mapping[str, Any]) -> Causes:
+    """A claim to clone (CDI #3617), named as a DataVolume's pvc source is, in any namespace.
+    Another namespace is authorized by the controller, not here, as CDI does (#3970/#3971):
+    the clone is made on each change, long after admission, for the cron namespace's
+    ``default`` ServiceAccount (``cdi.api.onbehalf``)."""
     pvc = template["source"]["pvc"]
     field = "spec.template.spec.source.pvc"
     if not isinstance(pvc, Mapping):
@@ -119,13 +114,10 @@ def _pvc_causes(template: Mapping[str, Any], namespace: str) -> Causes:
         return [Cause("Missing source PVC name", f"{field}.name")]
     causes = name_causes(pvc.get("name"), f"{field}.name")
     source_ns = pvc.get("namespace")
-    if source_ns and namespace and source_ns != namespace:
-        return [
-            Cause(
-                "A DataImportCron's source PVC must be in the DataImportCron's namespace",
-                f"{field}.namespace",
-            )
-        ]
+    if source_ns is not None and not isinstance(source_ns, str):
+        return [Cause("pvc namespace must be a string", f"{field}.namespace")]
+    if source_ns:
+        causes += name_causes(source_ns, f"{field}.namespace")
     return causes
 
 

@@ -218,18 +218,22 @@ def admit(source: dict[str, Any], namespace: str = "golden") -> list[str]:
     return [c.message for c in validate_dataimportcron(obj, None, namespace).causes]
 
 
-def test_a_pvc_source_in_the_crons_namespace_is_admitted() -> None:
+def test_a_pvc_source_in_any_namespace_is_admitted() -> None:
+    """Issue 27: another namespace is authorized by the controller (cdi.api.onbehalf)."""
     assert admit({"pvc": {"name": "published"}}) == []
     assert admit({"pvc": {"name": "published", "namespace": "golden"}}) == []
+    assert admit({"pvc": {"name": "published", "namespace": "elsewhere"}}) == []
 
 
 @pytest.mark.parametrize(
     ("pvc", "message"),
     [
         (
-            {"name": "published", "namespace": "elsewhere"},
-            "A DataImportCron's source PVC must be in the DataImportCron's namespace",
+            {"name": "published", "namespace": "Not_A_Namespace"},
+            f'spec.template.spec.source.pvc.namespace: Invalid value: "Not_A_Namespace": '
+            f"{DNS1123_SUBDOMAIN_MSG}",
         ),
+        ({"name": "published", "namespace": 7}, "pvc namespace must be a string"),
         ({"namespace": "golden", "name": ""}, "Missing source PVC name"),
         (
             {"name": "Not_A_Name"},
@@ -238,5 +242,5 @@ def test_a_pvc_source_in_the_crons_namespace_is_admitted() -> None:
         ),
     ],
 )
-def test_a_pvc_source_elsewhere_or_misnamed_is_refused(pvc: dict[str, str], message: str) -> None:
+def test_a_misnamed_pvc_source_is_refused(pvc: dict[str, Any], message: str) -> None:
     assert admit({"pvc": pvc}) == [message]
