@@ -56,17 +56,23 @@ class CALife:
     def __call__(self) -> Lifetime:
         return self.current
 
-    def check_every(self, bundle: Bundle | None, interval: float) -> float:
+    def check_every(
+        self, bundle: Bundle | None, interval: float, now: dt.datetime | None = None
+    ) -> float:
         """``interval`` (the hourly check), or sooner: a quarter of the rotation's stage, so
         every replica serves a re-issued certificate long before the old CA leaves the
-        bundle, and a quarter of what is left of the CA's life (a short-lived CA from a
-        certConfig since lifted)."""
+        bundle, and a quarter of what is left of the CA's life or of the serving
+        certificate's (a short-lived CA from a certConfig since lifted: the certificate it
+        signed ends with it, while the year-long CA staged beside it waits out its stage)."""
         stage = stage_of(self.current).total_seconds()
         left = interval * 4
         if bundle is not None:
+            at = now or dt.datetime.now(dt.UTC)
             try:
-                end = bundle.ca.cert.not_valid_after_utc
-                left = (end - dt.datetime.now(dt.UTC)).total_seconds()
+                end = min(
+                    bundle.ca.cert.not_valid_after_utc, bundle.serving.cert.not_valid_after_utc
+                )
+                left = (end - at).total_seconds()
             except ValueError:
                 left = 0.0
         return max(1.0, min(interval, stage / 4, left / 4))

@@ -14,6 +14,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from cdi.api.cdiresource import Lifetime
 from cdi.pki.certs import Bundle, Rotation, plan_rotation, rotate, service_names
+from cdi.pki.store import CALife
 from cdi.webhooks.server import make_app
 from cdi.webhooks.validation import StaticLookup
 
@@ -177,3 +178,24 @@ async def test_not_an_admission_review_is_a_bad_request() -> None:
         assert (await client.post("/datavolume-validate", data=b"nope")).status == 400
         assert (await client.post("/datavolume-validate", json={"x": 1})).status == 400
         assert (await client.get("/healthz")).status == 200
+
+
+def test_a_short_lived_ca_left_by_a_lifted_cert_config_never_lets_its_certificate_expire() -> None:
+    """``certConfig.ca: {duration: 10m}`` then lifted: the 10-minute CA is due at once under the
+    default lifetime, so a year-long CA is staged beside it with a stage of weeks, while the
+    serving certificate the short CA signed ends with it. The checks ``check_every`` schedules
+    (the hourly interval otherwise) must re-issue it before it ends: at no moment between two
+    checks is an expired certificate served (the CI run of stop 34: an hour of 'certificate
+    has expired' from the upload proxy)."""
+    short = Lifetime(dt.timedelta(minutes=10), dt.timedelta(minutes=2))
+    bundle = rotate(None, NAMES, NOW, ca_life=short)
+    assert bundle is not None
+    life, t = CALife(), NOW + dt.timedelta(minutes=1)  # lifted: the default lifetime
+    end = t + dt.timedelta(days=2)
+    while t < end:
+        bundle = rotate(bundle, NAMES, t, ca_life=life()) or bundle
+        assert t < bundle.serving.cert.not_valid_after_utc, t
+        nxt = t + dt.timedelta(seconds=life.check_every(bundle, 3600.0, now=t))
+        assert nxt < bundle.serving.cert.not_valid_after_utc, (t, nxt)  # served until then
+        t = nxt
+    assert bundle.serving.cert.not_valid_after_utc - t > dt.timedelta(days=20)

@@ -7,7 +7,6 @@ relays it over mutual TLS to the pod. Bytes are compared with ``qemu-img convert
 from __future__ import annotations
 
 import asyncio
-import base64
 import os
 import signal
 import ssl
@@ -90,8 +89,10 @@ class User:
 
     def upload(self, token: str, body: bytes, path: str = "/v1beta1/upload") -> tuple[int, str]:
         svc = self.admin.get("/api/v1/namespaces/cdi/services/cdi-uploadproxy")
-        secret = self.admin.get("/api/v1/namespaces/cdi/secrets/cdi-uploadproxy-server-cert")
-        ca = base64.b64decode(secret["data"]["ca.crt"]).decode()
+        # the bundle the proxy publishes, as `cdi upload` trusts it (CDIConfig
+        # status.uploadProxyCA): mid-rotation it holds both CAs, the Secret's ca.crt only the next
+        bundle = self.admin.get("/api/v1/namespaces/cdi/configmaps/cdi-uploadproxy-signer-bundle")
+        ca = bundle["data"]["ca-bundle.crt"]
         url = f"https://{svc['spec']['clusterIP']}:443{path}"
 
         async def post() -> tuple[int, str]:

@@ -10,7 +10,6 @@ with CDI's statuses from what it reads in the cluster."""
 from __future__ import annotations
 
 import asyncio
-import base64
 import datetime as dt
 import ssl
 from typing import Any
@@ -18,7 +17,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from cdi.kube.client import PVCS, SECRETS, Kube
+from cdi.kube.client import CONFIG_MAPS, PVCS, Kube
 from cdi.upload.kubestore import SERVICES, SecretKeyStore, read_public_keys
 from cdi.upload.token import UploadGrant, issue, verify
 from testkit.cluster import Cluster
@@ -60,8 +59,9 @@ def _deployment_available(kube: HarnessKube, name: str) -> bool:
 
 
 def _proxy_ca(gateway: Kube) -> bytes:
-    secret = gateway.get(SECRETS, "cdi-uploadproxy-server-cert", "cdi")
-    return base64.b64decode(secret["data"]["ca.crt"])
+    """The bundle the proxy publishes (both CAs mid-rotation), as `cdi upload` trusts it."""
+    published = gateway.get(CONFIG_MAPS, "cdi-uploadproxy-signer-bundle", "cdi")
+    return str(published["data"]["ca-bundle.crt"]).encode()
 
 
 def _upload_pvc(name: str, **annotations: str) -> dict[str, Any]:
