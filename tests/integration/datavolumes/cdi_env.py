@@ -35,6 +35,7 @@ from aiohttp import web
 
 from testkit.cluster import Cluster
 from testkit.kubeclient import ApiError, Kube
+from testkit.kubeconfig import Identity, write_kubeconfig
 from testkit.product import Product, container_argv
 from testkit.provisioner import volume_path
 from testkit.waiting import wait_until
@@ -256,7 +257,10 @@ class ControllerProcess:
     """One more controller, next to the deployed replicas, for a test that needs a process of
     its own (e.g. a standby it stops). Started from the Deployment's own command and flags
     (``container_argv``), plus a kubeconfig (it runs outside a pod) and the test's ``args``,
-    which win over the Deployment's (argparse keeps the last)."""
+    which win over the Deployment's (argparse keeps the last). It authenticates as the
+    deployed replicas do, as ServiceAccount ``cdi/cdi-controller`` (a TokenRequest): the
+    controller tells its own DataVolumes by its own name, so running it as the test's admin
+    would take every admin-made DataVolume for the controller's."""
 
     cluster: Cluster
     log_dir: Path
@@ -267,7 +271,7 @@ class ControllerProcess:
     def start(self) -> ControllerProcess:
         self.starts += 1
         argv = container_argv("cdi-controller", {"POD_IP": "127.0.0.1"})
-        argv += [f"--kubeconfig={self.cluster.kubeconfig}", *self.args]
+        argv += [f"--kubeconfig={self._kubeconfig()}", *self.args]
         with open(self.log_dir / f"controller-{self.starts}.log", "wb") as log:
             self.proc = subprocess.Popen(
                 argv,
@@ -278,6 +282,19 @@ class ControllerProcess:
                 start_new_session=True,
             )
         return self
+
+    def _kubeconfig(self) -> Path:
+        request = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+                   "spec": {"expirationSeconds": 3600}}  # fmt: skip
+        answer = self.cluster.kube().create(
+            f"/api/v1/namespaces/{CDI_NAMESPACE}/serviceaccounts/cdi-controller/token", request
+        )
+        user = f"system:serviceaccount:{CDI_NAMESPACE}:cdi-controller"
+        identity = Identity(user, str(answer["status"]["token"]))
+        path = self.log_dir / "controller.kubeconfig"
+        return write_kubeconfig(
+            path, self.cluster.server, self.cluster.ca_path.read_bytes(), [identity], user
+        )
 
     def kill(self) -> None:
         """SIGKILL: no graceful shutdown, no lease release (a crash)."""
@@ -455,15 +472,24 @@ def kill_the_leader_mid_import(
     (standby,) = replicas - {old}
     lease_seconds = product.lease()["spec"]["leaseDurationSeconds"]
     note_pods()
+    held_by = product.lease()["spec"].get("holderIdentity")  # the killed process's own identity
     killed_at = time.monotonic()
     product.kill(old)
 
-    def new_leader() -> str | None:
+    def new_term() -> str | None:
+        """The pod of a new holder: the standby, or the killed replica restarted by its node
+        (a new process, a new identity), whichever saw the Lease run out first."""
         note_pods()
-        holder = product.leader()
-        return holder if holder != old else None
+        holder = product.lease()["spec"].get("holderIdentity")
+        return product.leader() if holder and holder != held_by else None
 
-    successor = wait_until(new_leader, "another replica to take the Lease", 3 * lease_seconds)
+    try:
+        successor = wait_until(new_term, "a new holder of the Lease", 3 * lease_seconds)
+    except TimeoutError as exc:  # say what the replicas were doing
+        states = {p["metadata"]["name"]: p["status"].get("containerStatuses")
+                  for p in product.pods("cdi-controller")}  # fmt: skip
+        log = product.log()[-4000:]
+        raise AssertionError(f"{exc}\nlease: {product.lease()['spec']}\n{states}\n{log}") from exc
     took = time.monotonic() - killed_at
     phase_then = kube.get(dv_path(ns, name))["status"]["phase"]
     print(f"takeover: {successor} leads {took:.1f} s after {old} was SIGKILLed")
