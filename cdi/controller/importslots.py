@@ -101,10 +101,13 @@ def node_queued(
         return None
     if scheduled.get("reason") != "Unschedulable":
         return None
+    said = str(scheduled.get("message") or "")
+    if IMPORT_SLOTS_RESOURCE not in said:
+        return None  # unschedulable for another reason (an unbound claim, a selector): its own
     full = full_nodes(pods, limit)
     if not full:
         return None
-    said = str(scheduled.get("message") or "")[:256]
+    said = said[:256]
     return QUEUED_REASON, (
         f"waiting for an import slot on a node: at most {limit} imports run on a node at once "
         f"(CDIConfig spec.maxConcurrentImportsPerNode), {len(full)} node(s) have none free; "

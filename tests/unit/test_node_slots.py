@@ -89,6 +89,15 @@ def test_an_unschedulable_importer_is_queued_only_while_some_node_is_full() -> N
     assert node_queued(importer("w", None), 1, [running]) is None  # not (yet) unschedulable
 
 
+def test_an_importer_unschedulable_for_another_reason_is_not_said_to_wait_for_a_slot() -> None:
+    """Its claim not bound yet, while a node is full (CI of stop 35: the first of three
+    DataVolumes was reported ImportQueued and the scheduler's words said the claim)."""
+    waiting = importer("w", None, unschedulable=True)
+    said = "0/1 nodes are available: pod has unbound immediate PersistentVolumeClaims."
+    waiting["status"]["conditions"][0]["message"] = said
+    assert node_queued(waiting, 1, [importer("a", "n1", "Running"), waiting]) is None
+
+
 def dv() -> DataVolume:
     return DataVolume.from_dict({
         "metadata": {"name": "d", "namespace": "ns", "uid": "u1"},

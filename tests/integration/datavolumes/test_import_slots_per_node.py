@@ -77,7 +77,16 @@ def test_at_most_the_per_node_limit_of_importers_run_on_a_node_the_rest_wait_in_
     url = image_server.url("ok", "disk.qcow2")
     names = ["a-first", "b-second", "c-third"]
     for name in names:
-        kube.create(dv_path(namespace), capped(name, url, "1Mi"))  # ~2.5 s each
+        kube.create(dv_path(namespace), capped(name, url, "512Ki"))  # ~6 s each
+        # the next only once this one's claim is bound: an importer waiting for its claim is
+        # unschedulable for that (not a slot), and a later one whose claim bound first would
+        # take the slot before it (seen under load); the order under test is the slot's
+        claim = ns_path(namespace, "persistentvolumeclaims", name)
+        wait_until(
+            lambda c=claim: (kube.get_or_none(c) or {}).get("status", {}).get("phase") == "Bound",
+            f"claim {name} bound",
+            60,
+        )
         time.sleep(0.3)  # distinct creation order, whole-second timestamps aside
     queued: dict[str, str] = {}
     most = 0
