@@ -482,7 +482,7 @@ def from_env(env: Mapping[str, str]) -> ImportConfig:
         owner_uid=env.get(ImporterEnv.OWNER_UID, ""),
     )
     poll = env.get(REGISTRY_POLL_ENV, "").lower() == "true"
-    if poll and not isinstance(source, RegistryOptions):
+    if poll and not isinstance(source, RegistryOptions | NodePullOptions):
         raise InvalidConfig(f"{REGISTRY_POLL_ENV} applies to registry sources only")
     http_poll = poll_plan(env, env.get(ImporterEnv.ENDPOINT, ""))
     if http_poll is not None and type(source) is not HttpOptions:

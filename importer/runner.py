@@ -94,8 +94,8 @@ async def run_import(config: ImportConfig, progress: Progress | None = None) -> 
     registry = (
         cast("RegistrySource", source) if isinstance(config.source, RegistryOptions) else None
     )
-    if config.poll_only and registry is not None:  # a poll serves no progress
-        message = await poll_digest(registry)
+    if config.poll_only and source is not None:  # a poll serves no progress
+        message = await poll_digest(source)
         if edges.termination_path:
             message.write(edges.termination_path)
         return message
@@ -117,9 +117,12 @@ async def run_import(config: ImportConfig, progress: Progress | None = None) -> 
     return message
 
 
-async def poll_digest(source: RegistrySource) -> TerminationMessage:
-    """Resolve the image's tag to the digest it names now (manifest, platform, config read and
-    verified as for an import) and report it; no layer is read, nothing is written."""
+async def poll_digest(source: Source) -> TerminationMessage:
+    """A registry poll. Pulled by us: resolve the image's tag to the digest it names now
+    (manifest, platform, config read and verified as for an import) and report it; no layer
+    is read, nothing is written. Pulled by the node (``NodePullSource``): the kubelet resolved
+    the tag; check the image it runs beside us holds one disk and report its labels, no
+    digest (the controller takes the kubelet's ``imageID``, never one the pod reports)."""
     started = time.monotonic()
     try:
         await source.probe()
@@ -129,6 +132,6 @@ async def poll_digest(source: RegistrySource) -> TerminationMessage:
         reason=REASON_COMPLETED,
         message="Digest resolved",
         duration_seconds=round(time.monotonic() - started, 3),
-        labels=source.labels,
-        source_digest=source.digest,
+        labels=getattr(source, "labels", {}),
+        source_digest=getattr(source, "digest", None),
     )

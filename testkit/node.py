@@ -385,7 +385,7 @@ class NodeAgent:
         try:
             return self.config.images.resolve(ref), None
         except UnknownImage:
-            pulled = self.runtime.get(ref)
+            pulled = self.runtime.get(ref, always=c.spec.get("imagePullPolicy") == "Always")
             return pulled.image, pulled
 
     def _launch_spec(self, rt: PodRuntime, c: ContainerRuntime) -> LaunchSpec:

@@ -25,7 +25,9 @@ tests talk to loopback only), so an image from one is an ``ErrImagePull``. Pulls
 thread: the node loop sees ``ContainerCreating`` "Pulling image" meanwhile (and starts the
 pod's next container only after it), then ``ErrImagePull`` with the tool's message for a
 failure, then ``ImagePullBackOff`` until the back-off has passed, as a kubelet reports them.
-Every pull policy behaves as ``IfNotPresent`` (a tag is resolved once per node run).
+``imagePullPolicy: Always`` resolves the tag again at every container start (a DataImportCron's
+node-pull poller must see a re-pushed tag); the other policies behave as ``IfNotPresent`` (a
+tag is resolved once per node run).
 
 ``holder_binary`` compiles the node-pull holder (``deploy/images/holder/holder.c``) with the
 machine's C compiler, once per source version (cached), for the importer image's stand-in.
@@ -181,8 +183,10 @@ class ImageRuntime:
         image = _config_image(layout, hexd)
         return PulledImage(image, bundle / "rootfs", f"{repo}@sha256:{hexd}")
 
-    def get(self, ref: str) -> PulledImage:
-        """The pulled image, or ``NotReady`` with the kubelet's waiting reason."""
+    def get(self, ref: str, always: bool = False) -> PulledImage:
+        """The pulled image, or ``NotReady`` with the kubelet's waiting reason. ``always``
+        (``imagePullPolicy: Always``): the pull is used for this start only, the next start
+        resolves the tag again (unpacked bundles stay cached by digest)."""
         with self._lock:
             failed = self._failed.get(ref)
             future = self._pulls.get(ref)
@@ -204,6 +208,8 @@ class ImageRuntime:
             raise NotReady("ErrImagePull", str(exc)) from exc
         with self._lock:
             self._failed.pop(ref, None)
+            if always and self._pulls.get(ref) is future:
+                del self._pulls[ref]
         return pulled
 
     def pulling(self, ref: str) -> bool:

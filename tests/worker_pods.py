@@ -108,6 +108,16 @@ def worker_pods(namespace: str) -> dict[str, dict[str, Any]]:
             },
         }
     )
+    node_cron = Cron.from_obj(
+        {
+            "metadata": {"name": "node-cron", "namespace": namespace, "uid": "node-cron-uid"},
+            "spec": {
+                "template": {"spec": {"source": NODE_PULL_SOURCE}},
+                "schedule": "* * * * *",
+                "managedDataSource": "node-golden",
+            },
+        }
+    )
     upload = UploadPodConfig(image=UPLOAD_IMAGE, deadline="2030-01-01T00:00:00Z")
     source = claim_of(namespace, "source")
     clone = CloneSourcePod(WorkerPod(image=CLONER_IMAGE), client_secret_name(claim))
@@ -125,6 +135,7 @@ def worker_pods(namespace: str) -> dict[str, dict[str, Any]]:
         ),
         "node-pull": render_importer_pod(datavolume_of(namespace, NODE_PULL_SOURCE), claim, entry),
         "poller": poller_pod(cron, entry),
+        "node-pull-poller": poller_pod(node_cron, entry),
         "upload": render_upload_pod(claim, upload),
         "upload-block": render_upload_pod(claim_of(namespace, "disk", "Block"), upload),
         "clone-source": render_clone_source_pod(datavolume_of(namespace, {}), source, claim, clone),

@@ -32,7 +32,7 @@ from cdi.api import onbehalf
 from cdi.api.cloneauth import authorized, clone_checks, denial_message
 from cdi.api.codec import SchemaError
 from cdi.api.config import CDIConfig
-from cdi.api.constants import CDICONFIG_NAME
+from cdi.api.constants import CDICONFIG_NAME, ConditionReason
 from cdi.api.errors import WorkerError
 from cdi.controller import dataimportcron_desired as desired
 from cdi.controller.dataimportcron_desired import (
@@ -54,6 +54,8 @@ from cdi.controller.dataimportcron_desired import (
     Cron,
 )
 from cdi.controller.metrics import ANN_DEFAULT_CLASS, ANN_DEFAULT_VIRT_CLASS
+from cdi.controller.policy import Outcome, pod_problem
+from cdi.controller.registry_result import with_node_digest
 from cdi.controller.source_reads import access_allowed
 from cdi.controller.workerpod import Trust, assess, create_pod, remove_impostor
 from cdi.kube.client import (
@@ -267,9 +269,16 @@ class DataImportCronReconciler:
             return await self._annotate(cron, {ANN_POLLER_UID: uid or None}), True
         outcome = seen.outcome
         if outcome is None:
-            return obj, True
+            problem = pod_problem(seen.pod or {})
+            if problem is None or problem[0] != ConditionReason.IMAGE_PULL_FAILED:
+                return obj, True
+            # node pull: the kubelet cannot pull the tag (it would keep trying): a failed
+            # poll, tried again with a new pod soon (CDI's "failed to pull image")
+            outcome = Outcome(problem[0], problem[1], transient=True)
         await self.kube.delete_if_present(PODS, cron.poller_name, cron.namespace, uid=recorded)
         term = outcome.termination
+        if term is not None and seen.pod is not None:
+            term = with_node_digest(term, seen.pod)  # node pull: the kubelet's imageID
         digest = term.source_digest if term else None
         nxt = desired.next_poll(cron.schedule, now)
         if outcome.succeeded and digest:

@@ -9,6 +9,10 @@ the desired digest and the next poll time are the cron's annotations
 time to force a poll); conditions ``Progressing`` and ``UpToDate``. Polls run in a poller pod
 (the importer with ``IMPORTER_REGISTRY_POLL=true``: registry credentials, trust and the import
 network policy stay in the data plane) that reports the digest in its termination message.
+With ``pullMethod: node`` the poller is CDI's shape: the kubelet pulls the tag (policy
+``Always``) and runs it as the pod's ``server`` container with the holder, the importer checks
+it holds one disk and reports its labels, and the digest is the kubelet's ``imageID`` of that
+container (never anything the pod wrote); a pull the kubelet cannot make is a poll error.
 The schedule is parsed by croniter; an empty schedule polls once and then only when the
 annotation asks. A ``source.pvc`` (CDI #3617) is known by ``uid:<the claim's UID>`` and imported
 by a clone DataVolume; with the ``snapshot`` source format each import becomes a VolumeSnapshot
@@ -35,7 +39,12 @@ from typing import Any
 
 from croniter import croniter
 
-from cdi.api.constants import ANN_IMMEDIATE_BINDING, LABEL_COMPONENT, ImporterEnv
+from cdi.api.constants import (
+    ANN_IMMEDIATE_BINDING,
+    LABEL_COMPONENT,
+    NODE_PULL_CONTAINER_NAME,
+    ImporterEnv,
+)
 from cdi.api.onbehalf import ON_BEHALF_KEYS
 from cdi.api.releasestream import KIND_REGISTRY, StreamRelease
 from cdi.api.types import DataVolume
@@ -392,6 +401,12 @@ def poller_pod(cron: Cron, config: ImporterPodConfig) -> JSON:
         mounts = container.get("volumeMounts") or []
         container["volumeMounts"] = [m for m in mounts if m["name"] not in dropped]
         container.pop("volumeDevices", None)
+        if container["name"] == NODE_PULL_CONTAINER_NAME:
+            # registry pullMethod node (CDI's poller pod): the kubelet resolves the tag afresh
+            # on every poll and reports the digest as the container's imageID; the tenant's
+            # image gets nothing of ours but the holder (deploy/15-admission-policy.yaml)
+            container["imagePullPolicy"] = "Always"
+            continue
         container["env"] = [*container.get("env", []), *_poll_env(cron)]
     return pod
 

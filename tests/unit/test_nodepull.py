@@ -5,6 +5,9 @@ scheduling failures and ``imageID``."""
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
+import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -13,8 +16,10 @@ import pytest
 
 from cdi.api.constants import Phase
 from cdi.api.errors import InvalidConfig, UnsafeImage, WorkerError
+from cdi.api.failure import guarded
 from cdi.api.termination import TerminationMessage
 from cdi.api.types import DataVolume
+from cdi.controller.dataimportcron_desired import Cron, poller_pod
 from cdi.controller.policy import pod_problem
 from cdi.controller.registry_result import with_node_digest
 from cdi.controller.status import FlavourPhases, View, compute_status
@@ -22,6 +27,7 @@ from cdi.render.importer_pod import ImporterPodConfig, render_importer_pod
 from importer.config import from_env, node_pull_dir
 from importer.holder import ReadyWait, install_holder, read_pid, wait_ready
 from importer.registry.errors import ImagePullFailed, RegistryImageInvalid
+from importer.runner import run_import
 from importer.sources.containerdisk import environ_labels, open_disk
 from importer.sources.registry_options import NodePullOptions
 
@@ -284,3 +290,63 @@ def test_the_node_pull_digest_is_the_kubelets_image_id() -> None:
 
 def test_typed_errors_of_the_walk_are_worker_errors() -> None:
     assert issubclass(RegistryImageInvalid, WorkerError) and not UnsafeImage.transient
+
+
+# -- a DataImportCron with a node-pull template -----------------------------------------------
+def test_a_node_pull_poll_checks_the_held_image_and_reports_no_digest_of_its_own(
+    tmp_path: Path,
+) -> None:
+    """``IMPORTER_REGISTRY_POLL`` with node pull: the importer waits for the holder, checks the
+    image holds one disk, reports its labels; the digest is the kubelet's, not the pod's."""
+    config = from_env({**NODE_ENV, "IMPORTER_REGISTRY_POLL": "true"})
+    assert config.poll_only and isinstance(config.source, NodePullOptions)
+    shared, proc = tmp_path / "shared", tmp_path / "proc"
+    shared.mkdir()
+    pid = os.getpid()  # a live process, as the holder's pid must be
+    (shared / "ready").write_text(f"{pid}\n")
+    root = proc / str(pid) / "root" / "disk"
+    root.mkdir(parents=True)
+    (root / "disk.img").write_bytes(b"\0" * 4096)
+    (proc / str(pid) / "environ").write_bytes(b"TEST_KUBEVIRT_IO_TEST=cron\0")
+    options = NodePullOptions(NODE_ENV["IMPORTER_ENDPOINT"], str(shared), 5.0, str(proc))
+    message = asyncio.run(run_import(dataclasses.replace(config, source=options)))
+    assert message.succeeded, message
+    assert message.source_digest is None
+    assert message.labels == {"test.kubevirt.io/test": "cron"}
+    (root / "other.img").write_bytes(b"x")  # two files: CDI's InvalidImage, a failed poll
+    work = lambda: run_import(dataclasses.replace(config, source=options))  # noqa: E731
+    failed = asyncio.run(guarded(work, None, logging.getLogger(__name__)))
+    assert not failed.succeeded and failed.reason == "InvalidImage", failed
+
+
+def test_a_node_pull_cron_poller_is_cdis_pod_with_the_tag_pulled_always() -> None:
+    cron = Cron.from_obj(
+        {
+            "metadata": {"name": "c", "namespace": "ns", "uid": "cron-uid-1234"},
+            "spec": {
+                "schedule": "* * * * *",
+                "managedDataSource": "golden",
+                "template": {
+                    "spec": {
+                        "source": {
+                            "registry": {
+                                "url": "docker://127.0.0.1:5000/disks/x:latest",
+                                "pullMethod": "node",
+                            }
+                        }
+                    }
+                },
+            },
+        }
+    )
+    pod = poller_pod(cron, ImporterPodConfig(image="quay.io/cdi-py/cdi-importer:1"))
+    assert pod["metadata"]["name"] == "poller-c-cron-uid"
+    spec = pod["spec"]
+    server, importer = spec["containers"]
+    assert server["name"] == "server" and server["image"] == "127.0.0.1:5000/disks/x:latest"
+    assert server["imagePullPolicy"] == "Always"  # the tag is resolved afresh on every poll
+    assert server["command"] == ["/shared/cdi-holder"] and "env" not in server
+    assert [c["name"] for c in spec["initContainers"]] == ["holder-init"]
+    env = {e["name"]: e.get("value") for e in importer["env"]}
+    assert env["IMPORTER_REGISTRY_POLL"] == "true" and env["IMPORTER_PULL_METHOD"] == "node"
+    assert not any("persistentVolumeClaim" in v for v in spec["volumes"])
