@@ -254,3 +254,48 @@ def issue_upload_server(
 ) -> KeyPair:
     """A new upload pod's serving certificate: always from the signer (never a staged CA)."""
     return issue_serving(server.signer, names, now, server_life.duration)
+
+
+# What a CA's Secret holds beside ``tls.crt``/``tls.key`` (the signer, as today's Secrets do, so
+# a Secret written before rotation reads as a signer alone).
+STAGED_CRT, STAGED_KEY, STAGED_AT = "staged.crt", "staged.key", "staged-at"
+PREVIOUS_CRT, PREVIOUS_UNTIL = "previous.crt", "previous-until"
+
+
+def to_secret_data(state: CAState) -> dict[str, bytes]:
+    """``state`` as a Secret's data (raw bytes; the caller base64-encodes)."""
+    data = {"tls.crt": state.signer.cert_pem, "tls.key": state.signer.key_pem}
+    if state.staged is not None and state.staged_at is not None:
+        data[STAGED_CRT], data[STAGED_KEY] = state.staged.cert_pem, state.staged.key_pem
+        data[STAGED_AT] = state.staged_at.isoformat().encode()
+    if state.previous_pem and state.previous_until is not None:
+        data[PREVIOUS_CRT] = state.previous_pem
+        data[PREVIOUS_UNTIL] = state.previous_until.isoformat().encode()
+    return data
+
+
+def _when(raw: bytes) -> dt.datetime | None:
+    try:
+        when = dt.datetime.fromisoformat(raw.decode())
+    except (UnicodeDecodeError, ValueError):
+        return None
+    return when if when.tzinfo is not None else None
+
+
+def from_secret_data(data: dict[str, bytes]) -> CAState | None:
+    """The state a Secret's data holds; None without a signer (``plan_*`` then create one). A
+    staged or previous part that does not read whole is left out: an unreadable staged CA is
+    staged again (it signed nothing yet); a previous CA without a readable ``previous-until``
+    stays until its own end; an unreadable one cannot be trusted anyway."""
+    if not data.get("tls.crt") or not data.get("tls.key"):
+        return None
+    state = CAState(KeyPair(data["tls.crt"], data["tls.key"]))
+    staged_at = _when(data.get(STAGED_AT, b""))
+    if data.get(STAGED_CRT) and data.get(STAGED_KEY) and staged_at is not None:
+        state = replace(state, staged=KeyPair(data[STAGED_CRT], data[STAGED_KEY]))
+        state = replace(state, staged_at=staged_at)
+    previous = _certs(data.get(PREVIOUS_CRT, b""))
+    if previous:  # kept until its own end when the Secret lost when to drop it
+        until = _when(data.get(PREVIOUS_UNTIL, b"")) or previous[0].not_valid_after_utc
+        state = replace(state, previous_pem=data[PREVIOUS_CRT], previous_until=until)
+    return state

@@ -15,6 +15,7 @@ from cdi.pki.upload import _due
 from cdi.pki.uploadca import (
     CAState,
     Step,
+    from_secret_data,
     issue_upload_server,
     last_call,
     plan_client_ca,
@@ -22,6 +23,7 @@ from cdi.pki.uploadca import (
     rotate_client_ca,
     rotate_server_ca,
     server_deadline,
+    to_secret_data,
     trusts,
     verifies,
 )
@@ -212,3 +214,31 @@ def test_default_lifetimes_keep_a_year_long_ca() -> None:
     assert state is not None
     assert plan_server_ca(state, T0 + dt.timedelta(days=200), default) == Step.KEEP
     assert plan_server_ca(state, T0 + dt.timedelta(days=300), default) == Step.STAGE
+
+
+def test_a_ca_state_round_trips_through_its_secret_and_an_old_secret_reads_as_a_signer() -> None:
+    world = _start(T0)
+    staged = rotate_server_ca(world.server, T0 + 8 * MIN, CA, SERVER)
+    assert staged is not None
+    switched = rotate_server_ca(staged, T0 + 9 * MIN, CA, SERVER)
+    assert switched is not None and switched.previous_pem
+    for state in (world.server, staged, switched):
+        assert from_secret_data(to_secret_data(state)) == state
+    # a Secret from before rotation: tls.crt/tls.key only
+    signer = world.client.signer
+    assert from_secret_data({"tls.crt": signer.cert_pem, "tls.key": signer.key_pem}) == (
+        CAState(signer)
+    )
+    assert from_secret_data({}) is None
+    # a torn staged part is dropped (staged again), never half-read
+    data = to_secret_data(staged)
+    data["staged-at"] = b"yesterday"
+    read = from_secret_data(data)
+    assert read is not None and read.staged is None
+    assert plan_server_ca(read, T0 + 8 * MIN + dt.timedelta(seconds=10), CA) == Step.STAGE
+    # a previous CA whose drop time is lost stays trusted until its own end
+    data = to_secret_data(switched)
+    del data["previous-until"]
+    read = from_secret_data(data)
+    assert read is not None and read.previous_pem == switched.previous_pem
+    assert read.previous_until == staged.signer.cert.not_valid_after_utc
