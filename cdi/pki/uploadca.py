@@ -1,0 +1,301 @@
+"""Staged rotation of the upload servers' two CAs: the decisions, pure (time is a parameter).
+
+Not wired into the product yet (``docs/controller.md``, "CA rotation"): ``cdi.pki.upload``
+still creates ``cdi-uploadserver-ca`` and ``cdi-uploadserver-client-ca`` once. This module
+is the rule book the controller is to follow, walked through whole rotations by
+``tests/unit/test_upload_ca_rotation.py``.
+
+Each CA is a ``CAState``: the ``signer`` (signs every certificate issued now), a ``staged``
+CA (trusted, signs nothing yet) and a ``previous`` one (signed certificates that may still be
+presented, so still trusted until ``previous_until``). What a verifier must trust is
+``CAState.trust``: all three. Steps (``Step``), one per check, as ``cdi.pki.certs``:
+
+- ``STAGE``: the signer is due (``certConfig.ca`` renewBefore before its end, or it lives
+  longer than ``certConfig.ca.duration`` asks) and no rotation is under way: a new CA is
+  staged. Server CA: the proxy's bundle (``cdi-uploadserver-signer-bundle``) holds both from
+  now. Client CA: every upload pod created from now trusts both.
+- ``SWITCH``: the staged CA becomes the signer. Server CA: a *stage* (half of renewBefore,
+  ``cdi.pki.certs.stage_of``) after staging, so every proxy replica re-read the bundle
+  (the proxy must re-read it at least once a stage) before any pod presents a certificate of
+  the new CA. Client CA: a stage after staging *and* only once every live upload pod trusts
+  the staged CA (``live_trust``: each live pod's ``ca.crt`` as it was mounted at its
+  creation). Pods made before staging trust only the old CA and are not re-issued their trust
+  (a mounted file the upload server reads once), so the switch waits for them to go; they go
+  by their deadline, which ``server_deadline`` puts ``last_call`` (half a stage) before the
+  end of the latest-ending client CA they trust. So a forced switch when the old signer is
+  ``last_call`` from its end (its certificates end with it anyway) never strands a live pod;
+  the proxy must re-read its client certificate more often than ``last_call``.
+- ``DROP``: the previous CA leaves the trust at ``previous_until``, set at the switch to the
+  latest end of anything it signed that can still be presented. Server CA: the switch time
+  plus the longest upload server certificate lifetime (``certConfig.server.duration``; no
+  certificate it signed ends later, and every leaf ends with its CA at the latest), decided by
+  time rather than by listing pods because the end of every certificate the old CA signed is
+  bounded once it signs no more. Client CA: the switch time plus a stage (every proxy replica
+  reloaded its client certificate, re-issued by the new CA at the switch) or plus the client
+  certificate lifetime (clone source pods present client certificates too), whichever is
+  later, and never after the old CA's own end.
+- ``CREATE``: no CA yet, an unreadable one, or one already expired: nothing to overlap with.
+
+The CA keys stay in the controller: the proxy gets only certificates (N5, ``docs/security.md``).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+from enum import StrEnum
+
+from cryptography import x509
+
+from cdi.api.cdiresource import Lifetime
+from cdi.pki.certs import (
+    ISSUED_EARLY,
+    KeyPair,
+    _ca_due,
+    _issued_by,
+    issue_serving,
+    new_ca,
+    stage_of,
+)
+
+
+class Step(StrEnum):
+    KEEP = "Keep"
+    CREATE = "Create"
+    STAGE = "Stage"
+    SWITCH = "Switch"
+    DROP = "Drop"
+
+
+@dataclass(frozen=True)
+class CAState:
+    """One upload CA under rotation (what its Secret is to hold)."""
+
+    signer: KeyPair
+    staged: KeyPair | None = None
+    staged_at: dt.datetime | None = None
+    previous_pem: bytes = b""
+    previous_until: dt.datetime | None = None
+
+    @property
+    def trust(self) -> bytes:
+        """Every CA a verifier must trust now: signer, staged, previous (PEM, concatenated)."""
+        staged = self.staged.cert_pem if self.staged is not None else b""
+        return self.signer.cert_pem + staged + self.previous_pem
+
+
+def _end(pem_or_pair: KeyPair) -> dt.datetime:
+    return pem_or_pair.cert.not_valid_after_utc
+
+
+def _certs(bundle: bytes) -> list[x509.Certificate]:
+    try:
+        return x509.load_pem_x509_certificates(bundle)
+    except ValueError:
+        return []
+
+
+def trusts(bundle: bytes, ca: KeyPair) -> bool:
+    """``bundle`` (PEM certificates) holds ``ca``'s certificate."""
+    cert = ca.cert
+    return any(c == cert for c in _certs(bundle))
+
+
+def verifies(bundle: bytes, leaf_pem: bytes, now: dt.datetime) -> bool:
+    """A verifier trusting ``bundle`` accepts ``leaf_pem`` at ``now``: signed by a CA in it,
+    both valid at ``now``."""
+    leaf = x509.load_pem_x509_certificate(leaf_pem)
+    if not leaf.not_valid_before_utc <= now < leaf.not_valid_after_utc:
+        return False
+    return any(
+        c.not_valid_before_utc <= now < c.not_valid_after_utc and _issued_by(leaf, c)
+        for c in _certs(bundle)
+    )
+
+
+def _broken(state: CAState | None, now: dt.datetime) -> bool:
+    if state is None:
+        return True
+    try:
+        return now >= _end(state.signer)
+    except ValueError:
+        return True
+
+
+def _common(
+    state: CAState | None, now: dt.datetime, ca_life: Lifetime
+) -> tuple[Step | None, CAState | None]:
+    """Steps both CAs share: CREATE, DROP, STAGE; None when the caller decides the switch."""
+    if _broken(state, now):
+        return Step.CREATE, None
+    assert state is not None
+    if state.previous_pem and state.previous_until is not None and now >= state.previous_until:
+        return Step.DROP, state
+    if state.staged is None and not state.previous_pem and _ca_due(state.signer.cert, ca_life, now):
+        return Step.STAGE, state
+    return None, state
+
+
+def last_call(ca_life: Lifetime) -> dt.timedelta:
+    """How long before its end a signer is switched whatever waits (half a stage: the proxy
+    must re-read its credentials more often than that), and how long before the end of the
+    last client CA it trusts an upload pod stops taking uploads."""
+    return stage_of(ca_life) / 2
+
+
+def _forced(state: CAState, now: dt.datetime, ca_life: Lifetime) -> bool:
+    """The signer is within ``last_call`` of its end: switch whatever else waits."""
+    return now >= _end(state.signer) - last_call(ca_life)
+
+
+def plan_server_ca(state: CAState | None, now: dt.datetime, ca_life: Lifetime) -> Step:
+    """The one step to take now on the upload server CA."""
+    step, state = _common(state, now, ca_life)
+    if step is not None:
+        return step
+    assert state is not None
+    if state.staged is not None and state.staged_at is not None:
+        if now - state.staged_at >= stage_of(ca_life) or _forced(state, now, ca_life):
+            return Step.SWITCH
+    return Step.KEEP
+
+
+def plan_client_ca(
+    state: CAState | None, now: dt.datetime, ca_life: Lifetime, live_trust: Iterable[bytes]
+) -> Step:
+    """The one step to take now on the upload client CA; ``live_trust``: the ``ca.crt`` of
+    every live upload pod (what it verifies the proxy's client certificate with)."""
+    step, state = _common(state, now, ca_life)
+    if step is not None:
+        return step
+    assert state is not None
+    staged = state.staged
+    if staged is not None and state.staged_at is not None:
+        if _forced(state, now, ca_life):
+            return Step.SWITCH
+        if now - state.staged_at >= stage_of(ca_life) and all(
+            trusts(t, staged) for t in live_trust
+        ):
+            return Step.SWITCH
+    return Step.KEEP
+
+
+def _take(
+    step: Step,
+    state: CAState | None,
+    now: dt.datetime,
+    name: str,
+    ca_life: Lifetime,
+    keep_previous: dt.timedelta,
+) -> CAState:
+    if step == Step.CREATE or state is None:
+        return CAState(new_ca(name, now, ca_life.duration))
+    if step == Step.STAGE:
+        return replace(state, staged=new_ca(name, now, ca_life.duration), staged_at=now)
+    if step == Step.DROP:
+        return replace(state, previous_pem=b"", previous_until=None)
+    if step == Step.SWITCH and state.staged is not None:
+        until = min(now + keep_previous, _end(state.signer))
+        return CAState(state.staged, None, None, state.signer.cert_pem, until)
+    return state
+
+
+def rotate_server_ca(
+    state: CAState | None,
+    now: dt.datetime,
+    ca_life: Lifetime,
+    server_life: Lifetime,
+    name: str = "cdi-uploadserver-ca",
+) -> CAState | None:
+    """The server CA's state after this check's step; None when nothing changes.
+    ``server_life``: ``certConfig.server``, the longest an upload server certificate lives."""
+    step = plan_server_ca(state, now, ca_life)
+    if step == Step.KEEP:
+        return None
+    return _take(step, state, now, name, ca_life, server_life.duration)
+
+
+def rotate_client_ca(
+    state: CAState | None,
+    now: dt.datetime,
+    ca_life: Lifetime,
+    live_trust: Iterable[bytes],
+    client_life: Lifetime,
+    name: str = "cdi-uploadserver-client-ca",
+) -> CAState | None:
+    """The client CA's state after this check's step; None when nothing changes.
+    ``client_life``: ``certConfig.client``, the longest a client certificate lives."""
+    step = plan_client_ca(state, now, ca_life, live_trust)
+    if step == Step.KEEP:
+        return None
+    keep = max(stage_of(ca_life), client_life.duration)
+    return _take(step, state, now, name, ca_life, keep)
+
+
+def server_deadline(
+    serving: KeyPair, client_trust: bytes, server_life: Lifetime, ca_life: Lifetime
+) -> dt.datetime:
+    """When an upload pod stops taking uploads: ``certConfig.server`` renewBefore before its
+    certificate's end, or at half its life when its CA's end cut it short
+    (``Lifetime.renew_at``), and ``last_call`` before the end of the latest-ending client CA
+    it trusts (the client CA's forced switch happens then, and the proxy's client certificate is
+    not trusted by this pod after it)."""
+    cert = serving.cert
+    end = cert.not_valid_after_utc
+    start = cert.not_valid_before_utc + ISSUED_EARLY
+    cas = _certs(client_trust)
+    trust_end = max((c.not_valid_after_utc for c in cas), default=end)
+    return min(server_life.renew_at(start, end), trust_end - last_call(ca_life))
+
+
+def issue_upload_server(
+    server: CAState, names: tuple[str, ...], now: dt.datetime, server_life: Lifetime
+) -> KeyPair:
+    """A new upload pod's serving certificate: always from the signer (never a staged CA)."""
+    return issue_serving(server.signer, names, now, server_life.duration)
+
+
+# What a CA's Secret holds beside ``tls.crt``/``tls.key`` (the signer, as today's Secrets do, so
+# a Secret written before rotation reads as a signer alone).
+STAGED_CRT, STAGED_KEY, STAGED_AT = "staged.crt", "staged.key", "staged-at"
+PREVIOUS_CRT, PREVIOUS_UNTIL = "previous.crt", "previous-until"
+
+
+def to_secret_data(state: CAState) -> dict[str, bytes]:
+    """``state`` as a Secret's data (raw bytes; the caller base64-encodes)."""
+    data = {"tls.crt": state.signer.cert_pem, "tls.key": state.signer.key_pem}
+    if state.staged is not None and state.staged_at is not None:
+        data[STAGED_CRT], data[STAGED_KEY] = state.staged.cert_pem, state.staged.key_pem
+        data[STAGED_AT] = state.staged_at.isoformat().encode()
+    if state.previous_pem and state.previous_until is not None:
+        data[PREVIOUS_CRT] = state.previous_pem
+        data[PREVIOUS_UNTIL] = state.previous_until.isoformat().encode()
+    return data
+
+
+def _when(raw: bytes) -> dt.datetime | None:
+    try:
+        when = dt.datetime.fromisoformat(raw.decode())
+    except (UnicodeDecodeError, ValueError):
+        return None
+    return when if when.tzinfo is not None else None
+
+
+def from_secret_data(data: dict[str, bytes]) -> CAState | None:
+    """The state a Secret's data holds; None without a signer (``plan_*`` then create one). A
+    staged or previous part that does not read whole is left out: an unreadable staged CA is
+    staged again (it signed nothing yet); a previous CA without a readable ``previous-until``
+    stays until its own end; an unreadable one cannot be trusted anyway."""
+    if not data.get("tls.crt") or not data.get("tls.key"):
+        return None
+    state = CAState(KeyPair(data["tls.crt"], data["tls.key"]))
+    staged_at = _when(data.get(STAGED_AT, b""))
+    if data.get(STAGED_CRT) and data.get(STAGED_KEY) and staged_at is not None:
+        state = replace(state, staged=KeyPair(data[STAGED_CRT], data[STAGED_KEY]))
+        state = replace(state, staged_at=staged_at)
+    previous = _certs(data.get(PREVIOUS_CRT, b""))
+    if previous:  # kept until its own end when the Secret lost when to drop it
+        until = _when(data.get(PREVIOUS_UNTIL, b"")) or previous[0].not_valid_after_utc
+        state = replace(state, previous_pem=data[PREVIOUS_CRT], previous_until=until)
+    return state

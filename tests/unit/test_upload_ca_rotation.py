@@ -1,0 +1,244 @@
+"""The upload CAs' staged rotation (``cdi.pki.uploadca``), walked on a simulated clock with real
+certificates: at every step every live upload pod's serving certificate is trusted by the
+bundle the proxy holds, and the proxy's client certificate by every live pod."""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+
+import pytest
+
+from cdi.api.cdiresource import Lifetime
+from cdi.pki.certs import KeyPair, issue_client, new_ca, stage_of
+from cdi.pki.upload import _due
+from cdi.pki.uploadca import (
+    CAState,
+    Step,
+    from_secret_data,
+    issue_upload_server,
+    last_call,
+    plan_client_ca,
+    plan_server_ca,
+    rotate_client_ca,
+    rotate_server_ca,
+    server_deadline,
+    to_secret_data,
+    trusts,
+    verifies,
+)
+
+T0 = dt.datetime(2026, 12, 6, tzinfo=dt.UTC)
+MIN = dt.timedelta(minutes=1)
+CA = Lifetime(10 * MIN, 2 * MIN)  # the integration test's certConfig.ca
+SERVER = Lifetime(24 * 60 * MIN, 24 * 60 * MIN * 0.2)  # certConfig.server's default
+CLIENT = Lifetime(5 * MIN, 1 * MIN)
+NAMES = ("cdi-upload-x", "cdi-upload-x.ns.svc")
+
+
+@dataclass
+class Pod:
+    name: str
+    created: dt.datetime
+    serving: KeyPair
+    trust: bytes  # its ca.crt: the client CAs it verifies the proxy with
+    deadline: dt.datetime
+
+
+@dataclass
+class World:
+    server: CAState
+    client: CAState
+    published_bundle: bytes  # cdi-uploadserver-signer-bundle
+    published_client: KeyPair  # cdi-uploadserver-client-cert
+    proxy_bundle: bytes  # what the proxy loaded
+    proxy_client: KeyPair
+    pods: list[Pod]
+    steps: list[tuple[dt.datetime, str, Step]]
+
+
+SHORT_SERVER = Lifetime(3 * MIN, dt.timedelta(seconds=30))
+
+
+def _pod(world: World, name: str, now: dt.datetime, server: Lifetime = SERVER) -> Pod:
+    serving = issue_upload_server(world.server, NAMES, now, server)
+    trust = world.client.trust
+    return Pod(name, now, serving, trust, server_deadline(serving, trust, server, CA))
+
+
+def _start(now: dt.datetime) -> World:
+    server = rotate_server_ca(None, now, CA, SERVER)
+    client = rotate_client_ca(None, now, CA, [], CLIENT)
+    assert server is not None and client is not None
+    proxy_client = issue_client(client.signer, "client.upload-server.cdi.kubevirt.io", now, 5 * MIN)
+    return World(server, client, server.trust, proxy_client, server.trust, proxy_client, [], [])
+
+
+def _controller(world: World, now: dt.datetime, client_life: Lifetime = CLIENT) -> None:
+    """One check of the controller: both CAs, the published bundle, the proxy's certificate."""
+    live = [p.trust for p in world.pods]
+    step = plan_server_ca(world.server, now, CA)
+    new = rotate_server_ca(world.server, now, CA, SERVER)
+    if new is not None:
+        world.steps.append((now, "server", step))
+        world.server = new
+    world.published_bundle = world.server.trust
+    step = plan_client_ca(world.client, now, CA, live)
+    new = rotate_client_ca(world.client, now, CA, live, client_life)
+    if new is not None:
+        world.steps.append((now, "client", step))
+        world.client = new
+    if _due(world.published_client.cert_pem, world.client.signer, now, client_life):
+        world.published_client = issue_client(
+            world.client.signer, "client.upload-server.cdi.kubevirt.io", now, client_life.duration
+        )
+
+
+def _invariant(world: World, now: dt.datetime) -> None:
+    for pod in world.pods:
+        assert verifies(world.proxy_bundle, pod.serving.cert_pem, now), (now, pod.name)
+        assert verifies(pod.trust, world.proxy_client.cert_pem, now), (now, pod.name)
+
+
+def _walk(
+    minutes: int, server: Lifetime = SERVER
+) -> tuple[World, list[tuple[dt.datetime, str, Step]], set[bytes], set[bytes]]:
+    """Walk ``minutes`` in 10 s steps: the controller checks every step, the proxy reloads its
+    bundle every 50 s and its client certificate every 20 s, an upload pod is created every
+    20 s and one, made at the start, lives until its own deadline."""
+    step = dt.timedelta(seconds=10)
+    now = T0
+    world = _start(now)
+    world.pods.append(_pod(world, "before-rotation", now, server))
+    servers, clients = {world.server.signer.cert_pem}, {world.client.signer.cert_pem}
+    n = 0
+    while now < T0 + minutes * MIN:
+        _controller(world, now)
+        servers.add(world.server.signer.cert_pem)
+        clients.add(world.client.signer.cert_pem)
+        # pods past their deadline stop taking uploads and are re-created
+        world.pods = [p for p in world.pods if now < p.deadline]
+        if n % 2 == 0:
+            world.pods.append(_pod(world, f"pod-{n}", now, server))
+        # the proxy re-reads the bundle under a stage (60 s) and its client certificate under
+        # ``last_call`` (30 s) apart: the latest each may be, out of phase with each other
+        if n % 5 == 4:
+            world.proxy_bundle = world.published_bundle
+        if n % 2 == 1:
+            world.proxy_client = world.published_client
+        _invariant(world, now)
+        now += step
+        n += 1
+    return world, world.steps, servers, clients
+
+
+@pytest.mark.parametrize("server", [SERVER, SHORT_SERVER], ids=["server-24h", "server-3m"])
+def test_a_whole_rotation_of_both_cas_never_breaks_trust_either_way(server: Lifetime) -> None:
+    # server-3m: pods made just before the client CA is staged (trusting only the old one)
+    # outlive the stage, so the client switch must wait for them
+    _, steps, servers, clients = _walk(35, server=server)
+    kinds = [(who, s) for _, who, s in steps]
+    # both CAs went round at least three times, each step in order
+    for who in ("server", "client"):
+        mine = [s for w, s in kinds if w == who]
+        # created at the start (``_start``), then staged, switched and dropped in turn:
+        # never created again (a CA replaced at once would break the overlap)
+        assert mine[:6] == [Step.STAGE, Step.SWITCH, Step.DROP] * 2, (who, mine)
+        assert Step.CREATE not in mine
+        assert mine.count(Step.SWITCH) >= 3
+    assert len(servers) >= 4 and len(clients) >= 4
+
+
+def test_the_new_server_ca_is_published_a_stage_before_it_signs() -> None:
+    _, steps, _, _ = _walk(12)
+    staged = next(t for t, who, s in steps if who == "server" and s == Step.STAGE)
+    switched = next(t for t, who, s in steps if who == "server" and s == Step.SWITCH)
+    assert switched - staged >= stage_of(CA)
+
+
+def test_the_client_switch_waits_for_a_live_pod_that_trusts_only_the_old_ca() -> None:
+    now = T0
+    world = _start(now)
+    old = _pod(world, "old", now, Lifetime(60 * MIN, 1 * MIN))
+    later = now + 8 * MIN + dt.timedelta(seconds=10)  # due at 8 min: staged
+    staged = rotate_client_ca(world.client, later, CA, [old.trust], CLIENT)
+    assert staged is not None and staged.staged is not None
+    after_stage = later + stage_of(CA) + dt.timedelta(seconds=1)
+    assert plan_client_ca(staged, after_stage, CA, [old.trust]) == Step.KEEP
+    fresh = CAState(staged.signer).trust + staged.staged.cert_pem
+    assert plan_client_ca(staged, after_stage, CA, [fresh]) == Step.SWITCH
+    # had it switched, the pod would refuse the proxy's re-issued certificate
+    switched = rotate_client_ca(staged, after_stage, CA, [], CLIENT)
+    assert switched is not None
+    cert = issue_client(switched.signer, "client", after_stage, CLIENT.duration)
+    assert not verifies(old.trust, cert.cert_pem, after_stage)
+    # and the pod itself stops taking uploads by the forced switch, a stage before the old end
+    forced = staged.signer.cert.not_valid_after_utc - last_call(CA)
+    assert old.deadline <= forced
+    assert plan_client_ca(staged, forced - dt.timedelta(seconds=1), CA, [old.trust]) == Step.KEEP
+    assert plan_client_ca(staged, forced, CA, [old.trust]) == Step.SWITCH
+
+
+def test_the_old_server_ca_stays_until_nothing_it_signed_is_valid() -> None:
+    now = T0
+    world = _start(now)
+    short = Lifetime(3 * MIN, 1 * MIN)
+    stage_at = now + 8 * MIN
+    staged = rotate_server_ca(world.server, stage_at, CA, short)
+    assert staged is not None and staged.staged is not None
+    switch_at = stage_at + stage_of(CA)
+    pod = issue_upload_server(staged, NAMES, switch_at - dt.timedelta(seconds=1), short)
+    switched = rotate_server_ca(staged, switch_at, CA, short)
+    assert switched is not None and switched.previous_until is not None
+    assert trusts(switched.trust, staged.signer) and trusts(switched.trust, staged.staged)
+    assert switched.previous_until >= pod.cert.not_valid_after_utc
+    assert plan_server_ca(switched, switched.previous_until - dt.timedelta(seconds=1), CA) == (
+        Step.KEEP
+    )
+    assert plan_server_ca(switched, switched.previous_until, CA) == Step.DROP
+    dropped = rotate_server_ca(switched, switched.previous_until, CA, short)
+    assert dropped is not None and not trusts(dropped.trust, staged.signer)
+
+
+def test_a_missing_unreadable_or_expired_ca_is_created_at_once() -> None:
+    assert plan_server_ca(None, T0, CA) == Step.CREATE
+    broken = CAState(KeyPair(b"junk", b"junk"))
+    assert plan_client_ca(broken, T0, CA, []) == Step.CREATE
+    old = CAState(new_ca("x", T0 - 20 * MIN, 10 * MIN))
+    assert plan_server_ca(old, T0, CA) == Step.CREATE
+
+
+def test_default_lifetimes_keep_a_year_long_ca() -> None:
+    default = Lifetime(dt.timedelta(days=365), dt.timedelta(days=73))
+    state = rotate_server_ca(None, T0, default, SERVER)
+    assert state is not None
+    assert plan_server_ca(state, T0 + dt.timedelta(days=200), default) == Step.KEEP
+    assert plan_server_ca(state, T0 + dt.timedelta(days=300), default) == Step.STAGE
+
+
+def test_a_ca_state_round_trips_through_its_secret_and_an_old_secret_reads_as_a_signer() -> None:
+    world = _start(T0)
+    staged = rotate_server_ca(world.server, T0 + 8 * MIN, CA, SERVER)
+    assert staged is not None
+    switched = rotate_server_ca(staged, T0 + 9 * MIN, CA, SERVER)
+    assert switched is not None and switched.previous_pem
+    for state in (world.server, staged, switched):
+        assert from_secret_data(to_secret_data(state)) == state
+    # a Secret from before rotation: tls.crt/tls.key only
+    signer = world.client.signer
+    assert from_secret_data({"tls.crt": signer.cert_pem, "tls.key": signer.key_pem}) == (
+        CAState(signer)
+    )
+    assert from_secret_data({}) is None
+    # a torn staged part is dropped (staged again), never half-read
+    data = to_secret_data(staged)
+    data["staged-at"] = b"yesterday"
+    read = from_secret_data(data)
+    assert read is not None and read.staged is None
+    assert plan_server_ca(read, T0 + 8 * MIN + dt.timedelta(seconds=10), CA) == Step.STAGE
+    # a previous CA whose drop time is lost stays trusted until its own end
+    data = to_secret_data(switched)
+    del data["previous-until"]
+    read = from_secret_data(data)
+    assert read is not None and read.previous_pem == switched.previous_pem
+    assert read.previous_until == staged.signer.cert.not_valid_after_utc
