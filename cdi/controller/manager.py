@@ -392,7 +392,11 @@ class Manager:
         workers = asyncio.create_task(self._run_loops())
         snapshots = asyncio.create_task(self.snapshots.run())  # returns once it watches
         proxy_credentials = asyncio.create_task(
-            keep_proxy_credentials(self.kube, self.config.controller.upload.namespace)
+            keep_proxy_credentials(
+                self.kube,
+                self.config.controller.upload.namespace,
+                server_default=self.config.controller.upload.cert_lifetime,
+            )
         )
         watchers: list[asyncio.Task[Any]] = [asyncio.create_task(self._stop.wait())]
         if self.elector is not None:

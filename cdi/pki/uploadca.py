@@ -1,9 +1,9 @@
 """Staged rotation of the upload servers' two CAs: the decisions, pure (time is a parameter).
 
-Not wired into the product yet (``docs/controller.md``, "CA rotation"): ``cdi.pki.upload``
-still creates ``cdi-uploadserver-ca`` and ``cdi-uploadserver-client-ca`` once. This module
-is the rule book the controller is to follow, walked through whole rotations by
-``tests/unit/test_upload_ca_rotation.py``.
+``cdi.pki.upload.ProxyCredentials.ensure`` carries them out, one step per check of the leading
+controller (``cdi.controller.proxycreds``), with each ``CAState`` kept in its CA's Secret
+(``to_secret_data``/``from_secret_data``); ``tests/unit/test_upload_ca_rotation.py`` walks
+whole rotations (``docs/controller.md``, "The upload CAs' rotation").
 
 Each CA is a ``CAState``: the ``signer`` (signs every certificate issued now), a ``staged``
 CA (trusted, signs nothing yet) and a ``previous`` one (signed certificates that may still be
@@ -47,6 +47,7 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from cryptography import x509
+from cryptography.hazmat.primitives import hashes
 
 from cdi.api.cdiresource import Lifetime
 from cdi.pki.certs import (
@@ -94,6 +95,12 @@ def _certs(bundle: bytes) -> list[x509.Certificate]:
         return x509.load_pem_x509_certificates(bundle)
     except ValueError:
         return []
+
+
+def fingerprints(bundle: bytes) -> tuple[str, ...]:
+    """SHA-256 of each certificate in ``bundle`` (DER), hex: how an upload pod's annotation
+    names the client CAs it trusts."""
+    return tuple(c.fingerprint(hashes.SHA256()).hex() for c in _certs(bundle))
 
 
 def trusts(bundle: bytes, ca: KeyPair) -> bool:
@@ -144,9 +151,20 @@ def last_call(ca_life: Lifetime) -> dt.timedelta:
     return stage_of(ca_life) / 2
 
 
+def _last_call_of(ca_life: Lifetime, end: dt.datetime, since: dt.datetime) -> dt.timedelta:
+    """``last_call``, or less for a CA with less life left when its wait began (``since``: its
+    staging, or a pod's creation): half of that life. A short CA left by a lifted
+    ``certConfig`` (the default ``last_call`` is weeks) would otherwise be switched at the
+    next check, before any proxy replica re-read the bundle it was staged in; a proxy re-reads
+    at least every quarter of what is left of the CAs it trusts (``cdi.upload.serve``)."""
+    return min(last_call(ca_life), max(dt.timedelta(0), end - since) / 2)
+
+
 def _forced(state: CAState, now: dt.datetime, ca_life: Lifetime) -> bool:
-    """The signer is within ``last_call`` of its end: switch whatever else waits."""
-    return now >= _end(state.signer) - last_call(ca_life)
+    """The signer is within its last call of its end: switch whatever else waits."""
+    end = _end(state.signer)
+    since = state.staged_at or now
+    return now >= end - _last_call_of(ca_life, end, since)
 
 
 def plan_server_ca(state: CAState | None, now: dt.datetime, ca_life: Lifetime) -> Step:
@@ -246,7 +264,33 @@ def server_deadline(
     start = cert.not_valid_before_utc + ISSUED_EARLY
     cas = _certs(client_trust)
     trust_end = max((c.not_valid_after_utc for c in cas), default=end)
-    return min(server_life.renew_at(start, end), trust_end - last_call(ca_life))
+    return min(
+        server_life.renew_at(start, end),
+        trust_end - _last_call_of(ca_life, trust_end, start),
+    )
+
+
+def next_check(
+    states: Iterable[CAState], now: dt.datetime, ca_life: Lifetime, interval: dt.timedelta
+) -> dt.timedelta:
+    """How soon the controller checks again: ``interval`` (its usual period), a quarter of the
+    stage, and no later than the next moment a step may fall due (a staged CA's stage over,
+    a signer's last call, a previous CA's drop), never sooner than a second."""
+    stage = stage_of(ca_life)
+    moments: list[dt.datetime] = []
+    for state in states:
+        try:
+            end = _end(state.signer)
+        except ValueError:
+            return dt.timedelta(seconds=1)
+        moments.append(end - _last_call_of(ca_life, end, state.staged_at or now))
+        if state.staged_at is not None:
+            moments.append(state.staged_at + stage)
+        if state.previous_until is not None:
+            moments.append(state.previous_until)
+        moments.append(now + (end - now) / 4)
+    waits = [m - now for m in moments if m > now]
+    return max(dt.timedelta(seconds=1), min([interval, stage / 4, *waits]))
 
 
 def issue_upload_server(

@@ -76,6 +76,10 @@ UPLOAD_SERVER_PORT = 8443
 TLS_DIR = "/etc/cdi/upload-server"
 DATA_VOLUME = "cdi-data-vol"
 TLS_VOLUME = "cdi-upload-tls"
+# Which client CAs the server trusts (SHA-256 of each certificate's DER, hex, comma-separated):
+# the upload client CA's switch waits until every live upload pod names the staged CA
+# (cdi.controller.proxycreds; the controller reads pods, never tenants' Secrets).
+ANN_CLIENT_CAS = "cdi.kubevirt.io/uploadClientCAs"
 TMP_VOLUME = "tmp"
 SCRATCH_VOLUME = "cdi-scratch-vol"
 SCRATCH_DIR = "/scratch"
@@ -90,6 +94,7 @@ class UploadPodConfig(WorkerPod):
     cdi_config: CDIConfig = field(default_factory=CDIConfig)
     deadline: str = ""  # RFC 3339
     client_name: str = UPLOAD_CLIENT_NAME
+    client_cas: tuple[str, ...] = ()  # fingerprints of the client CAs in its ca.crt
     port: int = UPLOAD_SERVER_PORT
 
 
@@ -161,6 +166,8 @@ def render_upload_pod(pvc: Mapping[str, Any], config: UploadPodConfig) -> dict[s
     spec.update(pod_placement(cdi.workload, requested_selector(ann), selected_node(pvc)))
     metadata = _metadata(pvc, name)
     metadata["annotations"] = dict(POD_ANNOTATION_DEFAULTS)
+    if config.client_cas:
+        metadata["annotations"][ANN_CLIENT_CAS] = ",".join(config.client_cas)
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
 
 

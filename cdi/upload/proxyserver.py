@@ -34,6 +34,7 @@ import socket
 import ssl
 import threading
 import time
+from collections.abc import Callable
 
 from cdi.upload.errors import UploadError, UploadInterrupted
 from cdi.upload.proxy import (
@@ -99,10 +100,11 @@ class UploadProxy:
         verify: TokenVerifier,
         upstream_tls: ssl.SSLContext,
         config: ProxyConfig | None = None,
+        refresh_upstream: Callable[[], ssl.SSLContext | None] | None = None,
     ) -> None:
         config = config or ProxyConfig()
         self.gate = Gate(targets, verify, config)
-        self.relay = Relay(upstream_tls, config)
+        self.relay = Relay(upstream_tls, config, refresh_upstream)
         self.config = config
         self.tls: ssl.SSLContext | None = None
         self.loop: asyncio.AbstractEventLoop | None = None

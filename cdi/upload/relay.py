@@ -28,9 +28,12 @@ Why it is shaped so:
 from __future__ import annotations
 
 import logging
+import math
 import socket
 import ssl
+import threading
 import time
+from collections.abc import Callable
 from urllib.parse import urlsplit
 
 from cdi.upload.errors import UploadInterrupted, UploadServerUnreachable
@@ -78,17 +81,54 @@ def tune(sock: socket.socket) -> None:
 
 
 class Relay:
-    def __init__(self, upstream_tls: ssl.SSLContext, config: ProxyConfig) -> None:
-        self.tls, self.config = upstream_tls, config
+    """Dials upload servers with ``tls``. ``refresh`` (optional, blocking): re-read the
+    credentials now and give a new context if they changed; asked when a server's certificate
+    does not verify (a server CA switched before this process's periodic re-read), at most
+    once per ``REFRESH_EVERY`` seconds whoever asks."""
+
+    REFRESH_EVERY = 5.0
+
+    def __init__(
+        self,
+        upstream_tls: ssl.SSLContext,
+        config: ProxyConfig,
+        refresh: Callable[[], ssl.SSLContext | None] | None = None,
+    ) -> None:
+        self.tls, self.config, self.refresh = upstream_tls, config, refresh
+        self._refresh_lock = threading.Lock()
+        self._refreshed_at = -math.inf
+
+    def _refreshed(self, used: ssl.SSLContext) -> bool:
+        """Whether a dial that failed with ``used`` may try again with newer credentials."""
+        if self.refresh is None:
+            return False
+        with self._refresh_lock:
+            if self.tls is not used:
+                return True  # someone else refreshed meanwhile
+            now = time.monotonic()
+            if now - self._refreshed_at < self.REFRESH_EVERY:
+                return False
+            self._refreshed_at = now
+            fresh = self.refresh()
+            if fresh is None:
+                return False
+            self.tls = fresh
+            log.info("the upload client credentials changed; dialling again with them")
+            return True
 
     def dial(self, target: Admitted) -> TlsStream:
         url = urlsplit(target.url)
         host, port = url.hostname or "", url.port or 443
         give_up = time.monotonic() + self.config.dial_retry
+        retried = False
         while True:
+            used = self.tls
             try:
-                return self._connect(host, port, target.server_hostname or host)
+                return self._connect(host, port, target.server_hostname or host, used)
             except ssl.SSLCertVerificationError as exc:
+                if not retried and self._refreshed(used):
+                    retried = True
+                    continue
                 raise unreachable(f"tls: {exc.verify_message or exc}") from exc
             except _RETRIED as exc:
                 if time.monotonic() >= give_up:
@@ -97,11 +137,11 @@ class Relay:
                 raise unreachable(f"dial tcp {host}:{port}: connect: {_describe(exc)}") from exc
             time.sleep(self.config.dial_retry_interval)
 
-    def _connect(self, host: str, port: int, hostname: str) -> TlsStream:
+    def _connect(self, host: str, port: int, hostname: str, tls: ssl.SSLContext) -> TlsStream:
         raw = socket.create_connection((host, port), timeout=self.config.connect_timeout)
         try:
             tune(raw)
-            stream = TlsStream.connect(raw, self.tls, hostname)
+            stream = TlsStream.connect(raw, tls, hostname)
         except BaseException:
             raw.close()
             raise

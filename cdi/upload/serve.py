@@ -24,11 +24,13 @@ import asyncio
 import datetime as dt
 import logging
 import ssl
+import threading
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 
 from aiohttp import web
+from cryptography import x509
 
 from cdi.api.config import CDIConfig
 from cdi.api.tlsprofile import TLSProfile
@@ -202,6 +204,7 @@ class _Upstream:
     def __init__(self, kube: Kube, config: UploadProxyConfig) -> None:
         self.kube, self.config = kube, config
         self.seen: tuple[bytes, KeyPair] | None = None
+        self._lock = threading.Lock()
 
     def _read(self) -> tuple[bytes, KeyPair] | None:
         c = self.config
@@ -230,15 +233,38 @@ class _Upstream:
     async def changed(self) -> ssl.SSLContext | None:
         """A context for renewed credentials; None when they are unchanged (or unreadable:
         the current ones stay in use)."""
+        return await asyncio.to_thread(self.changed_now)
+
+    def changed_now(self) -> ssl.SSLContext | None:
+        """``changed``, blocking: also asked by a connection thread whose upload server's
+        certificate did not verify (``Relay.refresh``)."""
         try:
-            fresh = await asyncio.to_thread(self._read)
+            fresh = self._read()
         except KubeError as exc:
             log.warning("the upload client credentials cannot be read: %s", exc)
             return None
-        if fresh is None or fresh == self.seen:
-            return None
-        self.seen = fresh
+        with self._lock:
+            if fresh is None or fresh == self.seen:
+                return None
+            self.seen = fresh
         return upstream_context(*fresh)
+
+    def check_every(self, interval: float) -> float:
+        """``interval``, or a quarter of what is left of the client certificate or of the
+        latest-ending CA in the bundle, whichever ends first: a short-lived upload CA (a
+        ``certConfig.ca`` of minutes, or one left by a lifted ``certConfig``) is switched
+        within its last call, and this process must have re-read the bundle by then."""
+        seen = self.seen
+        if seen is None:
+            return interval
+        now = dt.datetime.now(dt.UTC)
+        try:
+            cas = x509.load_pem_x509_certificates(seen[0])
+            ends = [seen[1].cert.not_valid_after_utc, max(c.not_valid_after_utc for c in cas)]
+        except ValueError:
+            return interval
+        left = (min(ends) - now).total_seconds()
+        return max(1.0, min(interval, left / 4))
 
 
 async def serve_upload_proxy(kube: Kube, config: UploadProxyConfig) -> None:
@@ -263,7 +289,9 @@ async def serve_upload_proxy(kube: Kube, config: UploadProxyConfig) -> None:
             raise UploadNotReady(f"the token keys cannot be read: {exc}") from exc
 
     targets = KubeUploadTargets(async_kube, config.upload_server_port)
-    proxy = UploadProxy(targets, Verifier(keys), upstream, config.proxy)
+    proxy = UploadProxy(
+        targets, Verifier(keys), upstream, config.proxy, refresh_upstream=credentials.changed_now
+    )
 
     async def periodic() -> None:
         # New contexts instead of reloading the live ones: connection threads wrap sockets
@@ -286,7 +314,10 @@ async def serve_upload_proxy(kube: Kube, config: UploadProxyConfig) -> None:
         try:
             async with following(profile, reprofile):
                 await run_until_stopped(
-                    lambda: ca_life.check_every(serving.bundle, plane.check_interval), periodic
+                    lambda: credentials.check_every(
+                        ca_life.check_every(serving.bundle, plane.check_interval)
+                    ),
+                    periodic,
                 )
         finally:
             await proxy.stop()

@@ -22,6 +22,8 @@ from cdi.api.constants import (
     ANN_PVC_PRIME_NAME,
     ANN_UPLOAD_REQUEST,
 )
+from cdi.pki.certs import new_ca
+from cdi.pki.contexts import upstream_context
 from cdi.upload.proxy import UPLOAD_PATHS, ProxyConfig
 from cdi.upload.proxyserver import UploadProxy
 from cdi.upload.readiness import UploadServer
@@ -77,6 +79,7 @@ class Env:
     pki: Pki
     peer_ports: tuple[int, int]
     clock: list[dt.datetime]
+    proxy: UploadProxy
 
     def token(self, name: str = "disk", uid: str = "", ns: str = NS) -> str:
         return issue(self.pki.ring, UploadGrant(ns, name, uid or f"uid-{name}"), self.clock[0])
@@ -114,7 +117,7 @@ async def env(pki: Pki) -> AsyncIterator[Env]:
     proxy = UploadProxy(targets, verifier, pki.upstream(), config)
     port = await proxy.start("127.0.0.1", 0, pki.proxy_serving())
     try:
-        yield Env(f"https://127.0.0.1:{port}", peer, targets, pki, tuple(peer_ports), clock)
+        yield Env(f"https://127.0.0.1:{port}", peer, targets, pki, tuple(peer_ports), clock, proxy)
     finally:
         await proxy.stop()
         await peer_runner.cleanup()
@@ -404,3 +407,29 @@ async def test_a_cut_upload_reaches_the_server_cut_and_a_retry_with_the_same_tok
     assert not cut.complete and 0 < cut.received < 10_000_000
     status, _, _ = await post(env, auth=f"Bearer {token}", data=b"d" * 1000)
     assert status == 200 and env.peer.seen[1].complete and env.peer.seen[1].received == 1000
+
+
+async def test_a_server_ca_switched_before_the_proxys_reread_is_fetched_at_the_failed_dial(
+    env: Env,
+) -> None:
+    """The proxy holds a bundle with another CA alone (it missed the staging): the dial to a
+    server whose certificate does not verify re-reads the credentials once (``refresh``) and
+    goes on with them; refreshes are rate-limited, and without a newer bundle it is a 502."""
+    env.targets.add(pvc("disk"))
+    stale = upstream_context(new_ca("older", NOW).cert_pem, env.pki.client)
+    reads: list[int] = []
+
+    def refresh() -> ssl.SSLContext | None:
+        reads.append(1)
+        return env.pki.upstream()
+
+    relay = env.proxy.relay
+    relay.tls, relay.refresh = stale, refresh
+    assert (await post(env))[0] == 200
+    assert reads == [1] and relay.tls is not stale
+    relay.tls, relay.refresh = stale, lambda: None  # nothing newer to read
+    relay._refreshed_at = 0.0
+    status, body, _ = await post(env)
+    assert status == 502 and "tls: unable to get local issuer certificate" in body
+    relay.refresh = refresh
+    assert (await post(env))[0] == 502 and reads == [1]  # asked again too soon: not re-read

@@ -15,10 +15,24 @@ from typing import Any
 
 import pytest
 import yaml
+from cryptography import x509
 
-from cdi.kube.client import PVCS, AsyncKube, Kube
+from cdi.api.cdiresource import Lifetime
+from cdi.kube.client import PODS, PVCS, SECRETS, AsyncKube, Kube
 from cdi.kube.errors import NotFound
-from cdi.pki.upload import ensure_ca
+from cdi.pki.upload import (
+    CA_BUNDLE_KEY,
+    CONFIG_MAPS,
+    PROXY_CLIENT_SECRET,
+    SERVER_CA_BUNDLE,
+    ProxyCredentials,
+    UploadCAs,
+    UploadLifetimes,
+    ensure_ca,
+    secret_data,
+)
+from cdi.pki.uploadca import fingerprints
+from cdi.render.upload_pod import ANN_CLIENT_CAS
 from cdi.upload.errors import InvalidToken
 from cdi.upload.keys import KeyRing, StoreConflict, ensure_ring, new_key
 from cdi.upload.kubestore import (
@@ -80,8 +94,8 @@ def test_public_keys_reach_the_proxy_through_a_config_map(gateway: Kube, namespa
 
 
 def test_a_ca_is_created_once_and_then_reused(gateway: Kube, namespace: str) -> None:
-    first = ensure_ca(gateway, namespace, "cdi-uploadserver-ca", "cdi-uploadserver-ca")
-    assert ensure_ca(gateway, namespace, "cdi-uploadserver-ca", "other") == first
+    first = ensure_ca(gateway, namespace, "cdi-uploadserver-ca")
+    assert ensure_ca(gateway, namespace, "cdi-uploadserver-ca") == first
 
 
 def test_front_proxy_settings_come_from_the_kube_apiserver(gateway: Kube) -> None:
@@ -203,3 +217,77 @@ def _gone(gateway: Kube, namespace: str) -> bool:
     except NotFound:
         return True
     return False
+
+
+def _bundle(gateway: Kube, namespace: str) -> list[x509.Certificate]:
+    data = gateway.get_or_none(CONFIG_MAPS, SERVER_CA_BUNDLE, namespace) or {}
+    return x509.load_pem_x509_certificates(data["data"][CA_BUNDLE_KEY].encode())
+
+
+def _proxy_client(gateway: Kube, namespace: str) -> x509.Certificate:
+    data = secret_data(gateway.get_or_none(SECRETS, PROXY_CLIENT_SECRET, namespace) or {})
+    return x509.load_pem_x509_certificate(data["tls.crt"])
+
+
+def _upload_pod(gateway: Kube, namespace: str, name: str, trust: bytes) -> None:
+    labels = {"app": "containerized-data-importer", "cdi.kubevirt.io": "cdi-upload-server"}
+    annotations = {ANN_CLIENT_CAS: ",".join(fingerprints(trust))}
+    meta = {"name": name, "namespace": namespace, "labels": labels, "annotations": annotations}
+    spec = {"containers": [{"name": "c", "image": "none"}]}
+    gateway.create(PODS, {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec})
+
+
+def test_the_upload_cas_rotate_in_stages_through_their_secrets(
+    gateway: Kube, namespace: str
+) -> None:
+    """``ProxyCredentials.ensure`` (the controller's check) on a simulated clock against the
+    real API server: both CAs staged, the server CA switched a stage later, the client CA only
+    once no live upload pod trusts the old one alone, the proxy's client certificate re-issued
+    by the new signer, the old server CA dropped after the longest upload certificate."""
+    cas = UploadCAs(gateway, namespace)
+    creds = ProxyCredentials(cas)
+    old_server, old_client = cas.load()  # as an install made before rotation: year-long CAs
+    assert creds.ensure(NOW) > dt.timedelta(minutes=1)
+    assert _bundle(gateway, namespace) == [old_server.signer.cert]
+    _upload_pod(gateway, namespace, "cdi-upload-before", old_client.trust)
+
+    minute = dt.timedelta(minutes=1)
+    lives = UploadLifetimes(Lifetime(10 * minute, 2 * minute), Lifetime(3 * minute, minute))
+    pods = lambda: [  # noqa: E731
+        frozenset(
+            str((p["metadata"].get("annotations") or {}).get(ANN_CLIENT_CAS) or "").split(",")
+        )
+        for p in gateway.list(PODS, namespace).get("items") or []
+    ]
+    wait = creds.ensure(NOW, lives, pods)  # 10m asked, a year there: both staged at once
+    assert dt.timedelta(seconds=1) <= wait <= dt.timedelta(seconds=15)  # a quarter stage
+    server, client = cas.load()
+    assert server.staged is not None and client.staged is not None
+    assert server.signer == old_server.signer and client.signer == old_client.signer
+    assert _bundle(gateway, namespace) == [old_server.signer.cert, server.staged.cert]
+    assert fingerprints(client.trust) == fingerprints(old_client.signer.cert_pem) + fingerprints(
+        client.staged.cert_pem
+    )
+
+    later = NOW + minute + dt.timedelta(seconds=1)  # a stage on
+    creds.ensure(later, lives, pods)
+    switched_server, waiting_client = cas.load()
+    assert switched_server.signer == server.staged  # signs new upload pods' certificates now
+    assert switched_server.previous_pem == old_server.signer.cert_pem
+    assert waiting_client.signer == old_client.signer  # a live pod trusts the old CA alone
+    assert _bundle(gateway, namespace)[0] == server.staged.cert
+
+    _upload_pod(gateway, namespace, "cdi-upload-after", waiting_client.trust)
+    gateway.delete(PODS, "cdi-upload-before", namespace)
+    wait_until(lambda: len(pods()) == 1, "the old pod gone", 30)
+    creds.ensure(later + dt.timedelta(seconds=2), lives, pods)
+    _, switched_client = cas.load()
+    assert switched_client.signer == client.staged
+    assert _proxy_client(gateway, namespace).issuer == client.staged.cert.subject
+    proxy = _proxy_client(gateway, namespace)
+    proxy.verify_directly_issued_by(client.staged.cert)  # re-issued by the new signer
+
+    creds.ensure(later + 3 * minute + dt.timedelta(seconds=1), lives, pods)
+    assert _bundle(gateway, namespace) == [server.staged.cert]  # the longest upload cert ended
+    dropped, _ = cas.load()
+    assert dropped.previous_pem == b"" and dropped.signer == server.staged

@@ -22,7 +22,8 @@ from cdi.api.cdiresource import (
 )
 from cdi.api.config import CDICertConfig, CDIConfig, CertConfig
 from cdi.pki.certs import issue_client, new_ca
-from cdi.pki.upload import _due, deadline_for, server_lifetime
+from cdi.pki.upload import _due, issue_server_credentials, server_lifetime
+from cdi.pki.uploadca import CAState
 from cdi.render import cdiresource as status
 from cdi.render.cdiconfig import from_cdi_resource
 from cdi.webhooks.cdiresource import uninstall_refusal
@@ -70,9 +71,12 @@ def test_an_upload_server_certificate_follows_cert_config_server() -> None:
     config = CDIConfig.from_dict({"status": {"certConfig": {"server": server}}})
     life = server_lifetime(config, 24 * H)
     assert (life.duration, life.renew_before) == (2 * H, dt.timedelta(minutes=30))
-    assert deadline_for(NOW, life.duration, life.renew_before) == NOW + 90 * dt.timedelta(minutes=1)
+    server_ca, client_ca = CAState(new_ca("s", NOW - H)), CAState(new_ca("c", NOW - H))
+    creds = issue_server_credentials(server_ca, client_ca, "cdi-upload-d", "ns", NOW, life)
+    assert creds.deadline == NOW + 90 * dt.timedelta(minutes=1)
     flag = server_lifetime(CDIConfig(), 10 * H)  # no certConfig: the flag, deadline at 80 %
-    assert deadline_for(NOW, flag.duration, flag.renew_before) == NOW + 8 * H
+    creds = issue_server_credentials(server_ca, client_ca, "cdi-upload-d", "ns", NOW, flag)
+    assert creds.deadline == NOW + 8 * H
 
 
 def test_a_client_certificate_longer_than_cert_config_client_is_reissued() -> None:

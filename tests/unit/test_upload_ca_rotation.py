@@ -18,6 +18,7 @@ from cdi.pki.uploadca import (
     from_secret_data,
     issue_upload_server,
     last_call,
+    next_check,
     plan_client_ca,
     plan_server_ca,
     rotate_client_ca,
@@ -242,3 +243,48 @@ def test_a_ca_state_round_trips_through_its_secret_and_an_old_secret_reads_as_a_
     read = from_secret_data(data)
     assert read is not None and read.previous_pem == switched.previous_pem
     assert read.previous_until == staged.signer.cert.not_valid_after_utc
+
+
+DEFAULT = Lifetime(dt.timedelta(days=365), dt.timedelta(days=73))  # certConfig.ca lifted
+
+
+def test_a_short_ca_left_by_a_lifted_cert_config_is_switched_halfway_not_at_the_next_check() -> (
+    None
+):
+    """Under the default lifetime the last call is weeks: a 10-minute CA staged for its
+    year-long successor would switch at the next check, before any proxy re-read the bundle.
+    It switches halfway between its staging and its end instead, and a pod that trusts it
+    alone stops taking uploads before that."""
+    state = rotate_server_ca(None, T0, CA, SERVER)  # made under certConfig.ca 10m
+    assert state is not None
+    staged_at = T0 + 3 * MIN
+    assert plan_server_ca(state, staged_at, DEFAULT) == Step.STAGE
+    staged = rotate_server_ca(state, staged_at, DEFAULT, SERVER)
+    assert staged is not None and staged.staged is not None
+    end = state.signer.cert.not_valid_after_utc
+    halfway = staged_at + (end - staged_at) / 2
+    assert plan_server_ca(staged, staged_at + dt.timedelta(seconds=10), DEFAULT) == Step.KEEP
+    assert plan_server_ca(staged, halfway - dt.timedelta(seconds=1), DEFAULT) == Step.KEEP
+    assert plan_server_ca(staged, halfway, DEFAULT) == Step.SWITCH
+    client = rotate_client_ca(None, T0, CA, [], CLIENT)
+    assert client is not None
+    pod = issue_upload_server(state, NAMES, staged_at - MIN, SERVER)
+    deadline = server_deadline(pod, client.trust, SERVER, DEFAULT)
+    assert staged_at - MIN < deadline < staged_at + (end - staged_at) / 2  # gone by the switch
+
+
+def test_the_controller_checks_again_before_the_next_step_can_fall_due() -> None:
+    interval = dt.timedelta(minutes=10)
+    year = rotate_server_ca(None, T0, DEFAULT, SERVER)
+    assert year is not None
+    assert next_check([year], T0, DEFAULT, interval) == interval
+    staged = rotate_server_ca(rotate_server_ca(None, T0, CA, SERVER), T0 + 8 * MIN, CA, SERVER)
+    assert staged is not None and staged.staged is not None
+    assert next_check([staged], T0 + 8 * MIN, CA, interval) <= dt.timedelta(seconds=15)
+    short = rotate_server_ca(None, T0, CA, SERVER)  # 10 minutes under the default: a quarter
+    assert short is not None
+    assert next_check([short], T0 + 2 * MIN, DEFAULT, interval) <= 2 * MIN
+    at = T0 + 9 * MIN + dt.timedelta(seconds=1)
+    switched = rotate_server_ca(staged, at, CA, SHORT_SERVER)
+    assert switched is not None and switched.previous_until is not None
+    assert next_check([switched], at, CA, interval) <= switched.previous_until - at

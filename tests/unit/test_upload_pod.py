@@ -22,6 +22,7 @@ from cdi.api.quantity import scratch_ceiling
 from cdi.api.tlsprofile import INTERMEDIATE
 from cdi.pki.certs import KeyPair, issue_client, new_ca
 from cdi.pki.upload import issue_server_credentials
+from cdi.pki.uploadca import CAState
 from cdi.render import RenderError
 from cdi.render.upload_pod import (
     UploadPodConfig,
@@ -175,10 +176,12 @@ def test_the_issued_certificate_serves_the_proxys_name_and_demands_the_client_ca
         new_ca("cdi-uploadserver-ca", now),
         new_ca("cdi-uploadserver-client-ca", now),
     )
-    creds = issue_server_credentials(server_ca, client_ca.cert_pem, "cdi-upload-disk", "ns", now)
+    creds = issue_server_credentials(
+        CAState(server_ca), CAState(client_ca), "cdi-upload-disk", "ns", now
+    )
     data = {k: base64.b64decode(v) for k, v in creds.secret_data().items()}
     assert data["ca.crt"] == client_ca.cert_pem  # the client CA's certificate, never its key
-    assert creds.deadline == now + dt.timedelta(hours=24) * 0.8
+    assert creds.deadline == now.replace(microsecond=0) + dt.timedelta(hours=24) * 0.8
     secret = render_upload_secret(pvc(), creds.secret_data())
     assert secret["metadata"]["name"] == "cdi-upload-disk-tls"
     with tempfile.TemporaryDirectory() as tmp:
@@ -201,7 +204,9 @@ def test_the_issued_certificate_serves_the_proxys_name_and_demands_the_client_ca
                 assert tls.recv(2) == b"ok"
             t.join(5)
     assert seen == ["client.upload-server.cdi.kubevirt.io"]
-    other = issue_server_credentials(server_ca, client_ca.cert_pem, "cdi-upload-other", "ns", now)
+    other = issue_server_credentials(
+        CAState(server_ca), CAState(client_ca), "cdi-upload-other", "ns", now
+    )
     assert other.server.cert_pem != creds.server.cert_pem
 
 
@@ -209,6 +214,8 @@ def test_a_long_namespace_still_gets_a_certificate_for_the_proxys_name() -> None
     now = dt.datetime.now(dt.UTC)
     ca = new_ca("cdi-uploadserver-ca", now)
     namespace = "n" * 63
-    creds = issue_server_credentials(ca, b"", "cdi-upload-" + "d" * 52, namespace, now)
+    creds = issue_server_credentials(
+        CAState(ca), CAState(new_ca("c", now)), "cdi-upload-" + "d" * 52, namespace, now
+    )
     sans = creds.server.cert.extensions.get_extension_for_class(x509.SubjectAlternativeName)
     assert f"cdi-upload-{'d' * 52}.{namespace}.svc" in sans.value.get_values_for_type(x509.DNSName)

@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from cdi.api.cdiresource import lifetimes
 from cdi.api.config import CDIConfig
 from cdi.api.constants import (
     ANN_POD_READY,
@@ -70,6 +71,7 @@ from cdi.pki.upload import (
     issue_server_credentials,
     server_lifetime,
 )
+from cdi.pki.uploadca import fingerprints
 from cdi.render import RenderError
 from cdi.render.upload_pod import (
     UPLOAD_CLIENT_NAME,
@@ -263,8 +265,9 @@ class UploadWorker:
         server_ca, client_ca = await self.deps.kube.call(self.cas.load)
         now = dt.datetime.fromtimestamp(self.deps.clock(), dt.UTC)
         life = server_lifetime(claim.cdi_config, self.settings.cert_lifetime)
+        ca_life = lifetimes(claim.cdi_config.cert_config).ca
         creds = issue_server_credentials(
-            server_ca, client_ca, upload_pod_name(name), ns, now, life.duration, life.renew_before
+            server_ca, client_ca, upload_pod_name(name), ns, now, life, ca_life
         )
         config = UploadPodConfig(
             image=self.settings.image,
@@ -272,6 +275,7 @@ class UploadWorker:
             cdi_config=claim.cdi_config,
             deadline=creds.deadline.strftime("%Y-%m-%dT%H:%M:%SZ"),
             client_name=claim.client_name,
+            client_cas=fingerprints(creds.client_ca_pem),
         )
         try:
             pod = render_upload_pod(pvc, config)

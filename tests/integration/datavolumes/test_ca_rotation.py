@@ -13,12 +13,24 @@ new CA is in the bundle before any replica serves a certificate it signed; the o
 the bundle only after both replicas serve the new CA's certificate. Meanwhile a DataVolume is
 created every second with ``dryRun=All``, so the API server calls the webhook (failurePolicy
 Fail) through the ``caBundle`` the webhook publishes in its configuration: every one admitted,
-and that bundle too holds both CAs for a while and then only the new one."""
+and that bundle too holds both CAs for a while and then only the new one.
+
+The upload plane rotates in the same run (``certConfig.server: 2m/30s`` so that the old
+upload server CA, trusted until the last certificate it signed has ended, leaves within the
+test): all the while a tenant uploads through the deployed proxy, one new DataVolume after
+another, with a token from the token API (through the API server's aggregation, which trusts
+the ``caBundle`` the token API publishes in its APIService) and the proxy's serving CA from the
+bundle it publishes, as ``cdi upload`` does. The upload server CA is staged in
+``cdi-uploadserver-signer-bundle``, signs a stage later, and the old one leaves it; the client
+CA's switch waits for an upload pod made before the rotation (which trusts the old client CA
+alone), and that pod still takes its upload after the server CA switched. No upload fails."""
 
 from __future__ import annotations
 
 import base64
+import os
 import secrets
+import threading
 import time
 from typing import Any
 
@@ -26,10 +38,11 @@ import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives.serialization import Encoding
 
+from testkit.cluster import Cluster
 from testkit.kubeclient import ApiError, Kube
 from testkit.product import Product
 from testkit.waiting import wait_until
-from tests.integration.datavolumes.cdi_env import datavolume, dv_path
+from tests.integration.datavolumes.cdi_env import datavolume, dv_path, wait_phase
 from tests.integration.datavolumes.metrics_env import (
     CA_CONFIG_MAP,
     get,
@@ -43,6 +56,7 @@ from tests.integration.datavolumes.test_cdi_resource import (  # noqa: F401
     cdi_resource,
     config_status_has,
 )
+from tests.integration.datavolumes.test_upload import User, upload_dv
 
 pytestmark = pytest.mark.integration
 
@@ -80,12 +94,58 @@ def ok(ips: list[str], token: str, ca: bytes) -> bool:
     return all(get(metrics_url(ip), token, ca)[0] == 200 for ip in ips)
 
 
-def test_the_cas_rotate_in_stages_with_no_failed_scrape_or_admission(
+def signer(kube: Kube, secret: str) -> bytes:
+    """The certificate that signs now (``tls.crt``) of an upload CA's Secret."""
+    data = kube.get(f"/api/v1/namespaces/cdi/secrets/{secret}")["data"]
+    return base64.b64decode(data["tls.crt"])
+
+
+def upload_bundle(kube: Kube) -> list[bytes]:
+    path = "/api/v1/namespaces/cdi/configmaps/cdi-uploadserver-signer-bundle"
+    return cas(str(kube.get(path)["data"]["ca-bundle.crt"]).encode())
+
+
+class Uploads(threading.Thread):
+    """A tenant uploading 1 MiB through the deployed proxy into one new DataVolume after
+    another until stopped; every outcome kept."""
+
+    def __init__(self, kube: Kube, user: User, namespace: str) -> None:
+        super().__init__(daemon=True)
+        self.kube, self.user, self.namespace = kube, user, namespace
+        self.stop, self.done = threading.Event(), 0
+        self.failures: list[Any] = []
+        self.start_at = time.monotonic()
+
+    def run(self) -> None:
+        n = 0
+        while not self.stop.is_set():
+            name, n = f"rot-{n}", n + 1
+            try:
+                self.kube.create(dv_path(self.namespace), upload_dv(name))
+                wait_phase(self.kube, self.namespace, name, ("UploadReady",), 120)
+                status, text = self.user.upload(self.user.token(name), os.urandom(1 << 20))
+                if status != 200:
+                    raise AssertionError(f"{status} {text}")
+                dv = wait_phase(self.kube, self.namespace, name, ("Succeeded", "Failed"), 60)
+                assert dv["status"]["phase"] == "Succeeded", dv["status"]
+                self.done += 1
+                self.kube.delete(dv_path(self.namespace, name))
+            except Exception as exc:
+                self.failures.append((round(time.monotonic() - self.start_at, 1), name, exc))
+
+
+def test_the_cas_rotate_in_stages_with_no_failed_scrape_admission_or_upload(
     kube: Kube,
     product: Product,
+    cluster: Cluster,
     namespace: str,
     cdi_resource: MakeCDI,  # noqa: F811
 ) -> None:
+    user = User(cluster, kube, namespace)
+    kube.create(dv_path(namespace), upload_dv("early"))  # its pod trusts the old client CA alone
+    wait_phase(kube, namespace, "early", ("UploadReady",), 120)
+    upload_before, client_before = upload_bundle(kube), signer(kube, "cdi-uploadserver-client-ca")
+    assert len(upload_before) == 1
     token, before = reader_token(kube), metrics_ca(kube)
     webhook_before = webhook_cas(kube)
     assert len(webhook_before) == 1 and admitted(kube, namespace) == ""
@@ -96,15 +156,22 @@ def test_the_cas_rotate_in_stages_with_no_failed_scrape_or_admission(
     )
     wait_until(lambda: ok(ips, token, before), "both replicas answer", 60, interval=0.5)
     assert len(cas(before)) == 1
-    cdi_resource(certConfig={"ca": {"duration": "10m", "renewBefore": "2m"}})
+    cdi_resource(
+        certConfig={
+            "ca": {"duration": "10m", "renewBefore": "2m"},
+            "server": {"duration": "2m", "renewBefore": "30s"},
+        }
+    )
     wait_until(config_status_has(kube, "certConfig"), "the certConfig in CDIConfig", 30)
+    uploads = Uploads(kube, user, namespace)
+    uploads.start()
 
     overlap: bytes | None = None  # the bundle a client took while both CAs were in it
     new_ca: bytes | None = None
     seen: dict[str, float] = {}
     failures: list[Any] = []
     start = time.monotonic()
-    while time.monotonic() - start < 300:
+    while time.monotonic() - start < 360:
         now_bundle = bundle(kube)
         in_bundle = cas(now_bundle)
         if len(in_bundle) == 2 and overlap is None:
@@ -132,11 +199,38 @@ def test_the_cas_rotate_in_stages_with_no_failed_scrape_or_admission(
             seen.setdefault("webhook staged", time.monotonic() - start)
         elif hook != webhook_before and "webhook staged" in seen:
             seen.setdefault("webhook dropped", time.monotonic() - start)
-        if "dropped" in seen and "webhook dropped" in seen:
+        at = time.monotonic() - start
+        upload_cas = upload_bundle(kube)
+        if len(upload_cas) == 2:
+            seen.setdefault("upload staged", at)
+        if "upload staged" in seen and "upload switched" not in seen:
+            if signer(kube, "cdi-uploadserver-ca") != upload_before[0]:
+                seen["upload switched"] = at
+                # an upload server made before the rotation takes its upload after the switch
+                status, text = user.upload(user.token("early"), os.urandom(1 << 20))
+                if status != 200:
+                    failures.append((round(at, 1), "early upload", status, text))
+                seen["early uploaded"] = time.monotonic() - start
+        if "upload switched" in seen and upload_cas != upload_before and len(upload_cas) == 1:
+            seen.setdefault("upload dropped", at)
+        if signer(kube, "cdi-uploadserver-client-ca") != client_before:
+            seen.setdefault("client switched", at)
+            assert "early uploaded" in seen, "the client CA switched while a pod trusted it alone"
+        wanted = ("dropped", "webhook dropped", "upload dropped", "client switched")
+        if all(w in seen for w in wanted):
             break
         time.sleep(1.0)
+    uploads.stop.set()
+    uploads.join(150)
+    print("rotation timeline (s):", seen, "uploads:", uploads.done)
     assert not failures, (failures, seen)
+    assert not uploads.failures, (uploads.failures, seen)
+    assert uploads.done >= 10, (uploads.done, seen)  # uploads ran all through the rotations
     assert {"staged", "switched", "dropped", "webhook staged", "webhook dropped"} <= set(seen), seen
+    assert {"upload staged", "upload switched", "upload dropped", "client switched"} <= set(seen)
+    assert seen["upload switched"] - seen["upload staged"] >= 45, seen  # a stage: 1 minute
+    # the old upload server CA is trusted until the last certificate it signed ends (2m)
+    assert seen["upload dropped"] - seen["upload switched"] >= 100, seen
     assert seen["webhook dropped"] - seen["webhook staged"] >= 90, seen  # two stages
     assert seen["switched"] - seen["staged"] >= 45, seen  # the stage: 1 minute
     assert ok(ips, token, bundle(kube))

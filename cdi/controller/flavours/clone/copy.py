@@ -46,8 +46,8 @@ from cdi.controller.workerpod import Assessment, Trust, assess, create_pod, remo
 from cdi.kube.client import PODS, PVCS, SECRETS, SERVICES
 from cdi.kube.errors import Forbidden
 from cdi.kube.workqueue import Result
-from cdi.pki.certs import KeyPair, issue_client
-from cdi.pki.upload import CLIENT_CA_SECRET, SERVER_CA_SECRET, client_lifetime, ensure_ca
+from cdi.pki.certs import issue_client
+from cdi.pki.upload import UploadCAs, client_lifetime
 from cdi.render.clone_pod import (
     ANN_COPY_TARGET,
     CLONE_SOURCE,
@@ -94,17 +94,7 @@ class HostAssistedCopy:
     def __init__(self, deps: FlavourDeps, upload: UploadSettings, settings: CopySettings) -> None:
         self.deps, self.kube, self.settings = deps, deps.kube, settings
         self.worker = UploadWorker(deps, upload)
-        self.ca_namespace = upload.namespace
-        self._cas: tuple[KeyPair, KeyPair] | None = None
-
-    def _load_cas(self) -> tuple[KeyPair, KeyPair]:
-        """(server CA, client CA) key pairs; blocking, cached (a CA never changes)."""
-        if self._cas is None:
-            kube, ns = self.kube.sync, self.ca_namespace
-            server = ensure_ca(kube, ns, SERVER_CA_SECRET, SERVER_CA_SECRET)
-            client = ensure_ca(kube, ns, CLIENT_CA_SECRET, CLIENT_CA_SECRET)
-            self._cas = (server, client)
-        return self._cas
+        self.cas = UploadCAs(deps.kube.sync, upload.namespace)
 
     async def step(self, claim: Claim, source: JSON, view: View) -> tuple[View, Result]:
         target = Target(claim.pvc, claim.record, claim.cdi_config, client_name(source, claim.pvc))
@@ -184,18 +174,18 @@ class HostAssistedCopy:
 
     async def _create_source(self, claim: Claim, source: JSON) -> ClaimProblem | None:
         ns = str(source["metadata"]["namespace"])
-        server_ca, client_ca = await self.kube.call(self._load_cas)
+        server_ca, client_ca = await self.kube.call(self.cas.load)
         now = dt.datetime.fromtimestamp(self.deps.clock(), dt.UTC)
         try:
             life = client_lifetime(claim.cdi_config, self.settings.cert_lifetime)
-            pair = issue_client(client_ca, client_name(source, claim.pvc), now, life)
+            pair = issue_client(client_ca.signer, client_name(source, claim.pvc), now, life)
         except ValueError:  # a CN is at most 64 characters
             msg = f"the clone's client name {client_name(source, claim.pvc)} is too long"
             return ClaimProblem(REASON_BAD_CLIENT_NAME, msg)
         data = {
             "tls.crt": _b64(pair.cert_pem),
             "tls.key": _b64(pair.key_pem),
-            "ca.crt": _b64(server_ca.cert_pem),
+            "ca.crt": _b64(server_ca.trust),  # every server CA trusted now: mid-rotation, two
         }
         secret = render_clone_client_secret(claim.dv, source, claim.pvc, data)
         await self._replace(secret, ns)
