@@ -162,7 +162,7 @@ def issue_server_credentials(
     names = (service, server_name(service, namespace))
     pair = issue_upload_server(server_ca, names, now, life)
     trust = client_ca.trust
-    return ServerCredentials(pair, trust, server_deadline(pair, trust, life, ca_life))
+    return ServerCredentials(pair, trust, server_deadline(pair, client_ca, life, ca_life))
 
 
 def server_lifetime(config: CDIConfig, default: dt.timedelta) -> Lifetime:

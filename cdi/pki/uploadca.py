@@ -252,18 +252,23 @@ def rotate_client_ca(
 
 
 def server_deadline(
-    serving: KeyPair, client_trust: bytes, server_life: Lifetime, ca_life: Lifetime
+    serving: KeyPair, client: CAState, server_life: Lifetime, ca_life: Lifetime
 ) -> dt.datetime:
     """When an upload pod stops taking uploads: ``certConfig.server`` renewBefore before its
     certificate's end, or at half its life when its CA's end cut it short
-    (``Lifetime.renew_at``), and ``last_call`` before the end of the latest-ending client CA
-    it trusts (the client CA's forced switch happens then, and the proxy's client certificate is
-    not trusted by this pod after it)."""
+    (``Lifetime.renew_at``), and the last call before the end of the latest-ending client CA
+    that may sign the proxy's certificate while the pod lives: the signer, or the staged CA
+    that will succeed it (the client CA's forced switch happens then, and the proxy's client
+    certificate is not trusted by this pod after it). A previous CA in its trust does not
+    count: it never signs again, however long it lives."""
     cert = serving.cert
     end = cert.not_valid_after_utc
     start = cert.not_valid_before_utc + ISSUED_EARLY
-    cas = _certs(client_trust)
-    trust_end = max((c.not_valid_after_utc for c in cas), default=end)
+    signing = [client.signer] + ([client.staged] if client.staged is not None else [])
+    try:
+        trust_end = max(_end(ca) for ca in signing)
+    except ValueError:
+        trust_end = end
     return min(
         server_life.renew_at(start, end),
         trust_end - _last_call_of(ca_life, trust_end, start),

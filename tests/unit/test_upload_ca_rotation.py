@@ -64,7 +64,7 @@ SHORT_SERVER = Lifetime(3 * MIN, dt.timedelta(seconds=30))
 def _pod(world: World, name: str, now: dt.datetime, server: Lifetime = SERVER) -> Pod:
     serving = issue_upload_server(world.server, NAMES, now, server)
     trust = world.client.trust
-    return Pod(name, now, serving, trust, server_deadline(serving, trust, server, CA))
+    return Pod(name, now, serving, trust, server_deadline(serving, world.client, server, CA))
 
 
 def _start(now: dt.datetime) -> World:
@@ -269,7 +269,7 @@ def test_a_short_ca_left_by_a_lifted_cert_config_is_switched_halfway_not_at_the_
     client = rotate_client_ca(None, T0, CA, [], CLIENT)
     assert client is not None
     pod = issue_upload_server(state, NAMES, staged_at - MIN, SERVER)
-    deadline = server_deadline(pod, client.trust, SERVER, DEFAULT)
+    deadline = server_deadline(pod, client, SERVER, DEFAULT)
     assert staged_at - MIN < deadline < staged_at + (end - staged_at) / 2  # gone by the switch
 
 
@@ -288,3 +288,30 @@ def test_the_controller_checks_again_before_the_next_step_can_fall_due() -> None
     switched = rotate_server_ca(staged, at, CA, SHORT_SERVER)
     assert switched is not None and switched.previous_until is not None
     assert next_check([switched], at, CA, interval) <= switched.previous_until - at
+
+
+def test_a_pod_trusting_a_short_signer_and_a_long_previous_ca_leaves_before_the_switch() -> None:
+    """After a rotation under a short ``certConfig.ca`` the previous client CA (the year-long
+    one) may outlive the signer. It never signs again, so it must not stretch a pod's deadline:
+    the forced switch comes at the short signer's last call, and the proxy's certificate after
+    it is from neither."""
+    year = rotate_client_ca(None, T0 - MIN, DEFAULT, [], CLIENT)
+    assert year is not None
+    staged = rotate_client_ca(year, T0, CA, [], CLIENT)  # 10m asked: due at once
+    assert staged is not None and staged.staged is not None
+    switched = rotate_client_ca(staged, T0 + MIN, CA, [], CLIENT)
+    assert switched is not None and switched.previous_pem == year.signer.cert_pem
+    created = T0 + 3 * MIN
+    pod = issue_upload_server(
+        rotate_server_ca(None, T0, CA, SERVER) or year, NAMES, created, SERVER
+    )
+    deadline = server_deadline(pod, switched, SERVER, DEFAULT)  # certConfig lifted meanwhile
+    state, now = switched, created
+    while now < T0 + 10 * MIN:  # its last day: the previous CA dropped, a year-long one staged
+        now += dt.timedelta(seconds=10)
+        step = plan_client_ca(state, now, DEFAULT, [pod_trust := switched.trust])
+        state = rotate_client_ca(state, now, DEFAULT, [pod_trust], CLIENT) or state
+        if step == Step.SWITCH:
+            assert deadline <= now, (deadline, now)
+            return
+    raise AssertionError("the short signer was never switched")
