@@ -100,6 +100,20 @@ def signer(kube: Kube, secret: str) -> bytes:
     return base64.b64decode(data["tls.crt"])
 
 
+API_SERVICE = "/apis/apiregistration.k8s.io/v1/apiservices/v1beta1.upload.cdi.kubevirt.io"
+
+
+def token_api_cas(kube: Kube) -> list[bytes]:
+    """The CAs the API server trusts the token API by (its APIService's ``caBundle``)."""
+    return cas(base64.b64decode(kube.get(API_SERVICE)["spec"]["caBundle"]))
+
+
+def proxy_cas(kube: Kube) -> list[bytes]:
+    """The CAs ``cdi upload`` trusts the upload proxy by (``cdi-uploadproxy-signer-bundle``)."""
+    path = "/api/v1/namespaces/cdi/configmaps/cdi-uploadproxy-signer-bundle"
+    return cas(str(kube.get(path)["data"]["ca-bundle.crt"]).encode())
+
+
 def upload_bundle(kube: Kube) -> list[bytes]:
     path = "/api/v1/namespaces/cdi/configmaps/cdi-uploadserver-signer-bundle"
     return cas(str(kube.get(path)["data"]["ca-bundle.crt"]).encode())
@@ -145,7 +159,8 @@ def test_the_cas_rotate_in_stages_with_no_failed_scrape_admission_or_upload(
     kube.create(dv_path(namespace), upload_dv("early"))  # its pod trusts the old client CA alone
     wait_phase(kube, namespace, "early", ("UploadReady",), 120)
     upload_before, client_before = upload_bundle(kube), signer(kube, "cdi-uploadserver-client-ca")
-    assert len(upload_before) == 1
+    planes_before = {"token api": token_api_cas(kube), "proxy": proxy_cas(kube)}
+    assert len(upload_before) == 1 and all(len(b) == 1 for b in planes_before.values())
     token, before = reader_token(kube), metrics_ca(kube)
     webhook_before = webhook_cas(kube)
     assert len(webhook_before) == 1 and admitted(kube, namespace) == ""
@@ -216,7 +231,20 @@ def test_the_cas_rotate_in_stages_with_no_failed_scrape_admission_or_upload(
         if signer(kube, "cdi-uploadserver-client-ca") != client_before:
             seen.setdefault("client switched", at)
             assert "early uploaded" in seen, "the client CA switched while a pod trusted it alone"
-        wanted = ("dropped", "webhook dropped", "upload dropped", "client switched")
+        for plane, read in (("token api", token_api_cas), ("proxy", proxy_cas)):
+            now_cas = read(kube)
+            if len(now_cas) == 2:
+                seen.setdefault(f"{plane} staged", at)
+            elif now_cas != planes_before[plane] and f"{plane} staged" in seen:
+                seen.setdefault(f"{plane} dropped", at)
+        wanted = (
+            "dropped",
+            "webhook dropped",
+            "upload dropped",
+            "client switched",
+            "token api dropped",
+            "proxy dropped",
+        )
         if all(w in seen for w in wanted):
             break
         time.sleep(1.0)
@@ -228,6 +256,9 @@ def test_the_cas_rotate_in_stages_with_no_failed_scrape_admission_or_upload(
     assert uploads.done >= 10, (uploads.done, seen)  # uploads ran all through the rotations
     assert {"staged", "switched", "dropped", "webhook staged", "webhook dropped"} <= set(seen), seen
     assert {"upload staged", "upload switched", "upload dropped", "client switched"} <= set(seen)
+    # the token API's and the proxy's serving CAs went through a whole rotation under the uploads
+    for plane in ("token api", "proxy"):
+        assert seen[f"{plane} dropped"] - seen[f"{plane} staged"] >= 90, seen  # two stages
     assert seen["upload switched"] - seen["upload staged"] >= 45, seen  # a stage: 1 minute
     # the old upload server CA is trusted until the last certificate it signed ends (2m)
     assert seen["upload dropped"] - seen["upload switched"] >= 100, seen
