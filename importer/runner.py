@@ -11,7 +11,7 @@ from __future__ import annotations
 import ctypes
 import time
 from dataclasses import replace
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Protocol, cast
 
 from cdi.api.termination import REASON_COMPLETED, TerminationMessage
 from datapath import FileSource, Processor, Progress, Source
@@ -95,7 +95,8 @@ async def run_import(config: ImportConfig, progress: Progress | None = None) -> 
         cast("RegistrySource", source) if isinstance(config.source, RegistryOptions) else None
     )
     if config.poll_only and source is not None:  # a poll serves no progress
-        message = await poll_digest(source)
+        # poll_only comes only with registry or node-pull options (ImportConfig checks it)
+        message = await poll_digest(cast("PolledImage", source))
         if edges.termination_path:
             message.write(edges.termination_path)
         return message
@@ -117,7 +118,21 @@ async def run_import(config: ImportConfig, progress: Progress | None = None) -> 
     return message
 
 
-async def poll_digest(source: Source) -> TerminationMessage:
+class PolledImage(Protocol):
+    """What a registry poll reads of its source (``RegistrySource``, ``NodePullSource``)."""
+
+    @property
+    def labels(self) -> dict[str, str]: ...
+
+    @property
+    def digest(self) -> str | None: ...
+
+    async def probe(self) -> object: ...
+
+    async def close(self) -> None: ...
+
+
+async def poll_digest(source: PolledImage) -> TerminationMessage:
     """A registry poll. Pulled by us: resolve the image's tag to the digest it names now
     (manifest, platform, config read and verified as for an import) and report it; no layer
     is read, nothing is written. Pulled by the node (``NodePullSource``): the kubelet resolved
@@ -132,6 +147,6 @@ async def poll_digest(source: Source) -> TerminationMessage:
         reason=REASON_COMPLETED,
         message="Digest resolved",
         duration_seconds=round(time.monotonic() - started, 3),
-        labels=getattr(source, "labels", {}),
-        source_digest=getattr(source, "digest", None),
+        labels=source.labels,
+        source_digest=source.digest,
     )

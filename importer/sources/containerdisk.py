@@ -146,6 +146,12 @@ class NodePullSource:
     def labels(self) -> dict[str, str]:
         return dict(self._labels)
 
+    @property
+    def digest(self) -> None:
+        """None: the digest the node pulled is the kubelet's ``imageID``, which the controller
+        reads; never one this pod reports."""
+        return None
+
     async def probe(self) -> SourceInfo:
         if self.disk is None:
             self.disk = await asyncio.to_thread(self._find)

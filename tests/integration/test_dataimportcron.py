@@ -87,25 +87,33 @@ def cron(registry: Registry) -> dict[str, Any]:
     }
 
 
-def _wait_pointed(kube: Kube, ns: str, want: str, product: Product, what: str) -> dict[str, Any]:
+def wait_pointed(
+    kube: Kube,
+    ns: str,
+    want: str,
+    product: Product,
+    cron: str = "fedora-cron",
+    source: str = "fedora",
+) -> dict[str, Any]:
+    """The cron's DataSource ``source`` once it points at claim ``want`` and is Ready; on a
+    timeout, the cron's, DataVolumes' and pods' state and the product's log."""
     try:
-        return wait_until(lambda: _pointed_at(kube, ns, want), what, 150)
+        return wait_until(lambda: pointed_at(kube, ns, want, source), f"{source} at {want}", 150)
     except TimeoutError as exc:
         state = {
-            "cron": kube.get_or_none(f"{CRONS.format(ns=ns)}/fedora-cron"),
-            "datasource": kube.get_or_none(f"{SOURCES.format(ns=ns)}/fedora"),
+            "cron": kube.get_or_none(f"{CRONS.format(ns=ns)}/{cron}"),
+            "datasource": kube.get_or_none(f"{SOURCES.format(ns=ns)}/{source}"),
             "dvs": [d.get("status") for d in kube.get(DVS.format(ns=ns))["items"]],
             "pods": [p.get("status") for p in kube.get(f"/api/v1/namespaces/{ns}/pods")["items"]],
         }
         raise AssertionError(f"{exc}\n{state}\n{product.log()[-3000:]}") from exc
 
 
-def _pointed_at(kube: Kube, ns: str, want: str) -> dict[str, Any] | None:
-    ds = kube.get_or_none(f"{SOURCES.format(ns=ns)}/fedora")
-    if (
-        ds is None
-        or ((ds.get("spec") or {}).get("source") or {}).get("pvc", {}).get("name") != want
-    ):
+def pointed_at(kube: Kube, ns: str, want: str, source: str = "fedora") -> dict[str, Any] | None:
+    """DataSource ``source`` when it points at claim ``want`` and is Ready, else None."""
+    ds = kube.get_or_none(f"{SOURCES.format(ns=ns)}/{source}")
+    pvc = (((ds or {}).get("spec") or {}).get("source") or {}).get("pvc") or {}
+    if ds is None or pvc.get("name") != want:
         return None
     ready = [c for c in (ds.get("status") or {}).get("conditions") or [] if c["type"] == "Ready"]
     return ds if ready and ready[0]["status"] == "True" else None
@@ -121,7 +129,7 @@ def test_cron_imports_each_digest_and_keeps_its_data_source(
     registry_access(kube, ns, registry, USER, PASSWORD, "reg")
     kube.create(CRONS.format(ns=ns), cron(registry))
     one = f"fedora-{first.removeprefix('sha256:')[:12]}"
-    ds = _wait_pointed(kube, ns, one, deployed, f"DataSource at {one}")
+    ds = wait_pointed(kube, ns, one, deployed)
     assert ds["metadata"]["labels"]["cdi.kubevirt.io/dataImportCron"] == "fedora-cron"
     dv = kube.get(f"{DVS.format(ns=ns)}/{one}")
     assert dv["spec"]["source"]["registry"]["url"].endswith(f"/golden/fedora@{first}")
@@ -135,9 +143,9 @@ def test_cron_imports_each_digest_and_keeps_its_data_source(
 
     # tampering: repointed, then deleted -> restored
     kube.patch(f"{SOURCES.format(ns=ns)}/fedora", {"spec": {"source": {"pvc": {"name": "dummy"}}}})
-    wait_until(lambda: _pointed_at(kube, ns, one), "DataSource repointed back", 60)
+    wait_until(lambda: pointed_at(kube, ns, one), "DataSource repointed back", 60)
     kube.delete(f"{SOURCES.format(ns=ns)}/fedora")
-    wait_until(lambda: _pointed_at(kube, ns, one), "DataSource re-created", 60)
+    wait_until(lambda: pointed_at(kube, ns, one), "DataSource re-created", 60)
 
     # a new image on the tag, a forced poll: new pinned import, DataSource moves, old one goes
     second = publish(registry, disks.root / "disk.raw.gz", tmp_path / "two")
@@ -149,7 +157,7 @@ def test_cron_imports_each_digest_and_keeps_its_data_source(
     }
     kube.patch(f"{CRONS.format(ns=ns)}/fedora-cron", patch)
     two = f"fedora-{second.removeprefix('sha256:')[:12]}"
-    _wait_pointed(kube, ns, two, deployed, f"DataSource at {two}")
+    wait_pointed(kube, ns, two, deployed)
     wait_until(
         lambda: kube.get_or_none(f"{DVS.format(ns=ns)}/{one}") is None, "old import collected", 60
     )
@@ -178,7 +186,7 @@ def test_cron_with_retention_none_takes_its_imports_and_data_source_along(
     body["spec"]["retentionPolicy"] = "None"
     kube.create(CRONS.format(ns=ns), body)
     one = f"fedora-{digest.removeprefix('sha256:')[:12]}"
-    _wait_pointed(kube, ns, one, deployed, f"DataSource at {one}")
+    wait_pointed(kube, ns, one, deployed)
     kube.delete(f"{CRONS.format(ns=ns)}/fedora-cron")
     wait_until(
         lambda: (

@@ -38,6 +38,7 @@ from tests.integration.datavolumes.cdi_env import (
 from tests.integration.datavolumes.cdi_env import (
     product as product,
 )
+from tests.integration.test_dataimportcron import wait_pointed
 
 pytestmark = pytest.mark.integration
 CRONS = "/apis/cdi.kubevirt.io/v1beta1/namespaces/{ns}/dataimportcrons"
@@ -76,27 +77,6 @@ def node_cron(name: str, url: str) -> dict[str, Any]:
     }
 
 
-def _pointed_at(kube: Kube, ns: str, name: str, want: str) -> dict[str, Any] | None:
-    ds = kube.get_or_none(f"{SOURCES.format(ns=ns)}/{name}")
-    pvc = (((ds or {}).get("spec") or {}).get("source") or {}).get("pvc") or {}
-    if ds is None or pvc.get("name") != want:
-        return None
-    ready = [c for c in (ds.get("status") or {}).get("conditions") or [] if c["type"] == "Ready"]
-    return ds if ready and ready[0]["status"] == "True" else None
-
-
-def _wait_pointed(kube: Kube, ns: str, want: str, product: Product) -> dict[str, Any]:
-    try:
-        return wait_until(lambda: _pointed_at(kube, ns, "np", want), f"DataSource at {want}", 150)
-    except TimeoutError as exc:
-        state = {
-            "cron": kube.get_or_none(f"{CRONS.format(ns=ns)}/np"),
-            "dvs": [d.get("status") for d in kube.get(DVS.format(ns=ns))["items"]],
-            "pods": [p.get("status") for p in kube.get(f"/api/v1/namespaces/{ns}/pods")["items"]],
-        }
-        raise AssertionError(f"{exc}\n{state}\n{product.log()[-3000:]}") from exc
-
-
 def test_a_node_pull_cron_imports_the_digest_the_node_resolved_and_follows_the_tag(
     kube: Kube,
     namespace: str,
@@ -109,7 +89,7 @@ def test_a_node_pull_cron_imports_the_digest_the_node_resolved_and_follows_the_t
     first = publish(registry, images.root / "disk.qcow2", tmp_path / "one")
     kube.create(CRONS.format(ns=ns), node_cron("np", registry.url(REPO, "latest")))
     one = f"np-{first.removeprefix('sha256:')[:12]}"
-    _wait_pointed(kube, ns, one, controller)
+    wait_pointed(kube, ns, one, controller, cron="np", source="np")
     dv = kube.get(f"{DVS.format(ns=ns)}/{one}")
     registry_source = dv["spec"]["source"]["registry"]
     assert registry_source["url"].endswith(f"/{REPO}@{first}"), registry_source
@@ -129,7 +109,7 @@ def test_a_node_pull_cron_imports_the_digest_the_node_resolved_and_follows_the_t
     forced = {"cdi.kubevirt.io/storage.import.nextCronTime": "2000-01-01T00:00:00Z"}
     kube.patch(f"{CRONS.format(ns=ns)}/np", {"metadata": {"annotations": forced}})
     two = f"np-{second.removeprefix('sha256:')[:12]}"
-    _wait_pointed(kube, ns, two, controller)
+    wait_pointed(kube, ns, two, controller, cron="np", source="np")
     wait_until(lambda: kube.get_or_none(f"{DVS.format(ns=ns)}/{one}") is None, "old import", 60)
     same_prefix_then_zeros(
         Path(pv_of(kube, ns, two)["spec"]["local"]["path"]) / "disk.img", images.reference
