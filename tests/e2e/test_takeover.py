@@ -1,6 +1,7 @@
 """The controller's leading pod crashes mid-import on a real node: containerd SIGKILLs its
-container (no graceful shutdown, no Lease release), the standby replica takes the Lease once it
-has expired, finds the running importer pod instead of making another, and the import finishes
+container (no graceful shutdown, no Lease release), a replica takes the Lease once it has
+expired (the standby, or the killed one restarted by the kubelet if it sees that first), finds
+the running importer pod instead of making another, and the import finishes
 with the same bytes as ``qemu-img convert``. The source is the image server's ``/crawl`` (64
 KiB/s), so the import is still running when the standby takes over. The steps are the
 process-node test's (``kill_the_leader_mid_import``); here the kill goes through containerd and
@@ -29,7 +30,9 @@ def test_leader_killed_mid_import_the_standby_takes_over_with_one_importer_pod(
 ) -> None:
     url = served.url("crawl", "disk.qcow2")
     t = kill_the_leader_mid_import(kube, product, namespace, "crash", url)
-    assert t.successor == t.standby, t
+    # Whoever sees the Lease run out first leads: the standby, or the killed replica once the
+    # kubelet restarted it (both are correct; the standby, retrying all along, usually wins).
+    assert t.successor in (t.standby, t.old), t
     assert t.phase_then == "ImportInProgress", "the import ended before the takeover"
     assert t.dv["status"]["phase"] == "Succeeded", t.dv["status"]
     assert t.dv["status"]["restartCount"] == 0
