@@ -9,7 +9,8 @@ cd "$(dirname "$0")/.."
 # waited for, before pytest; a failed build fails the run there.
 tool_logs="$(mktemp -d)"
 tool_pids=()
-for tool in promtool s3 gcs; do   # promtool: the alert rules; versitygw: S3; fake-gcs-server: GCS
+for tool in promtool s3 gcs netpol; do   # promtool: the alert rules; versitygw: S3; fake-gcs-server: GCS;
+  # netpol: kube-network-policies, the NetworkPolicy enforcer of tests/e2e/test_network_policies.py
   bash "hack/$tool/build.sh" > "$tool_logs/$tool.log" 2>&1 &
   tool_pids+=("$!")
 done

@@ -1,9 +1,13 @@
 """A pure evaluator of Kubernetes NetworkPolicy semantics (``networking.k8s.io/v1``): may this
 endpoint open a connection to that one on this port?
 
-Where no network plugin that enforces policies can run (the test clusters' CNI bridge does not,
-``docs/security.md``, "NetworkPolicies"), the policies in ``deploy/`` are checked by evaluating
-them against the product's own pods, labels and ports (``tests/unit/test_network_policies.py``).
+The policies in ``deploy/`` are checked by evaluating them against the product's own pods,
+labels and ports (``tests/unit/test_network_policies.py``): every connection and port, in the
+strictest cluster, which no live test can cover. The test clusters' CNI bridge enforces nothing;
+on the real-node harness a real enforcer runs beside it for the e2e test
+``tests/e2e/test_network_policies.py`` (:mod:`testkit.netpolenforcer`, kube-network-policies),
+which judges pod-to-pod connections but not the node's own, so the API server rules are left to
+this evaluator (``docs/security.md``, "NetworkPolicies").
 The rules, as the API reference states them:
 
 - A pod is isolated for ingress (egress) when some policy in its namespace selects it

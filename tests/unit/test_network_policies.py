@@ -2,9 +2,10 @@
 ``cdi``, ``deploy/examples/tenant-networkpolicies.yaml`` for the tenants' namespaces) evaluated
 against the product's own pods: the control plane's from ``deploy/*.yaml`` (labels and ports
 as deployed) and every worker pod as the controller's renderers make it (``tests/worker_pods``),
-with NetworkPolicy's semantics (``testkit.netpolicy``). No plugin that enforces policies runs
-in the test clusters (``docs/security.md``, "NetworkPolicies"); their acceptance by the real API
-server is ``tests/integration/datavolumes/test_deploy.py``.
+with NetworkPolicy's semantics (``testkit.netpolicy``). Enforced for real, with connections, on
+the real node by ``tests/e2e/test_network_policies.py`` (pod-to-pod paths only: the node's own
+connections are not judged there; ``docs/security.md``, "NetworkPolicies"); their acceptance by
+the real API server is ``tests/integration/datavolumes/test_deploy.py``.
 
 The cluster modelled is the strictest one the policies must work in: tenant namespaces deny
 everything by default, an attacker's namespace and Prometheus' have no policies at all, and the
