@@ -11,9 +11,11 @@ presented, so still trusted until ``previous_until``). What a verifier must trus
 ``CAState.trust``: all three. Steps (``Step``), one per check, as ``cdi.pki.certs``:
 
 - ``STAGE``: the signer is due (``certConfig.ca`` renewBefore before its end, or it lives
-  longer than ``certConfig.ca.duration`` asks) and no rotation is under way: a new CA is
-  staged. Server CA: the proxy's bundle (``cdi-uploadserver-signer-bundle``) holds both from
-  now. Client CA: every upload pod created from now trusts both.
+  longer than ``certConfig.ca.duration`` asks) and none is staged yet: a new CA is staged,
+  even while a previous CA is still trusted (a signer of minutes may be due long before its
+  year-long predecessor may leave; at the next switch both previous CAs stay, until the
+  later of their times). Server CA: the proxy's bundle (``cdi-uploadserver-signer-bundle``)
+  holds both from now. Client CA: every upload pod created from now trusts both.
 - ``SWITCH``: the staged CA becomes the signer. Server CA: a *stage* (half of renewBefore,
   ``cdi.pki.certs.stage_of``) after staging, so every proxy replica re-read the bundle
   (the proxy must re-read it at least once a stage) before any pod presents a certificate of
@@ -139,7 +141,10 @@ def _common(
     assert state is not None
     if state.previous_pem and state.previous_until is not None and now >= state.previous_until:
         return Step.DROP, state
-    if state.staged is None and not state.previous_pem and _ca_due(state.signer.cert, ca_life, now):
+    # Staged even while a previous CA is still trusted: a short signer (a certConfig.ca of
+    # minutes) may be due long before its year-long predecessor may leave, and a signer that
+    # runs out without a successor is re-created with no overlap.
+    if state.staged is None and _ca_due(state.signer.cert, ca_life, now):
         return Step.STAGE, state
     return None, state
 
@@ -215,7 +220,12 @@ def _take(
         return replace(state, previous_pem=b"", previous_until=None)
     if step == Step.SWITCH and state.staged is not None:
         until = min(now + keep_previous, _end(state.signer))
-        return CAState(state.staged, None, None, state.signer.cert_pem, until)
+        previous = state.signer.cert_pem
+        if state.previous_pem and state.previous_until is not None:
+            # the one before is still trusted: both stay until the later of their times
+            previous += state.previous_pem
+            until = max(until, state.previous_until)
+        return CAState(state.staged, None, None, previous, until)
     return state
 
 

@@ -61,31 +61,39 @@ class World:
 SHORT_SERVER = Lifetime(3 * MIN, dt.timedelta(seconds=30))
 
 
-def _pod(world: World, name: str, now: dt.datetime, server: Lifetime = SERVER) -> Pod:
+def _pod(
+    world: World, name: str, now: dt.datetime, server: Lifetime = SERVER, ca: Lifetime = CA
+) -> Pod:
     serving = issue_upload_server(world.server, NAMES, now, server)
     trust = world.client.trust
-    return Pod(name, now, serving, trust, server_deadline(serving, world.client, server, CA))
+    return Pod(name, now, serving, trust, server_deadline(serving, world.client, server, ca))
 
 
-def _start(now: dt.datetime) -> World:
-    server = rotate_server_ca(None, now, CA, SERVER)
-    client = rotate_client_ca(None, now, CA, [], CLIENT)
+def _start(now: dt.datetime, ca: Lifetime = CA) -> World:
+    server = rotate_server_ca(None, now, ca, SERVER)
+    client = rotate_client_ca(None, now, ca, [], CLIENT)
     assert server is not None and client is not None
     proxy_client = issue_client(client.signer, "client.upload-server.cdi.kubevirt.io", now, 5 * MIN)
     return World(server, client, server.trust, proxy_client, server.trust, proxy_client, [], [])
 
 
-def _controller(world: World, now: dt.datetime, client_life: Lifetime = CLIENT) -> None:
+def _controller(
+    world: World,
+    now: dt.datetime,
+    client_life: Lifetime = CLIENT,
+    ca: Lifetime = CA,
+    server: Lifetime = SERVER,
+) -> None:
     """One check of the controller: both CAs, the published bundle, the proxy's certificate."""
     live = [p.trust for p in world.pods]
-    step = plan_server_ca(world.server, now, CA)
-    new = rotate_server_ca(world.server, now, CA, SERVER)
+    step = plan_server_ca(world.server, now, ca)
+    new = rotate_server_ca(world.server, now, ca, server)
     if new is not None:
         world.steps.append((now, "server", step))
         world.server = new
     world.published_bundle = world.server.trust
-    step = plan_client_ca(world.client, now, CA, live)
-    new = rotate_client_ca(world.client, now, CA, live, client_life)
+    step = plan_client_ca(world.client, now, ca, live)
+    new = rotate_client_ca(world.client, now, ca, live, client_life)
     if new is not None:
         world.steps.append((now, "client", step))
         world.client = new
@@ -315,3 +323,38 @@ def test_a_pod_trusting_a_short_signer_and_a_long_previous_ca_leaves_before_the_
             assert deadline <= now, (deadline, now)
             return
     raise AssertionError("the short signer was never switched")
+
+
+def test_a_short_cert_config_ca_set_on_year_long_cas_then_lifted_never_breaks_trust() -> None:
+    """The integration test's path, with the product's defaults elsewhere: year-long CAs (an
+    install), then ``certConfig.ca`` 10m/2m, lifted 4 minutes later. The first switch leaves
+    the year-long CA as the previous one for as long as a certificate it signed may be
+    presented (a day for upload servers, 30 days for the proxy's client certificate), far past
+    the 10-minute signer's own end: the signer's successor must be staged anyway, or the CA
+    runs out and is re-created with no overlap. Every 10 s: every live pod's certificate
+    verifies against the bundle the proxy last read, and the proxy's client certificate
+    against every live pod's trust; no CA is ever re-created."""
+    month = Lifetime(30 * 24 * 60 * MIN, 6 * 24 * 60 * MIN)  # the proxy's certificate's default
+    now = T0 - MIN
+    world = _start(now, DEFAULT)
+    lifted = T0 + 4 * MIN
+    n = 0
+    while now < T0 + 40 * MIN:
+        ca = CA if T0 <= now < lifted else DEFAULT
+        _controller(world, now, month, ca)
+        world.pods = [p for p in world.pods if now < p.deadline]
+        if n % 2 == 0:
+            world.pods.append(_pod(world, f"pod-{n}", now, SERVER, ca))
+        if n % 5 == 4:
+            world.proxy_bundle = world.published_bundle
+        if n % 2 == 1:
+            world.proxy_client = world.published_client
+        _invariant(world, now)
+        now += dt.timedelta(seconds=10)
+        n += 1
+    assert not [s for s in world.steps if s[2] == Step.CREATE], world.steps
+    ends = [
+        world.server.signer.cert.not_valid_after_utc,
+        world.client.signer.cert.not_valid_after_utc,
+    ]
+    assert all(end > T0 + 300 * 24 * 60 * MIN for end in ends), world.steps  # year-long again
