@@ -16,7 +16,11 @@ leave zero pages out without saying so, so a block may never be covered: such a 
 folded as it is (its gaps read as zeros, the data path's contract with its target) at the end,
 or earlier when more than ``PENDING_LIMIT`` bytes of partial blocks wait (oldest first). A
 later write into a block already folded early cannot be added any more; the run is then not
-verifiable (``unordered``) and says so instead of claiming a result.
+verifiable (``unordered``) and says so instead of claiming a result. The hashing stays on the
+writing thread (the decoder's, or an xz lane's): XXH3 holds the GIL for a 64 KiB input (the
+xxhash binding releases it only above 128 KiB), so hashing the bounce buffers on the O_DIRECT
+writer threads instead only fought the decoder for the GIL and made the transfer slower
+(``benchmarks/README.md``, "Verified volumes").
 
 Read side (``read_back``): after the final fsync, the target is read from the device, not the
 page cache: its cached pages are dropped first (``POSIX_FADV_DONTNEED``: after the fsync every
@@ -24,10 +28,12 @@ page is clean and nothing maps them, so all go), then it is read with ``O_DIRECT
 second descriptor, ``READERS`` reads of ``READ_SIZE`` bytes in flight on helper threads; the
 calling thread hashes each piece in order as it arrives and hands its page-aligned buffer to
 the next read. Nothing enters the page cache (which counts against the pod's memory limit) and
-nothing is copied. On the benchmark VM's virtio disk the number of reads in flight matters,
-not their size: the 676 MB of the 2 GiB image took 0.24-0.34 s with 8 reads of 1 MiB against
-0.32-0.45 s through the kernel's readahead (one 8 MiB read at a time) and 0.38-0.44 s with
-1-8 O_DIRECT reads of 8 MiB. A filesystem without O_DIRECT is read through its page cache,
+nothing is copied. On the benchmark VM's virtio disk many small reads in flight beat a few
+large ones: the 676 MB of the 2 GiB image, read and hashed, took 0.34-0.40 s (medians, under
+load) against 0.39-0.50 s through the kernel's readahead one 8 MiB piece ahead, with a third
+less CPU (no copies out of the page cache); the bare reads 0.24 s at best against 0.32 s
+through readahead and 0.38-0.41 s with 1-8 O_DIRECT reads of 8 MiB. 16 x 512 KiB, 4 x 2 MiB
+and 16 x 1 MiB did no better. A filesystem without O_DIRECT is read through its page cache,
 each piece dropped behind the read. Only data extents are read (``SEEK_DATA``/``SEEK_HOLE``),
 rounded out to whole blocks; a block device reports no holes and is read whole up to the
 image's size (the rest of the device is not the image's), so stale bytes a run should have
@@ -376,11 +382,12 @@ def _digest_ranges(fd: int, ranges: list[tuple[int, int]]) -> ReadBack:
                         total += term
                         blocks += 1
                 view.release()
-                piece = next(pieces, None)
-                if piece is None:
+                following = next(pieces, None)
+                if following is None:
                     buf.close()
                 else:
-                    inflight.append((pool.submit(_read, fd, direct, buf, *piece), buf, *piece))
+                    job = pool.submit(_read, fd, direct, buf, *following)
+                    inflight.append((job, buf, *following))
     finally:
         if direct >= 0:  # only now: every read on it has ended
             os.close(direct)
