@@ -16,20 +16,28 @@ leave zero pages out without saying so, so a block may never be covered: such a 
 folded as it is (its gaps read as zeros, the data path's contract with its target) at the end,
 or earlier when more than ``PENDING_LIMIT`` bytes of partial blocks wait (oldest first). A
 later write into a block already folded early cannot be added any more; the run is then not
-verifiable (``unordered``) and says so instead of claiming a result.
+verifiable (``unordered``) and says so instead of claiming a result. The hashing stays on the
+writing thread (the decoder's, or an xz lane's): XXH3 holds the GIL for a 64 KiB input (the
+xxhash binding releases it only above 128 KiB), so hashing the bounce buffers on the O_DIRECT
+writer threads instead only fought the decoder for the GIL and made the transfer slower
+(``benchmarks/README.md``, "Verified volumes").
 
 Read side (``read_back``): after the final fsync, the target is read from the device, not the
 page cache: its cached pages are dropped first (``POSIX_FADV_DONTNEED``: after the fsync every
-page is clean and nothing maps them, so all go; the writes were O_DIRECT anyway, only partial
-pages at the ends of runs went through the cache), then read with the kernel's sequential
-readahead and dropped again behind each piece, so the pod's page cache (which counts against
-its memory limit) stays flat. Not ``O_DIRECT`` reads: on the benchmark VM they took 0.47-0.52 s
-for the 676 MB of the 2 GiB image against 0.37-0.38 s this way (readahead keeps more requests
-in flight than one 8 MiB read at a time; 2-8 O_DIRECT reads in flight did no better).
-Only data extents are read (``SEEK_DATA``/``SEEK_HOLE``), rounded out to whole
-blocks; a block device reports no holes and is read whole up to the image's size (the rest of
-the device is not the image's), so stale bytes a run should have zeroed are found too. Reading
-runs on a helper thread one piece ahead of the hashing.
+page is clean and nothing maps them, so all go), then it is read with ``O_DIRECT`` through a
+second descriptor, ``READERS`` reads of ``READ_SIZE`` bytes in flight on helper threads; the
+calling thread hashes each piece in order as it arrives and hands its page-aligned buffer to
+the next read. Nothing enters the page cache (which counts against the pod's memory limit) and
+nothing is copied. On the benchmark VM's virtio disk many small reads in flight beat a few
+large ones: the 676 MB of the 2 GiB image, read and hashed, took 0.34-0.40 s (medians, under
+load) against 0.39-0.50 s through the kernel's readahead one 8 MiB piece ahead, with a third
+less CPU (no copies out of the page cache); the bare reads 0.24 s at best against 0.32 s
+through readahead and 0.38-0.41 s with 1-8 O_DIRECT reads of 8 MiB. 16 x 512 KiB, 4 x 2 MiB
+and 16 x 1 MiB did no better. A filesystem without O_DIRECT is read through its page cache,
+each piece dropped behind the read. Only data extents are read (``SEEK_DATA``/``SEEK_HOLE``),
+rounded out to whole blocks; a block device reports no holes and is read whole up to the
+image's size (the rest of the device is not the image's), so stale bytes a run should have
+zeroed are found too.
 
 An archive (archive, filesystem-clone content) is a folder of files: each regular file's data
 is written by ``decode.tarcopy`` with a digest of its own, and ``compare_files`` reads each back.
@@ -43,9 +51,11 @@ not against an adversary: the tenant writes its own image.
 from __future__ import annotations
 
 import errno
+import itertools
 import mmap
 import os
 import threading
+from collections import deque
 from collections.abc import Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -60,7 +70,8 @@ BLOCK = 64 * 1024
 # Bytes of partially written blocks held at most: the importer's memory budget
 # (tests/unit/test_memory_budget.py) has 8 MiB left for it.
 PENDING_LIMIT = 4 * 1024 * 1024
-READ_SIZE = 8 * 1024 * 1024  # one read-back piece
+READ_SIZE = 1024 * 1024  # one read-back request
+READERS = 8  # read-back requests in flight
 ALGORITHM = "xxh3-128-sum/64k"
 _MASK = (1 << 128) - 1
 _ZERO = bytes(BLOCK)
@@ -210,7 +221,6 @@ def read_back(path: str, *, block_device: bool, length: int | None = None) -> Re
         if length is not None:
             size = min(size, length)
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # clean after the fsync: dropped
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
         return _digest_ranges(fd, _block_ranges(fd, size, block_device))
     except OSError as exc:
         raise TargetError(f"reading the target back failed: {exc.strerror}") from exc
@@ -300,17 +310,32 @@ def _pieces(ranges: list[tuple[int, int]]) -> Iterator[tuple[int, int]]:
             yield at, min(READ_SIZE, hi - at)
 
 
-def _read(fd: int, buf: mmap.mmap, offset: int, length: int) -> int:
-    """Read ``length`` bytes at ``offset`` into ``buf``, then drop them from the page cache;
-    fewer only at the end of the file (the rest of the buffer is zeroed)."""
-    done = 0
+def _read(fd: int, direct: int, buf: mmap.mmap, offset: int, length: int) -> int:
+    """Read ``length`` bytes at ``offset`` into ``buf`` through ``direct`` (O_DIRECT: the
+    request rounded up to whole pages), or through ``fd``'s page cache when there is no such
+    descriptor or the filesystem refuses the read, dropping the pages behind it. Fewer bytes
+    only at the end of the file; the rest of the buffer up to ``length`` is zeroed."""
     view = memoryview(buf)
-    while done < length:
-        n = os.preadv(fd, [view[done:length]], offset + done)
-        if n <= 0:
-            break
-        done += n
-    os.posix_fadvise(fd, offset, length, os.POSIX_FADV_DONTNEED)
+    done = 0
+    if direct >= 0:
+        want = -(-length // _ALIGN) * _ALIGN
+        try:
+            while done < want:
+                n = os.preadv(direct, [view[done:want]], offset + done)
+                done += max(n, 0)
+                if n <= 0 or n % _ALIGN:  # short, off a page boundary: the end of the file
+                    break
+        except OSError as exc:
+            if exc.errno != errno.EINVAL or done:
+                raise
+            direct = -1  # no O_DIRECT on this filesystem after all: the page cache is its device
+    if direct < 0:
+        while done < length:
+            n = os.preadv(fd, [view[done:length]], offset + done)
+            if n <= 0:
+                break
+            done += n
+        os.posix_fadvise(fd, offset, length, os.POSIX_FADV_DONTNEED)
     got = min(done, length)
     if got < length:
         view[got:length] = _ZERO_READ[: length - got]
@@ -319,34 +344,51 @@ def _read(fd: int, buf: mmap.mmap, offset: int, length: int) -> int:
 
 
 _ZERO_READ = bytes(READ_SIZE)
+_ALIGN = 4096
+
+
+def _reopen_direct(fd: int) -> int:
+    """A second open file description of ``fd``'s file with O_DIRECT, or -1 (tmpfs and the
+    like: there the page cache is the device)."""
+    try:
+        return os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_DIRECT | os.O_CLOEXEC)
+    except OSError:
+        return -1
 
 
 def _digest_ranges(fd: int, ranges: list[tuple[int, int]]) -> ReadBack:
-    """Hash the blocks of ``ranges``, reading the next piece on a helper thread meanwhile."""
+    """Hash the blocks of ``ranges`` as ``READERS`` reads of ``READ_SIZE`` bytes each run on
+    helper threads: each piece is hashed here once read, in order, and its buffer goes to the
+    next read."""
     total = blocks = read = 0
-    buffers = [mmap.mmap(-1, READ_SIZE), mmap.mmap(-1, READ_SIZE)]  # page-aligned
-    pieces = list(_pieces(ranges))
-    with ThreadPoolExecutor(1, thread_name_prefix="read-back") as pool:
-        ahead: Future[int] | None = None
-        if pieces:
-            ahead = pool.submit(_read, fd, buffers[0], *pieces[0])
-        for i, (offset, length) in enumerate(pieces):
-            assert ahead is not None
-            got = ahead.result()
-            buf = buffers[i % 2]
-            if i + 1 < len(pieces):
-                ahead = pool.submit(_read, fd, buffers[(i + 1) % 2], *pieces[i + 1])
-            read += got
-            view = memoryview(buf)
-            padded = -(-length // BLOCK) * BLOCK
-            if padded > length:  # the file ends inside its last block: the rest reads zeros
-                view[length:padded] = _ZERO[: padded - length]
-            for at in range(0, padded, BLOCK):
-                term = block_term((offset + at) // BLOCK, view[at : at + BLOCK])
-                if term:
-                    total += term
-                    blocks += 1
-            view.release()
-    for buf in buffers:
-        buf.close()
+    pieces = _pieces(ranges)
+    direct = _reopen_direct(fd)
+    try:
+        with ThreadPoolExecutor(READERS, thread_name_prefix="read-back") as pool:
+            inflight: deque[tuple[Future[int], mmap.mmap, int, int]] = deque()
+            for piece in itertools.islice(pieces, READERS):
+                buf = mmap.mmap(-1, READ_SIZE)  # page-aligned, as O_DIRECT needs
+                inflight.append((pool.submit(_read, fd, direct, buf, *piece), buf, *piece))
+            while inflight:
+                job, buf, offset, length = inflight.popleft()
+                read += job.result()
+                view = memoryview(buf)
+                padded = -(-length // BLOCK) * BLOCK
+                if padded > length:  # the file ends inside its last block: the rest reads zeros
+                    view[length:padded] = _ZERO[: padded - length]
+                for at in range(0, padded, BLOCK):
+                    term = block_term((offset + at) // BLOCK, view[at : at + BLOCK])
+                    if term:
+                        total += term
+                        blocks += 1
+                view.release()
+                following = next(pieces, None)
+                if following is None:
+                    buf.close()
+                else:
+                    job = pool.submit(_read, fd, direct, buf, *following)
+                    inflight.append((job, buf, *following))
+    finally:
+        if direct >= 0:  # only now: every read on it has ended
+            os.close(direct)
     return ReadBack(Digest(total & _MASK, blocks), read)

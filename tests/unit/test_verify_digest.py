@@ -5,13 +5,26 @@ of the finished image's bytes; a piece it can no longer add is reported, never i
 from __future__ import annotations
 
 import itertools
+import mmap
+import os
 import random
 import threading
+from pathlib import Path
 
 import pytest
 
 from datapath.target.zeros import page_segments
-from datapath.verify import _MASK, BLOCK, Digest, WriteDigest, block_term
+from datapath.verify import (
+    _MASK,
+    BLOCK,
+    READ_SIZE,
+    Digest,
+    WriteDigest,
+    _read,
+    _reopen_direct,
+    block_term,
+    read_back,
+)
 
 KiB = 1024
 
@@ -148,3 +161,48 @@ def test_a_single_changed_byte_changes_the_digest() -> None:
     before = digest_of(bytes(image))
     image[777_777] ^= 0x01
     assert digest_of(bytes(image)) != before
+
+
+def test_the_read_back_of_a_sparse_file_with_a_ragged_end_matches_its_bytes(
+    tmp_path: Path,
+) -> None:
+    """O_DIRECT reads in whole pages, several in flight: the last piece ends inside a page
+    (the file's size is not a page multiple) and holes are skipped; what is read back is
+    what the file holds."""
+    rng = random.Random(5)
+    size = 3 * READ_SIZE + 5 * BLOCK + 1234
+    image = bytearray(size)
+    for at in (0, READ_SIZE - 100, 2 * READ_SIZE + 7 * 4096, size - 3000):
+        image[at : at + 2500] = rng.randbytes(2500)
+    path = tmp_path / "disk.img"
+    with path.open("wb") as out:
+        for at in range(0, size, BLOCK):  # holes where a block is all zeros
+            block = bytes(image[at : at + BLOCK])
+            if block.strip(b"\0"):
+                out.seek(at)
+                out.write(block)
+        out.truncate(size)
+        os.fsync(out.fileno())
+    found = read_back(str(path), block_device=False)
+    assert found.digest == digest_of(bytes(image))
+    assert found.bytes_read < size  # the holes were not read
+
+
+def test_a_piece_read_through_the_page_cache_equals_the_o_direct_read(tmp_path: Path) -> None:
+    """Where the filesystem has no O_DIRECT the read-back falls back to the page cache."""
+    data = random.Random(6).randbytes(BLOCK + 777)
+    path = tmp_path / "f"
+    path.write_bytes(data)
+    fd = os.open(path, os.O_RDONLY)
+    direct = _reopen_direct(fd)
+    try:
+        assert direct >= 0  # the test's filesystem has O_DIRECT
+        through_cache, through_direct = mmap.mmap(-1, READ_SIZE), mmap.mmap(-1, READ_SIZE)
+        assert _read(fd, -1, through_cache, 0, 2 * BLOCK) == len(data)
+        assert _read(fd, direct, through_direct, 0, 2 * BLOCK) == len(data)
+        assert through_cache[: 2 * BLOCK] == through_direct[: 2 * BLOCK]
+        assert through_cache[: len(data)] == data
+        assert through_cache[len(data) : 2 * BLOCK] == bytes(2 * BLOCK - len(data))
+    finally:
+        os.close(direct)
+        os.close(fd)
