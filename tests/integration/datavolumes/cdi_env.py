@@ -408,6 +408,24 @@ def events_for(kube: Kube, ns: str, name: str) -> list[dict[str, Any]]:
     return [e for e in items if e["involvedObject"].get("name") == name]
 
 
+def event_reasons(
+    kube: Kube, ns: str, name: str, wanted: set[str], timeout: float = 30
+) -> set[str]:
+    """The reasons of the events about ``name`` once they include ``wanted``. The controller
+    writes events off the reconcile path, and holds them back for a few seconds while new
+    objects wait (``cdi.kube.events``), so an event may follow the status it tells of."""
+
+    def seen() -> set[str] | None:
+        reasons = {str(e["reason"]) for e in events_for(kube, ns, name)}
+        return reasons if wanted <= reasons else None
+
+    try:
+        return wait_until(seen, f"events {sorted(wanted)} about {ns}/{name}", timeout)
+    except TimeoutError as exc:
+        got = sorted({str(e["reason"]) for e in events_for(kube, ns, name)})
+        raise AssertionError(f"{exc}: only {got}") from exc
+
+
 def pv_of(kube: Kube, ns: str, claim: str) -> dict[str, Any]:
     pvc = kube.get(f"/api/v1/namespaces/{ns}/persistentvolumeclaims/{claim}")
     return kube.get(f"/api/v1/persistentvolumes/{pvc['spec']['volumeName']}")

@@ -23,7 +23,7 @@ from tests.integration.datavolumes.cdi_env import (
     ImageServer,
     condition,
     dv_path,
-    events_for,
+    event_reasons,
     same_prefix_then_zeros,
 )
 from tests.integration.datavolumes.test_clone_csi import (
@@ -90,8 +90,7 @@ def test_copy_clones_across_modes_namespaces_and_sizes(
         assert condition(dv, "Running")["message"] == "Clone Complete", dv["status"]
         assert dv["status"]["progress"] == "100.0%", dv["status"]
         assert_copied(kube, images, (namespace, source), (ns, name))
-        reasons = {e["reason"] for e in events_for(kube, ns, name)}
-        assert {"CloneScheduled", "CloneSucceeded"} <= reasons, reasons
+        event_reasons(kube, ns, name, {"CloneScheduled", "CloneSucceeded"})
     size = kube.get(ns_path(other_namespace, "persistentvolumeclaims", "block-block"))["spec"]
     assert int(size["resources"]["requests"]["storage"]) == 96 * 1024 * 1024
     bound = condition(kube.get(dv_path(namespace, "small")), "Bound")

@@ -27,6 +27,7 @@ from tests.integration.datavolumes.cdi_env import (
     condition,
     datavolume,
     dv_path,
+    event_reasons,
     events_for,
     pv_of,
     same_prefix_then_zeros,
@@ -102,8 +103,7 @@ def test_csi_clone_in_the_same_namespace_and_across_namespaces(
     assert condition(near, "Running")["message"] == "Clone Complete"
     assert_clone(kube, images, (namespace, "golden"), (namespace, "near"))
     assert_clone(kube, images, (namespace, "golden"), (other_namespace, "far"))
-    reasons = [e["reason"] for e in events_for(kube, other_namespace, "far")]
-    assert "CSICloneInProgress" in reasons and "CloneSucceeded" in reasons, reasons
+    event_reasons(kube, other_namespace, "far", {"CSICloneInProgress", "CloneSucceeded"})
     moved = pv_of(kube, other_namespace, "far")
     assert moved["spec"]["persistentVolumeReclaimPolicy"] == "Delete"
     tmp = f"tmp-pvc-{far['metadata']['uid']}"

@@ -27,7 +27,7 @@ from tests.integration.datavolumes.cdi_env import (
     condition,
     datavolume,
     dv_path,
-    events_for,
+    event_reasons,
     pv_of,
     same_prefix_then_zeros,
     wait_phase,
@@ -131,8 +131,7 @@ def test_golden_image_flow_alice_clones_bob_is_refused(
     dv = wait_phase(kube, namespace, "mine", ("Succeeded", "Failed"), 120)
     assert dv["status"]["phase"] == "Succeeded", dv["status"]
     assert condition(dv, "Running")["message"] == "Clone Complete"
-    reasons = {e["reason"] for e in events_for(kube, namespace, "mine")}
-    assert "CloneSucceeded" in reasons, reasons
+    event_reasons(kube, namespace, "mine", {"CloneSucceeded"})
     same_prefix_then_zeros(volume_file(kube, namespace, "mine"), images.reference)
     source_pv = pv_of(kube, golden, "fedora")
     assert source_pv["spec"]["persistentVolumeReclaimPolicy"] == "Delete"

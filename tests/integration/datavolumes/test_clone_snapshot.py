@@ -29,6 +29,7 @@ from tests.integration.datavolumes.cdi_env import (
     ImageServer,
     datavolume,
     dv_path,
+    event_reasons,
     events_for,
     pv_of,
     same_prefix_then_zeros,
@@ -123,7 +124,7 @@ def test_smart_clone_in_the_same_namespace_and_across_namespaces(
         for reason in ("SnapshotForSmartCloneInProgress", "CloneFromSnapshotSourceInProgress",
                        "CloneSucceeded"):  # fmt: skip
             assert reason in seen, (name, seen)
-    assert "VolumeSnapshotClassSelected" in reasons(kube, namespace, "near")
+    event_reasons(kube, namespace, "near", {"VolumeSnapshotClassSelected"})
     for uid in (near["metadata"]["uid"], far["metadata"]["uid"]):
         snap = f"{SNAPSHOTS}/namespaces/{namespace}/volumesnapshots/tmp-snapshot-{uid}"
         wait_until(lambda s=snap: kube.get_or_none(s) is None, "temporary snapshot gone", 30)
@@ -168,7 +169,7 @@ def test_datavolumes_restore_a_snapshot_directly_and_through_a_datasource(
     succeeded(kube, other_namespace, "via-ds")
     assert_restored(kube, images, (namespace, "golden"), (namespace, "direct"))
     assert_restored(kube, images, (namespace, "golden"), (other_namespace, "via-ds"))
-    assert "CloneFromSnapshotSourceInProgress" in reasons(kube, namespace, "direct")
+    event_reasons(kube, namespace, "direct", {"CloneFromSnapshotSourceInProgress"})
     assert kube.get_or_none(f"{SNAPSHOTS}/namespaces/{namespace}/volumesnapshots/golden-snap")
 
     # into a class of another provisioner: CDI's fallback, a copy from a temporary restore
@@ -181,7 +182,7 @@ def test_datavolumes_restore_a_snapshot_directly_and_through_a_datasource(
     assert ann["cdi.kubevirt.io/cloneFallbackReason"] == (
         "The storageclass provisioner does not match the volumesnapshotcontent driver"
     )
-    assert "NoProvisionerMatch" in reasons(kube, namespace, "copied")
+    event_reasons(kube, namespace, "copied", {"NoProvisionerMatch"})
     tmp = ns_path(
         namespace, "persistentvolumeclaims", f"tmp-source-pvc-{copied['metadata']['uid']}"
     )
@@ -202,5 +203,5 @@ def test_a_snapshot_profile_without_a_snapshot_class_falls_back_to_copy(
     ann = kube.get(ns_path(namespace, "persistentvolumeclaims", "plain"))["metadata"]["annotations"]
     assert ann["cdi.kubevirt.io/cloneType"] == "copy"
     assert ann["cdi.kubevirt.io/cloneFallbackReason"] == "No compatible volumesnapshotclass found"
-    assert "NoVolumeSnapshotClass" in reasons(kube, namespace, "plain")
+    event_reasons(kube, namespace, "plain", {"NoVolumeSnapshotClass"})
     assert "SnapshotForSmartCloneInProgress" not in reasons(kube, namespace, "plain")

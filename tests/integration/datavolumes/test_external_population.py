@@ -19,7 +19,7 @@ from tests.integration.datavolumes.cdi_env import (
     Images,
     condition,
     dv_path,
-    events_for,
+    event_reasons,
     wait_phase,
 )
 
@@ -73,8 +73,7 @@ def test_an_externally_populated_datavolume_waits_for_its_populator(
     try:
         dv = wait_phase(kube, namespace, "ext", ("Succeeded",), 60)
         assert condition(dv, "Ready")["status"] == "True", dv["status"]
-        reasons = {e["reason"] for e in events_for(kube, namespace, "ext")}
-        assert "ExternalPopulationSucceeded" in reasons, reasons
+        event_reasons(kube, namespace, "ext", {"ExternalPopulationSucceeded"})
         assert kube.get(claim_path)["spec"]["volumeName"] == pv
     finally:
         kube.delete_ignore_missing(dv_path(namespace, "ext"))

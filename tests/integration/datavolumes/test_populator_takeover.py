@@ -29,7 +29,7 @@ from testkit.waiting import wait_until
 from tests.integration.datavolumes.cdi_env import (
     Images,
     ImageServer,
-    events_for,
+    event_reasons,
     pv_of,
     same_prefix_then_zeros,
     volume_dir,
@@ -113,8 +113,7 @@ def test_a_tenant_made_prime_bound_to_another_namespaces_volume_is_never_handed_
         time.sleep(1.0)
     steal = kube.get(pvc_path(namespace, "steal"))
     assert steal["status"].get("phase") != "Bound", steal["status"]
-    reasons = {e["reason"]: e["message"] for e in events_for(kube, namespace, "steal")}
-    assert "PrimeNotCreatedByController" in reasons, reasons
+    reasons = event_reasons(kube, namespace, "steal", {"PrimeNotCreatedByController"})
     assert "RebindInProgress" not in reasons, reasons
 
 
@@ -143,8 +142,7 @@ def test_a_forged_outcome_on_the_controllers_prime_does_not_hand_over_a_partial_
         120,
     )
     same_prefix_then_zeros(volume_dir(kube, namespace, "disk") / "disk.img", images.reference)
-    reasons = {e["reason"] for e in events_for(kube, namespace, "disk")}
-    assert "PrimeRecordAltered" in reasons, reasons
+    event_reasons(kube, namespace, "disk", {"PrimeRecordAltered"})
 
 
 def can_read_claims(client: Kube, namespace: str) -> bool:

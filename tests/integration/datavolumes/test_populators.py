@@ -18,7 +18,7 @@ from tests.integration.datavolumes.cdi_env import (
     ImageServer,
     datavolume,
     dv_path,
-    events_for,
+    event_reasons,
     same_prefix_then_zeros,
     volume_dir,
     wait_phase,
@@ -66,8 +66,7 @@ def test_plain_pvc_with_volume_import_source_binds_populated_and_prime_is_delete
         "the importer pod deleted",
         30,
     )
-    reasons = [e["reason"] for e in events_for(kube, namespace, "disk")]
-    assert "CreatedPVCPrimeSuccessfully" in reasons and "ImportSucceeded" in reasons, reasons
+    event_reasons(kube, namespace, "disk", {"CreatedPVCPrimeSuccessfully", "ImportSucceeded"})
 
 
 def test_deleting_the_source_mid_population_does_not_break_it(

@@ -19,7 +19,7 @@ from tests.integration.datavolumes.cdi_env import (
     Images,
     datavolume,
     dv_path,
-    events_for,
+    event_reasons,
     same_prefix_then_zeros,
     volume_dir,
     wait_phase,
@@ -106,8 +106,9 @@ def test_plain_pvc_with_volume_upload_source_binds_with_the_uploaded_bytes(
         "the prime's server, Service and Secret cleaned up",
         30,
     )
-    reasons = {e["reason"] for e in events_for(kube, namespace, "disk")}
-    assert {"CreatedPVCPrimeSuccessfully", "UploadReady", "UploadSucceeded"} <= reasons, reasons
+    event_reasons(
+        kube, namespace, "disk", {"CreatedPVCPrimeSuccessfully", "UploadReady", "UploadSucceeded"}
+    )
     again = tenant.upload(token, b"x" * 4096)
     assert again[0] == 503, again
 

@@ -26,7 +26,7 @@ from tests.integration.datavolumes.cdi_env import (
     condition,
     datavolume,
     dv_path,
-    events_for,
+    event_reasons,
     pv_of,
     same_prefix_then_zeros,
     wait_phase,
@@ -150,8 +150,7 @@ def test_datavolume_upload_through_the_proxy_is_byte_identical_and_cannot_be_rep
     local = Path(pv_of(kube, namespace, "up")["spec"]["local"]["path"])
     same_prefix_then_zeros(local if mode == "Block" else local / "disk.img", images.reference)
     assert annotations(kube, namespace, "up")[ANN + "pod.phase"] == "Succeeded"
-    reasons = {e["reason"] for e in events_for(kube, namespace, "up")}
-    assert {"UploadReady", "UploadSucceeded"} <= reasons, reasons
+    event_reasons(kube, namespace, "up", {"UploadReady", "UploadSucceeded"})
     wait_until(
         lambda: all(
             gone(kube, namespace, kind, name)
