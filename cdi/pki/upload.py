@@ -34,7 +34,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from cryptography import x509
-from cryptography.hazmat.primitives import serialization
 
 from cdi.api.cdiresource import DEFAULT_CA, DEFAULT_UPLOAD_SERVER, Lifetime, lifetimes
 from cdi.api.config import CDIConfig
@@ -43,7 +42,6 @@ from cdi.kube.errors import Conflict
 from cdi.pki.certs import ISSUED_EARLY, RENEW_BEFORE, KeyPair, _issued_by, issue_client, new_ca
 from cdi.pki.uploadca import (
     CAState,
-    fingerprints,
     from_secret_data,
     issue_upload_server,
     next_check,
@@ -275,7 +273,7 @@ class ProxyCredentials:
         client = self._rotate(
             CLIENT_CA_SECRET,
             lambda state: rotate_client_ca(
-                state, now, lives.ca, _as_pem(state, live_trust), client_life, CLIENT_CA_SECRET
+                state, now, lives.ca, _lazy(live_trust), client_life, CLIENT_CA_SECRET
             ),
         )
         self._publish_server_ca(server.trust.decode())
@@ -326,22 +324,10 @@ class ProxyCredentials:
         return True
 
 
-def _as_pem(
-    state: CAState | None, source: Callable[[], Iterable[Collection[str]]]
-) -> Iterator[bytes]:
-    """Each live pod's trust as the PEM of the CAs of ``state`` it names by fingerprint; asked
-    for only when iterated (the pods are listed only when the switch waits on them)."""
-    known = [] if state is None else _certificates(state)
-    for names in source():
-        yield b"".join(pem for pem in known if fingerprints(pem)[0] in names)
-
-
-def _certificates(state: CAState) -> list[bytes]:
-    """Each certificate of the signer, the staged and the previous CAs, as PEM."""
-    return [
-        c.public_bytes(serialization.Encoding.PEM)
-        for c in x509.load_pem_x509_certificates(state.trust)
-    ]
+def _lazy(source: Callable[[], Iterable[Collection[str]]]) -> Iterator[Collection[str]]:
+    """``source()``'s items, asked for only when iterated (the pods are listed only when the
+    client CA's switch waits on them)."""
+    yield from source()
 
 
 def _what(before: CAState | None, after: CAState) -> str:

@@ -20,13 +20,14 @@ presented, so still trusted until ``previous_until``). What a verifier must trus
   ``cdi.pki.certs.stage_of``) after staging, so every proxy replica re-read the bundle
   (the proxy must re-read it at least once a stage) before any pod presents a certificate of
   the new CA. Client CA: a stage after staging *and* only once every live upload pod trusts
-  the staged CA (``live_trust``: each live pod's ``ca.crt`` as it was mounted at its
-  creation). Pods made before staging trust only the old CA and are not re-issued their trust
-  (a mounted file the upload server reads once), so the switch waits for them to go; they go
-  by their deadline, which ``server_deadline`` puts ``last_call`` (half a stage) before the
-  end of the latest-ending client CA they trust. So a forced switch when the old signer is
-  ``last_call`` from its end (its certificates end with it anyway) never strands a live pod;
-  the proxy must re-read its client certificate more often than ``last_call``.
+  the staged CA (``live_trust``: the fingerprints of the CAs in each live pod's ``ca.crt``
+  as it was mounted at its creation, ``fingerprints``). Pods made before staging trust only
+  the old CA and are not re-issued their trust (a mounted file the upload server reads once),
+  so the switch waits for them to go; they go by their deadline, which ``server_deadline``
+  puts ``last_call`` (half a stage) before the end of the latest-ending client CA they trust.
+  So a forced switch when the old signer is ``last_call`` from its end (its certificates end
+  with it anyway) never strands a live pod; the proxy must re-read its client certificate
+  more often than ``last_call``.
 - ``DROP``: the previous CA leaves the trust at ``previous_until``, set at the switch to the
   latest end of anything it signed that can still be presented. Server CA: the switch time
   plus the longest upload server certificate lifetime (``certConfig.server.duration``; no
@@ -44,7 +45,7 @@ The CA keys stay in the controller: the proxy gets only certificates (N5, ``docs
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
@@ -103,6 +104,11 @@ def fingerprints(bundle: bytes) -> tuple[str, ...]:
     """SHA-256 of each certificate in ``bundle`` (DER), hex: how an upload pod's annotation
     names the client CAs it trusts."""
     return tuple(c.fingerprint(hashes.SHA256()).hex() for c in _certs(bundle))
+
+
+def fingerprint(ca: KeyPair) -> str:
+    """``ca``'s certificate as ``fingerprints`` names it."""
+    return ca.cert.fingerprint(hashes.SHA256()).hex()
 
 
 def trusts(bundle: bytes, ca: KeyPair) -> bool:
@@ -185,10 +191,14 @@ def plan_server_ca(state: CAState | None, now: dt.datetime, ca_life: Lifetime) -
 
 
 def plan_client_ca(
-    state: CAState | None, now: dt.datetime, ca_life: Lifetime, live_trust: Iterable[bytes]
+    state: CAState | None,
+    now: dt.datetime,
+    ca_life: Lifetime,
+    live_trust: Iterable[Collection[str]],
 ) -> Step:
-    """The one step to take now on the upload client CA; ``live_trust``: the ``ca.crt`` of
-    every live upload pod (what it verifies the proxy's client certificate with)."""
+    """The one step to take now on the upload client CA; ``live_trust``: for every live upload
+    pod, the fingerprints of the CAs in its ``ca.crt`` (what it verifies the proxy's client
+    certificate with). Iterated only when the switch waits on it."""
     step, state = _common(state, now, ca_life)
     if step is not None:
         return step
@@ -198,7 +208,7 @@ def plan_client_ca(
         if _forced(state, now, ca_life):
             return Step.SWITCH
         if now - state.staged_at >= stage_of(ca_life) and all(
-            trusts(t, staged) for t in live_trust
+            fingerprint(staged) in names for names in live_trust
         ):
             return Step.SWITCH
     return Step.KEEP
@@ -248,7 +258,7 @@ def rotate_client_ca(
     state: CAState | None,
     now: dt.datetime,
     ca_life: Lifetime,
-    live_trust: Iterable[bytes],
+    live_trust: Iterable[Collection[str]],
     client_life: Lifetime,
     name: str = "cdi-uploadserver-client-ca",
 ) -> CAState | None:

@@ -15,6 +15,7 @@ from cdi.pki.upload import _due
 from cdi.pki.uploadca import (
     CAState,
     Step,
+    fingerprints,
     from_secret_data,
     issue_upload_server,
     last_call,
@@ -85,7 +86,7 @@ def _controller(
     server: Lifetime = SERVER,
 ) -> None:
     """One check of the controller: both CAs, the published bundle, the proxy's certificate."""
-    live = [p.trust for p in world.pods]
+    live = [fingerprints(p.trust) for p in world.pods]
     step = plan_server_ca(world.server, now, ca)
     new = rotate_server_ca(world.server, now, ca, server)
     if new is not None:
@@ -170,12 +171,12 @@ def test_the_client_switch_waits_for_a_live_pod_that_trusts_only_the_old_ca() ->
     world = _start(now)
     old = _pod(world, "old", now, Lifetime(60 * MIN, 1 * MIN))
     later = now + 8 * MIN + dt.timedelta(seconds=10)  # due at 8 min: staged
-    staged = rotate_client_ca(world.client, later, CA, [old.trust], CLIENT)
+    staged = rotate_client_ca(world.client, later, CA, [fingerprints(old.trust)], CLIENT)
     assert staged is not None and staged.staged is not None
     after_stage = later + stage_of(CA) + dt.timedelta(seconds=1)
-    assert plan_client_ca(staged, after_stage, CA, [old.trust]) == Step.KEEP
+    assert plan_client_ca(staged, after_stage, CA, [fingerprints(old.trust)]) == Step.KEEP
     fresh = CAState(staged.signer).trust + staged.staged.cert_pem
-    assert plan_client_ca(staged, after_stage, CA, [fresh]) == Step.SWITCH
+    assert plan_client_ca(staged, after_stage, CA, [fingerprints(fresh)]) == Step.SWITCH
     # had it switched, the pod would refuse the proxy's re-issued certificate
     switched = rotate_client_ca(staged, after_stage, CA, [], CLIENT)
     assert switched is not None
@@ -184,8 +185,11 @@ def test_the_client_switch_waits_for_a_live_pod_that_trusts_only_the_old_ca() ->
     # and the pod itself stops taking uploads by the forced switch, a stage before the old end
     forced = staged.signer.cert.not_valid_after_utc - last_call(CA)
     assert old.deadline <= forced
-    assert plan_client_ca(staged, forced - dt.timedelta(seconds=1), CA, [old.trust]) == Step.KEEP
-    assert plan_client_ca(staged, forced, CA, [old.trust]) == Step.SWITCH
+    assert (
+        plan_client_ca(staged, forced - dt.timedelta(seconds=1), CA, [fingerprints(old.trust)])
+        == Step.KEEP
+    )
+    assert plan_client_ca(staged, forced, CA, [fingerprints(old.trust)]) == Step.SWITCH
 
 
 def test_the_old_server_ca_stays_until_nothing_it_signed_is_valid() -> None:
@@ -317,7 +321,7 @@ def test_a_pod_trusting_a_short_signer_and_a_long_previous_ca_leaves_before_the_
     state, now = switched, created
     while now < T0 + 10 * MIN:  # its last day: the previous CA dropped, a year-long one staged
         now += dt.timedelta(seconds=10)
-        step = plan_client_ca(state, now, DEFAULT, [pod_trust := switched.trust])
+        step = plan_client_ca(state, now, DEFAULT, [pod_trust := fingerprints(switched.trust)])
         state = rotate_client_ca(state, now, DEFAULT, [pod_trust], CLIENT) or state
         if step == Step.SWITCH:
             assert deadline <= now, (deadline, now)
