@@ -26,8 +26,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     CAs' ends instead."""
     integration = Path(__file__).parent.parent
     rotation = [i for i in items if i.path.name == "test_ca_rotation.py"]
-    ours = [n for n, i in enumerate(items) if integration in i.path.parents]
-    if rotation and ours:
-        rest = [i for i in items if i.path.name != "test_ca_rotation.py"]
-        last = max(n for n, i in enumerate(rest) if integration in i.path.parents)
-        items[:] = rest[: last + 1] + rotation + rest[last + 1 :]
+    rest = [i for i in items if i.path.name != "test_ca_rotation.py"]
+    others = [n for n, i in enumerate(rest) if integration in i.path.parents]
+    if rotation and others:  # alone (or with no other integration test) it stays in place
+        items[:] = rest[: others[-1] + 1] + rotation + rest[others[-1] + 1 :]
