@@ -395,6 +395,7 @@ class Manager:
             keep_proxy_credentials(
                 self.kube,
                 self.config.controller.upload.namespace,
+                self.datavolumes.cdi_config,
                 server_default=self.config.controller.upload.cert_lifetime,
             )
         )

@@ -22,15 +22,15 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import functools
 import logging
 import time
 from collections.abc import Callable, Iterator
 
 from cdi.api.cdiresource import lifetimes
-from cdi.api.codec import SchemaError
 from cdi.api.config import CDIConfig
-from cdi.api.constants import CDICONFIG_NAME, LABEL_APP, LABEL_APP_VALUE, LABEL_COMPONENT
-from cdi.kube.client import CDI_CONFIGS, PODS, AsyncKube, Kube
+from cdi.api.constants import LABEL_APP, LABEL_APP_VALUE, LABEL_COMPONENT
+from cdi.kube.client import PODS, AsyncKube, Kube
 from cdi.kube.errors import KubeError
 from cdi.pki.upload import (
     SERVER_CERT_LIFETIME,
@@ -49,60 +49,52 @@ UPLOAD_PODS = f"{LABEL_APP}={LABEL_APP_VALUE},{LABEL_COMPONENT}={UPLOAD_COMPONEN
 async def keep_proxy_credentials(
     kube: AsyncKube,
     namespace: str,
+    config: Callable[[], CDIConfig],
     interval: float = 600.0,
     retry: float = 10.0,
     clock: Callable[[], float] = time.time,
     server_default: dt.timedelta = SERVER_CERT_LIFETIME,
     tick: float = 5.0,
 ) -> None:
-    """Rotate the upload CAs and keep the upload proxy's credentials until cancelled. Between
-    checks the CDI resource's ``certConfig`` is looked at every ``tick`` seconds: a changed
-    one is checked at once (a shorter ``ca`` may make a rotation due now)."""
+    """Rotate the upload CAs and keep the upload proxy's credentials until cancelled.
+    ``config``: CDIConfig as the controller's cache holds it. Between checks its
+    ``certConfig`` is looked at every ``tick`` seconds: a changed one is checked at once (a
+    shorter ``ca`` may make a rotation due now)."""
     credentials = ProxyCredentials(UploadCAs(kube.sync, namespace))
     period = dt.timedelta(seconds=interval)
     while True:
         now = dt.datetime.fromtimestamp(clock(), dt.UTC)
-        lives: UploadLifetimes | None = None
+        lives = _lifetimes(config(), server_default)
         try:
-            lives = await _lifetimes(kube, server_default)
             live = _live_trust(kube.sync)
             wait = await kube.call(credentials.ensure, now, lives, live, period)
             delay = wait.total_seconds()
         except (KubeError, RuntimeError) as exc:
             log.warning("the upload CAs and the proxy's credentials could not be checked: %s", exc)
             delay = retry
-        await _wait(kube, server_default, lives, delay, tick, clock)
+        changed = functools.partial(_changed, config, server_default, lives)
+        await _wait(changed, delay, tick, clock)
+
+
+def _changed(
+    config: Callable[[], CDIConfig], server_default: dt.timedelta, used: UploadLifetimes
+) -> bool:
+    return _lifetimes(config(), server_default) != used
 
 
 async def _wait(
-    kube: AsyncKube,
-    server_default: dt.timedelta,
-    used: UploadLifetimes | None,
-    delay: float,
-    tick: float,
-    clock: Callable[[], float],
+    changed: Callable[[], bool], delay: float, tick: float, clock: Callable[[], float]
 ) -> None:
-    """Sleep ``delay`` seconds, or until the lifetimes differ from ``used``."""
+    """Sleep ``delay`` seconds, or until ``changed`` says so (asked every ``tick``)."""
     until = clock() + delay
     while (left := until - clock()) > 0:
         await asyncio.sleep(min(tick, left))
-        if used is None:
-            continue
-        try:
-            if await _lifetimes(kube, server_default) != used:
-                return
-        except KubeError:
-            continue
+        if changed():
+            return
 
 
-async def _lifetimes(kube: AsyncKube, server_default: dt.timedelta) -> UploadLifetimes:
-    """The CDI resource's ``certConfig`` as CDIConfig's status carries it (defaults when it
-    sets none, or the config is unreadable)."""
-    raw = await kube.get_or_none(CDI_CONFIGS, CDICONFIG_NAME)
-    try:
-        config = CDIConfig.from_dict(raw) if raw else CDIConfig()
-    except SchemaError:
-        config = CDIConfig()
+def _lifetimes(config: CDIConfig, server_default: dt.timedelta) -> UploadLifetimes:
+    """The CDI resource's ``certConfig`` as CDIConfig's status carries it."""
     lives = lifetimes(config.cert_config)
     client = lives.client if config.cert_config.client is not None else None
     return UploadLifetimes(lives.ca, server_lifetime(config, server_default), client)
