@@ -204,7 +204,21 @@ class _Upstream:
     def __init__(self, kube: Kube, config: UploadProxyConfig) -> None:
         self.kube, self.config = kube, config
         self.seen: tuple[bytes, KeyPair] | None = None
+        self.ends: dt.datetime | None = None  # of what ``seen`` holds (``check_every``)
         self._lock = threading.Lock()
+
+    def _took(self, fresh: tuple[bytes, KeyPair]) -> ssl.SSLContext:
+        """Keep ``fresh`` as seen, with when it ends: the client certificate, or the
+        latest-ending CA in the bundle, whichever ends first (None: unreadable)."""
+        self.seen = fresh
+        try:
+            cas = x509.load_pem_x509_certificates(fresh[0])
+            self.ends = min(
+                fresh[1].cert.not_valid_after_utc, max(c.not_valid_after_utc for c in cas)
+            )
+        except ValueError:
+            self.ends = None
+        return upstream_context(*fresh)
 
     def _read(self) -> tuple[bytes, KeyPair] | None:
         c = self.config
@@ -221,8 +235,7 @@ class _Upstream:
                 log.warning("the upload client credentials cannot be read: %s", exc)
                 fresh = None
             if fresh is not None:
-                self.seen = fresh
-                return upstream_context(*fresh)
+                return self._took(fresh)
             log.info(
                 "waiting for the controller to issue %s and publish %s",
                 self.config.client_cert_secret,
@@ -246,24 +259,16 @@ class _Upstream:
         with self._lock:
             if fresh is None or fresh == self.seen:
                 return None
-            self.seen = fresh
-        return upstream_context(*fresh)
+            return self._took(fresh)
 
     def check_every(self, interval: float) -> float:
         """``interval``, or a quarter of what is left of the client certificate or of the
         latest-ending CA in the bundle, whichever ends first: a short-lived upload CA (a
         ``certConfig.ca`` of minutes, or one left by a lifted ``certConfig``) is switched
         within its last call, and this process must have re-read the bundle by then."""
-        seen = self.seen
-        if seen is None:
+        if self.ends is None:
             return interval
-        now = dt.datetime.now(dt.UTC)
-        try:
-            cas = x509.load_pem_x509_certificates(seen[0])
-            ends = [seen[1].cert.not_valid_after_utc, max(c.not_valid_after_utc for c in cas)]
-        except ValueError:
-            return interval
-        left = (min(ends) - now).total_seconds()
+        left = (self.ends - dt.datetime.now(dt.UTC)).total_seconds()
         return max(1.0, min(interval, left / 4))
 
 
