@@ -115,11 +115,6 @@ def ensure_ca_state(kube: Kube, namespace: str, name: str) -> CAState:
     raise RuntimeError(f"could not store the CA {namespace}/{name} (conflicts)")
 
 
-def ensure_ca(kube: Kube, namespace: str, name: str) -> KeyPair:
-    """The key pair that signs now for the CA in Secret ``namespace/name``."""
-    return ensure_ca_state(kube, namespace, name).signer
-
-
 @dataclass(frozen=True)
 class ServerCredentials:
     """What one upload pod gets: its serving pair, the client CA certificate, its deadline."""

@@ -38,12 +38,9 @@ from tests.integration.datavolumes.cdi_env import (
 from tests.integration.datavolumes.cdi_env import (
     product as product,
 )
-from tests.integration.test_dataimportcron import wait_pointed
+from tests.integration.test_dataimportcron import CRONS, DVS, wait_pointed
 
 pytestmark = pytest.mark.integration
-CRONS = "/apis/cdi.kubevirt.io/v1beta1/namespaces/{ns}/dataimportcrons"
-SOURCES = "/apis/cdi.kubevirt.io/v1beta1/namespaces/{ns}/datasources"
-DVS = "/apis/cdi.kubevirt.io/v1beta1/namespaces/{ns}/datavolumes"
 REPO = "disks/cron-np"  # clear of the node map's globs (*fedora*, *python*, ...)
 POLL_ERROR = "cdi.kubevirt.io/storage.import.pollError"
 

@@ -28,7 +28,7 @@ from cdi.pki.upload import (
     ProxyCredentials,
     UploadCAs,
     UploadLifetimes,
-    ensure_ca,
+    ensure_ca_state,
     secret_data,
 )
 from cdi.pki.uploadca import fingerprints
@@ -95,8 +95,8 @@ def test_public_keys_reach_the_proxy_through_a_config_map(gateway: Kube, namespa
 
 
 def test_a_ca_is_created_once_and_then_reused(gateway: Kube, namespace: str) -> None:
-    first = ensure_ca(gateway, namespace, "cdi-uploadserver-ca")
-    assert ensure_ca(gateway, namespace, "cdi-uploadserver-ca") == first
+    first = ensure_ca_state(gateway, namespace, "cdi-uploadserver-ca")
+    assert ensure_ca_state(gateway, namespace, "cdi-uploadserver-ca") == first
 
 
 def test_front_proxy_settings_come_from_the_kube_apiserver(gateway: Kube) -> None:

@@ -185,7 +185,7 @@ class HostAssistedCopy:
         data = {
             "tls.crt": _b64(pair.cert_pem),
             "tls.key": _b64(pair.key_pem),
-            "ca.crt": _b64(server_ca.trust),  # every server CA trusted now: mid-rotation, two
+            "ca.crt": _b64(server_ca.trust),  # every server CA trusted now (two mid-rotation)
         }
         secret = render_clone_client_secret(claim.dv, source, claim.pvc, data)
         await self._replace(secret, ns)
