@@ -5,17 +5,5 @@
 # stamp records the hash of the inputs and the Go version. Output:
 # hack/csinode/_build/testkit-csi-node (git-ignored). Not part of the product.
 set -euo pipefail
-here="$(cd "$(dirname "$0")" && pwd)"
-out="$here/_build"
-want="$({ go version; cat "$0" "$here/go.mod" "$here/go.sum" "$here"/*.go; } | sha256sum | cut -d' ' -f1)"
-if [[ -x "$out/testkit-csi-node" && -f "$out/stamp" && "$(cat "$out/stamp")" == "$want" ]]; then
-  echo "hack/csinode: up to date"
-  exit 0
-fi
-mkdir -p "$out"
-rm -f "$out/stamp"
-start=$SECONDS
-(cd "$here" && CGO_ENABLED=0 GOFLAGS="${GOFLAGS:-} -buildvcs=false" \
-  go build -trimpath -ldflags "-s -w" -o "$out/testkit-csi-node" .)
-echo "$want" > "$out/stamp"
-echo "hack/csinode: built in $((SECONDS - start)) s"
+source "$(dirname "$0")/../lib/go-build-local.sh"
+go_build_local hack/csinode testkit-csi-node "$0"

@@ -5,18 +5,5 @@
 # hash of the inputs and the Go version; cold, about 2.5 min of one core. Output:
 # hack/netpol/_build/kube-network-policies (git-ignored). Not part of the product.
 set -euo pipefail
-here="$(cd "$(dirname "$0")" && pwd)"
-out="$here/_build"
-bin="$out/kube-network-policies"
-want="$({ go version; cat "$0" "$here/go.mod" "$here/go.sum" "$here"/*.go; } | sha256sum | cut -d' ' -f1)"
-if [[ -x "$bin" && -f "$out/stamp" && "$(cat "$out/stamp")" == "$want" ]]; then
-  echo "hack/netpol: up to date"
-  exit 0
-fi
-mkdir -p "$out"
-rm -f "$out/stamp"
-start=$SECONDS
-(cd "$here" && CGO_ENABLED=0 GOFLAGS="${GOFLAGS:-} -buildvcs=false" \
-  go build -trimpath -ldflags "-s -w" -o "$bin" .)
-echo "$want" > "$out/stamp"
-echo "hack/netpol: built in $((SECONDS - start)) s"
+source "$(dirname "$0")/../lib/go-build-local.sh"
+go_build_local hack/netpol kube-network-policies "$0"
