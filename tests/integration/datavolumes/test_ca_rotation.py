@@ -141,7 +141,11 @@ class Uploads(threading.Thread):
                 if status != 200:
                     raise AssertionError(f"{status} {text}")
                 dv = wait_phase(self.kube, self.namespace, name, ("Succeeded", "Failed"), 60)
-                assert dv["status"]["phase"] == "Succeeded", dv["status"]
+                conditions = [
+                    (c["type"], c.get("reason"), c.get("message"))
+                    for c in dv["status"].get("conditions") or []
+                ]
+                assert dv["status"]["phase"] == "Succeeded", conditions
                 self.done += 1
                 self.kube.delete(dv_path(self.namespace, name))
             except Exception as exc:
@@ -252,7 +256,8 @@ def test_the_cas_rotate_in_stages_with_no_failed_scrape_admission_or_upload(
     uploads.join(150)
     print("rotation timeline (s):", seen, "uploads:", uploads.done)
     assert not failures, (failures, seen)
-    assert not uploads.failures, (uploads.failures, seen)
+    failed = [f"{at} s {name}: {exc!s}" for at, name, exc in uploads.failures]
+    assert not failed, "\n".join([*failed, str(seen), product.log()[-4000:]])
     assert uploads.done >= 10, (uploads.done, seen)  # uploads ran all through the rotations
     assert {"staged", "switched", "dropped", "webhook staged", "webhook dropped"} <= set(seen), seen
     assert {"upload staged", "upload switched", "upload dropped", "client switched"} <= set(seen)
