@@ -121,7 +121,8 @@ def _tail(path: Path, limit: int = 400) -> str:
     return text[-limit:]
 
 
-def _fsync(path: Path) -> None:
+def fsync_file(path: Path) -> None:
+    """Make ``path``'s data durable (a harness's own copy, or a run's output)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -170,7 +171,7 @@ def timed_run(
             timer.cancel()
         proc.returncode = os.waitstatus_to_exitcode(status)
         if fsync is not None and proc.returncode == 0 and fsync.exists():
-            _fsync(fsync)
+            fsync_file(fsync)
         seconds = time.perf_counter() - t0
     return (
         seconds,

@@ -49,6 +49,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if __package__ in (None, ""):  # run as a script: the repository root (tests/) importable
     sys.path.insert(0, str(ROOT))
 
+from benchmarks.measure import fsync_file  # noqa: E402
 from cdi.upload.token import UploadGrant, issue  # noqa: E402
 from commands.upload.client import ClientSettings, upload_file  # noqa: E402
 from tests.component.upload_peers import Pki, make_pki  # noqa: E402
@@ -81,14 +82,6 @@ def _cpu_seconds(pid: int) -> float:
     except OSError:
         return 0.0
     return sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _write_pki(pki: Pki, folder: Path) -> None:
@@ -243,7 +236,7 @@ async def ours(
             )
         )
         reports = await asyncio.gather(*finishing)
-        await asyncio.gather(*(asyncio.to_thread(_fsync, out) for out in outs))
+        await asyncio.gather(*(asyncio.to_thread(fsync_file, out) for out in outs))
         timed = time.perf_counter() - started
         if relay == "socat":  # its per-connection child has ended: reaped, its CPU counted
             await asyncio.sleep(0.3)

@@ -30,7 +30,6 @@ import shutil
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 if __package__ in (None, ""):
@@ -38,7 +37,13 @@ if __package__ in (None, ""):
 
 from benchmarks import inputs as inputs_mod
 from benchmarks.cli import DATA_FRACTION, FULL_SIZE
-from benchmarks.measure import importer_pod_argv, read_into_cache, timed_run, warm_memory
+from benchmarks.measure import (
+    fsync_file,
+    importer_pod_argv,
+    read_into_cache,
+    timed_run,
+    warm_memory,
+)
 from benchmarks.registry import sha256_of
 from benchmarks.server import ServerProcess
 
@@ -163,9 +168,7 @@ def main() -> int:
 def keep_copy(output: Path, copy: Path) -> Path:
     """A durable sparse copy of an output, for the reader beside a later run."""
     subprocess.run(["cp", "--sparse=always", str(output), str(copy)], check=True)
-    with copy.open("rb+") as f:
-        os.fsync(f.fileno())
-    time.sleep(0.1)
+    fsync_file(copy)
     return copy
 
 
